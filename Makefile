@@ -1,0 +1,35 @@
+GO ?= go
+
+# The tests start real servers and goroutines: all run under the race
+# detector, uncached, since the servers they start are not inputs go test sees.
+.PHONY: test
+test:
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: lint
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+# Regenerates the Go code of every .proto under transport/ with Debian's
+# protoc and the plugins pinned by go.mod's tool directives.
+PROTOS := $(shell find transport -name '*.proto' 2>/dev/null)
+.PHONY: proto
+proto:
+ifneq ($(PROTOS),)
+	protoc --plugin=protoc-gen-go=$$($(GO) tool -n protoc-gen-go) \
+	       --plugin=protoc-gen-go-grpc=$$($(GO) tool -n protoc-gen-go-grpc) \
+	       --go_out=. --go_opt=paths=source_relative \
+	       --go-grpc_out=. --go-grpc_opt=paths=source_relative \
+	       $(PROTOS)
+endif
+
+.PHONY: bench
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+FUZZTIME ?= 60s
+.PHONY: fuzz
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./crdt

@@ -1,0 +1,11 @@
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+func main() {
+	fmt.Fprintln(os.Stderr, "sim: not built yet; see the status list in README.md")
+	os.Exit(2)
+}

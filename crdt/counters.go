@@ -1,0 +1,317 @@
+package crdt
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Counters is a collection of PN-counters, one per (counter key, window
+// epoch), replicated across a fixed set of regions. The local region counts
+// in its own slot with Inc and Dec; the other regions' slots arrive in
+// deltas through Merge. Every change gets a new version, so that DeltaSince
+// can say what changed since a version in time proportional to the change,
+// not to the collection.
+//
+// Counters does no I/O and starts no goroutines. It is not safe for
+// concurrent use: callers serialize access.
+type Counters struct {
+	self    int               // index of the local region
+	regions []string          // sorted; a slot's region is an index into it
+	index   map[string]uint32 // region name to index
+	entries map[ID]*entry
+	// Entries form a list in order of their last change, oldest first, so
+	// that the changes after a version are a suffix of the list.
+	head, tail *entry
+	version    uint64
+}
+
+type entry struct {
+	id         ID
+	slots      []slot // sorted by region index
+	ver        uint64 // the newest slot version
+	prev, next *entry
+}
+
+type slot struct {
+	region uint32
+	p, n   uint64
+	ver    uint64 // version of the slot's last change
+}
+
+// NewCounters returns an empty collection for the region self, which must be
+// one of regions. Slots of regions not listed are refused by Merge.
+func NewCounters(self string, regions []string) (*Counters, error) {
+	sorted := slices.Clone(regions)
+	slices.Sort(sorted)
+	if len(sorted) == 0 || len(sorted) > MaxRegions {
+		return nil, fmt.Errorf("%w: %d regions, need 1..%d", ErrInvalidRegions, len(sorted), MaxRegions)
+	}
+	index := make(map[string]uint32, len(sorted))
+	for i, r := range sorted {
+		if r == "" || len(r) > MaxRegionNameLen {
+			return nil, fmt.Errorf("%w: region name %q: length must be 1..%d", ErrInvalidRegions, r, MaxRegionNameLen)
+		}
+		if _, dup := index[r]; dup {
+			return nil, fmt.Errorf("%w: region %q listed twice", ErrInvalidRegions, r)
+		}
+		index[r] = uint32(i)
+	}
+	self32, ok := index[self]
+	if !ok {
+		return nil, fmt.Errorf("%w: local region %q is not among %q", ErrInvalidRegions, self, regions)
+	}
+	return &Counters{self: int(self32), regions: sorted, index: index, entries: make(map[ID]*entry)}, nil
+}
+
+// Self returns the local region.
+func (c *Counters) Self() string { return c.regions[c.self] }
+
+// Regions returns the known regions, sorted.
+func (c *Counters) Regions() []string { return slices.Clone(c.regions) }
+
+// Version returns the version of the latest change.
+func (c *Counters) Version() uint64 { return c.version }
+
+// Len returns the number of counters held.
+func (c *Counters) Len() int { return len(c.entries) }
+
+// Inc adds n to the local region's increments of counter id.
+func (c *Counters) Inc(id ID, n uint64) {
+	if n == 0 {
+		return
+	}
+	e, s := c.ownSlot(id)
+	s.p = addSat(s.p, n)
+	c.touch(e, s)
+}
+
+// Dec adds n to the local region's decrements of counter id.
+func (c *Counters) Dec(id ID, n uint64) {
+	if n == 0 {
+		return
+	}
+	e, s := c.ownSlot(id)
+	s.n = addSat(s.n, n)
+	c.touch(e, s)
+}
+
+// Value returns the value of counter id, summed over all regions: total
+// increments minus total decrements. An unknown counter is 0.
+func (c *Counters) Value(id ID) int64 {
+	e := c.entries[id]
+	if e == nil {
+		return 0
+	}
+	var p, n uint64
+	for _, s := range e.slots {
+		p, n = addSat(p, s.p), addSat(n, s.n)
+	}
+	return diffClamp(p, n)
+}
+
+// Get returns a copy of counter id, with a slot per region that counted.
+func (c *Counters) Get(id ID) PNCounter {
+	var pn PNCounter
+	if e := c.entries[id]; e != nil {
+		for _, s := range e.slots {
+			pn.P.Inc(c.regions[s.region], s.p)
+			pn.N.Inc(c.regions[s.region], s.n)
+		}
+	}
+	return pn
+}
+
+// MergeReport says what Merge did with each slot of a delta. Each slot is
+// counted once.
+type MergeReport struct {
+	// Applied slots raised at least one of our totals.
+	Applied int
+	// Duplicate slots equalled what we had: a repeat, harmless.
+	Duplicate int
+	// Regressed slots were below what we had in at least one total; the
+	// lower totals were ignored. A sender whose counters regress is replaying
+	// old state or has lost its own.
+	Regressed int
+	// UnknownRegion slots named a region outside the collection's set, or
+	// came from an unknown origin; they were ignored.
+	UnknownRegion int
+}
+
+// Rejected returns the number of slots that were ignored in whole or part.
+func (r MergeReport) Rejected() int { return r.Regressed + r.UnknownRegion }
+
+// Merge joins a delta into the collection: each slot is raised to the
+// maximum of ours and the delta's. Merge accepts any delta, canonical or
+// not. A delta from an origin outside the region set is ignored whole.
+// Merge never lowers a total, so it is safe against replays; the report
+// says what was ignored.
+func (c *Counters) Merge(d Delta) MergeReport {
+	var r MergeReport
+	if _, ok := c.index[d.Origin]; d.Origin != "" && !ok {
+		r.UnknownRegion = d.Slots()
+		return r
+	}
+	for _, de := range d.Entries {
+		e := c.entries[de.ID]
+		for _, ds := range de.Slots {
+			ri, ok := c.index[ds.Region]
+			if !ok {
+				r.UnknownRegion++
+				continue
+			}
+			var cur slot
+			if e != nil {
+				if i, ok := e.find(ri); ok {
+					cur = e.slots[i]
+				}
+			}
+			switch {
+			case ds.P < cur.p || ds.N < cur.n:
+				r.Regressed++
+			case ds.P == cur.p && ds.N == cur.n:
+				r.Duplicate++
+				continue
+			default:
+				r.Applied++
+			}
+			if ds.P <= cur.p && ds.N <= cur.n {
+				continue
+			}
+			if e == nil {
+				e = c.insert(de.ID)
+			}
+			s := e.slot(ri)
+			s.p, s.n = max(s.p, ds.P), max(s.n, ds.N)
+			c.touch(e, s)
+		}
+	}
+	return r
+}
+
+// DeltaSince returns every slot, of any region, changed after version v, as
+// a canonical delta from the local region. DeltaSince(0) is the full state.
+func (c *Counters) DeltaSince(v uint64) Delta { return c.deltaSince(v, -1) }
+
+// OwnDeltaSince returns the local region's slots changed after version v:
+// what a region gossips to the others.
+func (c *Counters) OwnDeltaSince(v uint64) Delta { return c.deltaSince(v, c.self) }
+
+func (c *Counters) deltaSince(v uint64, only int) Delta {
+	d := Delta{Origin: c.Self(), From: min(v, c.version), To: c.version}
+	var changed []*entry
+	nslots := 0
+	for e := c.tail; e != nil && e.ver > v; e = e.prev {
+		changed = append(changed, e)
+		nslots += len(e.slots)
+	}
+	slices.SortFunc(changed, func(a, b *entry) int { return a.id.Compare(b.id) })
+	return c.appendEntries(d, changed, nslots, func(s *slot) bool {
+		return s.ver > v && (only < 0 || int(s.region) == only)
+	})
+}
+
+// appendEntries adds to d the slots of entries that keep accepts, in entry
+// order, dropping entries left without slots. All slots share one
+// allocation of size nslots.
+func (c *Counters) appendEntries(d Delta, entries []*entry, nslots int, keep func(*slot) bool) Delta {
+	buf := make([]Slot, 0, nslots)
+	for _, e := range entries {
+		start := len(buf)
+		for i := range e.slots {
+			if s := &e.slots[i]; keep(s) && (s.p != 0 || s.n != 0) {
+				buf = append(buf, Slot{Region: c.regions[s.region], P: s.p, N: s.n})
+			}
+		}
+		if len(buf) > start {
+			d.Entries = append(d.Entries, Entry{ID: e.id, Slots: buf[start:len(buf):len(buf)]})
+		}
+	}
+	return d
+}
+
+// Expire removes every counter for which expired returns true, and returns
+// how many it removed. Removal is local and is not a change: it creates no
+// version and is not gossiped. A counter that a later Merge brings back is
+// created anew, so callers drop deltas for epochs they have expired.
+func (c *Counters) Expire(expired func(ID) bool) int {
+	removed := 0
+	for e := c.head; e != nil; {
+		next := e.next
+		if expired(e.id) {
+			c.unlink(e)
+			delete(c.entries, e.id)
+			removed++
+		}
+		e = next
+	}
+	return removed
+}
+
+func (c *Counters) ownSlot(id ID) (*entry, *slot) {
+	e := c.entries[id]
+	if e == nil {
+		e = c.insert(id)
+	}
+	return e, e.slot(uint32(c.self))
+}
+
+func (c *Counters) insert(id ID) *entry {
+	// Room for every region's slot: in a busy window all of them count.
+	e := &entry{id: id, slots: make([]slot, 0, len(c.regions))}
+	c.entries[id] = e
+	c.pushBack(e)
+	return e
+}
+
+// touch records a change of slot s in entry e: a new version for both, and
+// e moves to the end of the change list.
+func (c *Counters) touch(e *entry, s *slot) {
+	c.version++
+	s.ver, e.ver = c.version, c.version
+	if c.tail != e {
+		c.unlink(e)
+		c.pushBack(e)
+	}
+}
+
+func (c *Counters) pushBack(e *entry) {
+	e.prev, e.next = c.tail, nil
+	if c.tail != nil {
+		c.tail.next = e
+	} else {
+		c.head = e
+	}
+	c.tail = e
+}
+
+func (c *Counters) unlink(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		c.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		c.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+func (e *entry) find(region uint32) (int, bool) {
+	for i, s := range e.slots {
+		if s.region >= region {
+			return i, s.region == region
+		}
+	}
+	return len(e.slots), false
+}
+
+// slot returns region's slot in e, adding an empty one if needed.
+func (e *entry) slot(region uint32) *slot {
+	i, ok := e.find(region)
+	if !ok {
+		e.slots = slices.Insert(e.slots, i, slot{region: region})
+	}
+	return &e.slots[i]
+}

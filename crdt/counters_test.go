@@ -1,0 +1,425 @@
+package crdt
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func newTestCounters(t interface {
+	Helper()
+	Fatal(...any)
+}, self string) *Counters {
+	t.Helper()
+	c, err := NewCounters(self, testRegions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// state is a replica's full state, versions aside: what must agree.
+func state(c *Counters) []Entry { return c.DeltaSince(0).Entries }
+
+func TestNewCountersRejectsBadRegions(t *testing.T) {
+	for _, tc := range []struct {
+		self    string
+		regions []string
+	}{
+		{"us-east", nil},
+		{"us-east", []string{"eu-west"}},
+		{"us-east", []string{"us-east", "us-east"}},
+		{"", []string{"", "us-east"}},
+	} {
+		if _, err := NewCounters(tc.self, tc.regions); !errors.Is(err, ErrInvalidRegions) {
+			t.Errorf("NewCounters(%q, %q) = %v, want ErrInvalidRegions", tc.self, tc.regions, err)
+		}
+	}
+}
+
+func TestCountersIncDecValue(t *testing.T) {
+	c := newTestCounters(t, "us-east")
+	id := ID{Key: "k", Epoch: 60_000}
+	c.Inc(id, 5)
+	c.Dec(id, 2)
+	c.Inc(id, 0) // no change, no version
+	if got := c.Value(id); got != 3 {
+		t.Fatalf("Value = %d, want 3", got)
+	}
+	if got := c.Version(); got != 2 {
+		t.Fatalf("Version = %d, want 2 (one per change)", got)
+	}
+	got := c.Get(id)
+	if got.P.Get("us-east") != 5 || got.N.Get("us-east") != 2 || got.Value() != 3 {
+		t.Fatalf("Get = %+v", got)
+	}
+	if c.Value(ID{Key: "other"}) != 0 || c.Len() != 1 {
+		t.Fatalf("unexpected counters: len %d", c.Len())
+	}
+}
+
+func TestMergeReportsAndIgnoresBadSlots(t *testing.T) {
+	c := newTestCounters(t, "us-east")
+	id := ID{Key: "k", Epoch: 1}
+	r := c.Merge(Delta{Origin: "eu-west", Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 10, N: 1}}}}})
+	if r != (MergeReport{Applied: 1}) {
+		t.Fatalf("first merge: %+v", r)
+	}
+	before := state(c)
+	v := c.Version()
+
+	// Same again: a duplicate. Lower: a regression. Unknown region: refused.
+	r = c.Merge(Delta{Origin: "eu-west", Entries: []Entry{{ID: id, Slots: []Slot{
+		{Region: "eu-west", P: 10, N: 1},
+		{Region: "mars-1", P: 99},
+	}}, {ID: ID{Key: "k2"}, Slots: []Slot{{Region: "eu-west", P: 0}}}}})
+	if r != (MergeReport{Duplicate: 2, UnknownRegion: 1}) {
+		t.Fatalf("duplicate merge: %+v", r)
+	}
+	r = c.Merge(Delta{Origin: "eu-west", Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 9, N: 1}}}}})
+	if r != (MergeReport{Regressed: 1}) || r.Rejected() != 1 {
+		t.Fatalf("regressing merge: %+v", r)
+	}
+	// An unknown origin is refused whole, even for slots of known regions.
+	r = c.Merge(Delta{Origin: "mars-1", Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 50}, {Region: "ap-south", P: 1}}}}})
+	if r != (MergeReport{UnknownRegion: 2}) {
+		t.Fatalf("unknown origin: %+v", r)
+	}
+	if !reflect.DeepEqual(state(c), before) || c.Version() != v {
+		t.Fatalf("rejected slots changed the state: %+v (version %d -> %d)", state(c), v, c.Version())
+	}
+
+	// A slot that regresses in one total and grows in the other: counted as
+	// a regression, and only the growth is taken.
+	r = c.Merge(Delta{Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 7, N: 4}}}}})
+	if r != (MergeReport{Regressed: 1}) {
+		t.Fatalf("mixed merge: %+v", r)
+	}
+	if g := c.Get(id); g.P.Get("eu-west") != 10 || g.N.Get("eu-west") != 4 {
+		t.Fatalf("mixed merge state: %+v", g)
+	}
+}
+
+func TestMergeRestoresOwnSlotAfterLoss(t *testing.T) {
+	// A region that lost its store gets its own counts back from a peer.
+	us := newTestCounters(t, "us-east")
+	id := ID{Key: "k", Epoch: 1}
+	us.Inc(id, 42)
+	eu := newTestCounters(t, "eu-west")
+	eu.Merge(us.OwnDeltaSince(0))
+
+	fresh := newTestCounters(t, "us-east")
+	dg, err := fresh.Digest(DefaultDigestBuckets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repair, err := eu.Diff(dg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh.Merge(repair)
+	if got := fresh.Get(id).P.Get("us-east"); got != 42 {
+		t.Fatalf("recovered own slot = %d, want 42", got)
+	}
+	fresh.Inc(id, 1)
+	if got := fresh.Value(id); got != 43 {
+		t.Fatalf("after recovery and one more: %d, want 43", got)
+	}
+}
+
+func TestDeltaSince(t *testing.T) {
+	us := newTestCounters(t, "us-east")
+	a, b, x := ID{Key: "a"}, ID{Key: "b"}, ID{Key: "x"}
+	us.Inc(b, 1)
+	us.Inc(a, 1)
+	v := us.Version()
+	us.Merge(Delta{Entries: []Entry{{ID: a, Slots: []Slot{{Region: "eu-west", P: 7}}}}})
+	us.Inc(x, 2)
+
+	all := us.DeltaSince(v)
+	want := []Entry{
+		{ID: a, Slots: []Slot{{Region: "eu-west", P: 7}}},
+		{ID: x, Slots: []Slot{{Region: "us-east", P: 2}}},
+	}
+	if !reflect.DeepEqual(all.Entries, want) || all.From != v || all.To != us.Version() || all.Origin != "us-east" {
+		t.Fatalf("DeltaSince(%d) = %+v", v, all)
+	}
+	own := us.OwnDeltaSince(v)
+	if !reflect.DeepEqual(own.Entries, want[1:]) {
+		t.Fatalf("OwnDeltaSince(%d) = %+v", v, own.Entries)
+	}
+	if d := us.DeltaSince(us.Version()); len(d.Entries) != 0 {
+		t.Fatalf("nothing changed, yet DeltaSince = %+v", d)
+	}
+	if err := all.Validate(); err != nil {
+		t.Fatalf("DeltaSince is not canonical: %v", err)
+	}
+}
+
+func TestExpire(t *testing.T) {
+	c := newTestCounters(t, "us-east")
+	for epoch := range int64(5) {
+		c.Inc(ID{Key: "k", Epoch: epoch * 60_000}, 1)
+	}
+	v := c.Version()
+	n := c.Expire(func(id ID) bool { return id.Epoch < 3*60_000 })
+	if n != 3 || c.Len() != 2 || c.Version() != v {
+		t.Fatalf("Expire removed %d, left %d, version %d->%d", n, c.Len(), v, c.Version())
+	}
+	if got := state(c); len(got) != 2 || got[0].Epoch != 3*60_000 {
+		t.Fatalf("state after expiry: %+v", got)
+	}
+	// The change list still works after removals from its middle.
+	c.Inc(ID{Key: "k", Epoch: 3 * 60_000}, 1)
+	if d := c.DeltaSince(v); len(d.Entries) != 1 || d.Entries[0].Slots[0].P != 2 {
+		t.Fatalf("DeltaSince after expiry: %+v", d)
+	}
+}
+
+// TestReplicasConverge drives three replicas through random increments,
+// gossip of own deltas (encoded and decoded), and deliveries that are
+// reordered, duplicated or lost; then one round of anti-entropy. Every
+// replica must end with exactly what was counted, and all must agree.
+func TestReplicasConverge(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		reps := make([]*Counters, len(testRegions))
+		for i, r := range testRegions {
+			reps[i] = newTestCounters(t, r)
+		}
+		type counts struct{ p, n uint64 }
+		truth := map[ID][]counts{}
+		published := make([]uint64, len(reps))
+		type message struct {
+			to  int
+			msg []byte
+		}
+		var inflight []message
+		ids := rapid.SampledFrom([]ID{{"a", 0}, {"a", 60}, {"b", 0}, {"tenant/c", 60}})
+
+		for range rapid.IntRange(0, 150).Draw(t, "steps") {
+			switch op := rapid.IntRange(0, 5).Draw(t, "op"); {
+			case op <= 1: // count at a replica
+				r := rapid.IntRange(0, len(reps)-1).Draw(t, "replica")
+				id, n := ids.Draw(t, "id"), rapid.Uint64Range(1, 50).Draw(t, "n")
+				if truth[id] == nil {
+					truth[id] = make([]counts, len(reps))
+				}
+				if op == 0 {
+					reps[r].Inc(id, n)
+					truth[id][r].p += n
+				} else {
+					reps[r].Dec(id, n)
+					truth[id][r].n += n
+				}
+			case op == 2: // gossip own changes
+				r := rapid.IntRange(0, len(reps)-1).Draw(t, "replica")
+				d := reps[r].OwnDeltaSince(published[r])
+				published[r] = d.To
+				msg, err := AppendDelta(nil, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for to := range reps {
+					if to != r {
+						inflight = append(inflight, message{to, msg})
+					}
+				}
+			case len(inflight) == 0:
+			case op == 3: // deliver one, in any order
+				i := rapid.IntRange(0, len(inflight)-1).Draw(t, "deliver")
+				m := inflight[i]
+				inflight = append(inflight[:i], inflight[i+1:]...)
+				d, err := DecodeDelta(m.msg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rep := reps[m.to].Merge(d); rep.UnknownRegion != 0 {
+					t.Fatalf("unknown region in %+v", rep)
+				}
+			case op == 4: // duplicate one
+				inflight = append(inflight, inflight[rapid.IntRange(0, len(inflight)-1).Draw(t, "dup")])
+			case op == 5: // lose one
+				i := rapid.IntRange(0, len(inflight)-1).Draw(t, "lose")
+				inflight = append(inflight[:i], inflight[i+1:]...)
+			}
+		}
+
+		// Anti-entropy: each replica pulls from every other, through the wire.
+		buckets := uint32(rapid.IntRange(1, 16).Draw(t, "buckets"))
+		for i := range reps {
+			for j := range reps {
+				if i != j {
+					pull(t, reps[i], reps[j], buckets)
+				}
+			}
+		}
+		for id, want := range truth {
+			for k, rep := range reps {
+				got := rep.Get(id)
+				for r, region := range testRegions {
+					if got.P.Get(region) != want[r].p || got.N.Get(region) != want[r].n {
+						t.Fatalf("replica %s, counter %v, slot %s: got (%d, %d), want (%d, %d)",
+							testRegions[k], id, region, got.P.Get(region), got.N.Get(region), want[r].p, want[r].n)
+					}
+				}
+			}
+		}
+		for k := 1; k < len(reps); k++ {
+			if !reflect.DeepEqual(state(reps[k]), state(reps[0])) {
+				t.Fatalf("replicas %s and %s disagree", testRegions[k], testRegions[0])
+			}
+		}
+	})
+}
+
+// pull repairs dst from src by anti-entropy: dst's digest goes to src, src's
+// diff comes back; both through the wire encoding.
+func pull(t *rapid.T, dst, src *Counters, buckets uint32) {
+	dg, err := dst.Digest(buckets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := AppendDigest(nil, dg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dg, err = DecodeDigest(msg); err != nil {
+		t.Fatal(err)
+	}
+	diff, err := src.Diff(dg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, err = AppendDelta(nil, diff); err != nil {
+		t.Fatal(err)
+	}
+	if diff, err = DecodeDelta(msg); err != nil {
+		t.Fatal(err)
+	}
+	dst.Merge(diff)
+}
+
+func TestDeltaMergeEqualsFullStateMerge(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		us, eu, ap := newTestCounters(t, "us-east"), newTestCounters(t, "eu-west"), newTestCounters(t, "ap-south")
+		randomOps(t, "us1", us)
+		randomOps(t, "eu1", eu)
+		eu.Merge(us.DeltaSince(0))
+		synced := us.Version()
+		randomOps(t, "us2", us)
+		randomOps(t, "ap", ap)
+		us.Merge(ap.DeltaSince(0))
+		randomOps(t, "us3", us)
+
+		viaDelta, viaFull := clone(t, eu), clone(t, eu)
+		viaDelta.Merge(us.DeltaSince(synced))
+		viaFull.Merge(us.DeltaSince(0))
+		if !reflect.DeepEqual(state(viaDelta), state(viaFull)) {
+			t.Fatalf("delta merge differs from full-state merge")
+		}
+		// Own deltas carry exactly the sender's own slots.
+		viaOwn := clone(t, eu)
+		viaOwn.Merge(us.OwnDeltaSince(synced))
+		for _, e := range state(us) {
+			if got, want := viaOwn.Get(e.ID).P.Get("us-east"), us.Get(e.ID).P.Get("us-east"); got != want {
+				t.Fatalf("%v: own delta gave %d, sender has %d", e.ID, got, want)
+			}
+		}
+	})
+}
+
+func TestDeltaJoinEqualsSequentialMerge(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		base := newTestCounters(t, "us-east")
+		randomOps(t, "base", base)
+		d1, d2 := genDelta(false).Draw(t, "d1"), genDelta(false).Draw(t, "d2")
+
+		seq := clone(t, base)
+		seq.Merge(d1)
+		seq.Merge(d2)
+		joined := Delta{Origin: d1.Origin, From: d1.From, To: d1.To, Entries: append([]Entry(nil), d1.Entries...)}
+		joined.Merge(d2)
+		if err := joined.Validate(); err != nil {
+			t.Fatalf("joined delta not canonical: %v", err)
+		}
+		once := clone(t, base)
+		once.Merge(joined)
+		if !reflect.DeepEqual(state(seq), state(once)) {
+			t.Fatalf("joined delta differs from merging both")
+		}
+	})
+}
+
+func randomOps(t *rapid.T, label string, c *Counters) {
+	for range rapid.IntRange(0, 20).Draw(t, label+" ops") {
+		id := ID{Key: rapid.SampledFrom([]string{"a", "b", "c", "d"}).Draw(t, label+" key"), Epoch: rapid.Int64Range(0, 2).Draw(t, label+" epoch")}
+		n := rapid.Uint64Range(1, 100).Draw(t, label+" n")
+		if rapid.Bool().Draw(t, label+" dec") {
+			c.Dec(id, n)
+		} else {
+			c.Inc(id, n)
+		}
+	}
+}
+
+func clone(t *rapid.T, c *Counters) *Counters {
+	out, err := NewCounters(c.Self(), c.Regions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Merge(c.DeltaSince(0))
+	return out
+}
+
+// genDelta draws a delta over the test regions (and, if wild, others),
+// canonical or not.
+func genDelta(wild bool) *rapid.Generator[Delta] {
+	regions := testRegions
+	if wild {
+		regions = append(regions[:len(regions):len(regions)], "mars-1", "x")
+	}
+	return rapid.Custom(func(t *rapid.T) Delta {
+		d := Delta{Origin: rapid.SampledFrom(regions).Draw(t, "origin")}
+		d.From = rapid.Uint64Range(0, 100).Draw(t, "from")
+		d.To = d.From + rapid.Uint64Range(0, 100).Draw(t, "span")
+		for range rapid.IntRange(0, 8).Draw(t, "entries") {
+			e := Entry{ID: ID{
+				Key:   rapid.SampledFrom([]string{"a", "b", "tenant/sk_1", "tenant/sk_2", "tenant/sk_10"}).Draw(t, "key"),
+				Epoch: rapid.SampledFrom([]int64{-60, 0, 60, 1 << 40}).Draw(t, "epoch"),
+			}}
+			for range rapid.IntRange(1, 4).Draw(t, "slots") {
+				e.Slots = append(e.Slots, Slot{
+					Region: rapid.SampledFrom(regions).Draw(t, "region"),
+					P:      genAmount().Draw(t, "p"),
+					N:      rapid.OneOf(rapid.Just(uint64(0)), genAmount()).Draw(t, "n"),
+				})
+			}
+			d.Entries = append(d.Entries, e)
+		}
+		return d
+	})
+}
+
+func ExampleCounters() {
+	us, _ := NewCounters("us-east", []string{"us-east", "eu-west"})
+	eu, _ := NewCounters("eu-west", []string{"us-east", "eu-west"})
+	id := ID{Key: "tenant-global/sk_prod_1", Epoch: 1_767_225_600_000}
+
+	us.Inc(id, 3)
+	eu.Inc(id, 4)
+
+	// Each region gossips its own changes; the other merges them.
+	msg, _ := AppendDelta(nil, us.OwnDeltaSince(0))
+	d, _ := DecodeDelta(msg)
+	report := eu.Merge(d)
+	fmt.Println("eu-west sees", eu.Value(id), "after", report.Applied, "applied slot")
+
+	// Delivering the same message again changes nothing.
+	fmt.Println("duplicates:", eu.Merge(d).Duplicate, "value:", eu.Value(id))
+	// Output:
+	// eu-west sees 7 after 1 applied slot
+	// duplicates: 1 value: 7
+}

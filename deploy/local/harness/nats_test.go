@@ -1,0 +1,225 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// serverKinds runs a test against the embedded server and Debian's binary.
+func serverKinds(t *testing.T, f func(t *testing.T, binary bool)) {
+	for _, binary := range []bool{false, true} {
+		name := "embedded"
+		if binary {
+			name = "binary"
+		}
+		t.Run(name, func(t *testing.T) { f(t, binary) })
+	}
+}
+
+func connect(t *testing.T, urls string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond), nats.Timeout(2 * time.Second)}, opts...)
+	nc, err := nats.Connect(urls, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func TestNATSServer(t *testing.T) {
+	serverKinds(t, func(t *testing.T, binary bool) {
+		ctx := testContext(t)
+		n := NewNATS(t, NATSOptions{Binary: binary, JetStream: true})
+		reconnected := make(chan struct{}, 1)
+		nc := connect(t, n.ClientURL(), nats.ReconnectHandler(func(*nats.Conn) {
+			select {
+			case reconnected <- struct{}{}:
+			default:
+			}
+		}))
+
+		sub, err := nc.SubscribeSync("greet")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Publish("greet", []byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := sub.NextMsg(5 * time.Second); err != nil || string(m.Data) != "hi" {
+			t.Fatalf("pub/sub: %v, %v", m, err)
+		}
+
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "rules"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := kv.Watch(ctx, "current", jetstream.UpdatesOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		rev, err := kv.Put(ctx, "current", []byte("v1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case e := <-w.Updates():
+			if e == nil || string(e.Value()) != "v1" || e.Revision() != rev {
+				t.Fatalf("watch delivered %v", e)
+			}
+		case <-ctx.Done():
+			t.Fatal("no watch update")
+		}
+		// Compare-and-swap on the revision: a stale update is refused.
+		if _, err := kv.Update(ctx, "current", []byte("v2"), rev); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Update(ctx, "current", []byte("stale"), rev); err == nil {
+			t.Fatal("update on a stale revision succeeded")
+		}
+
+		port := n.ClientAddr()
+		if err := n.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if n.Running() {
+			t.Fatal("still running after Kill")
+		}
+		if err := n.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n.ClientAddr() != port {
+			t.Fatalf("restarted on %s, was %s", n.ClientAddr(), port)
+		}
+		select {
+		case <-reconnected:
+		case <-ctx.Done():
+			t.Fatal("client did not reconnect after restart")
+		}
+		// The JetStream store survived the kill.
+		err = poll(ctx, func(ctx context.Context) error {
+			e, err := kv.Get(ctx, "current")
+			if err != nil {
+				return err
+			}
+			if string(e.Value()) != "v2" {
+				return fmt.Errorf("value %q after restart", e.Value())
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestSupercluster(t *testing.T) {
+	serverKinds(t, func(t *testing.T, binary bool) {
+		ctx := testContext(t)
+		sc := NewSupercluster(t, SuperclusterOptions{Binary: binary, JetStream: true, Clusters: []string{"us-east", "eu-west", "ap-south"}})
+		if len(sc.Clusters) != 3 || sc.Cluster("eu-west") == nil || sc.Cluster("mars") != nil {
+			t.Fatalf("clusters: %+v", sc.Clusters)
+		}
+		us := connect(t, sc.Cluster("us-east").ClientURLs())
+		ap := connect(t, sc.Cluster("ap-south").ClientURLs())
+
+		// A request from us-east answered in ap-south crosses a gateway.
+		sub, err := ap.Subscribe("usage.ap-south", func(m *nats.Msg) { m.Respond(append([]byte("ap-south got "), m.Data...)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		ap.Flush()
+		requestAcross(ctx, t, us, "usage.ap-south", "ping", "ap-south got ping")
+
+		// A KV bucket made in one cluster is read and watched from another.
+		usJS, _ := jetstream.New(us)
+		apJS, _ := jetstream.New(ap)
+		kv, err := usJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "budgets"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "share.ap-south", []byte("0.3")); err != nil {
+			t.Fatal(err)
+		}
+		err = poll(ctx, func(ctx context.Context) error {
+			apKV, err := apJS.KeyValue(ctx, "budgets")
+			if err != nil {
+				return err
+			}
+			e, err := apKV.Get(ctx, "share.ap-south")
+			if err != nil {
+				return err
+			}
+			if string(e.Value()) != "0.3" {
+				return fmt.Errorf("value %q", e.Value())
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("KV across the gateway: %v", err)
+		}
+
+		// A server killed and restarted rejoins; messages cross again.
+		eu := sc.Cluster("eu-west").Servers[0]
+		if err := eu.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := eu.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.WaitConnected(ctx); err != nil {
+			t.Fatal(err)
+		}
+		euc := connect(t, sc.Cluster("eu-west").ClientURLs())
+		requestAcross(ctx, t, euc, "usage.ap-south", "again", "ap-south got again")
+	})
+}
+
+func TestSuperclusterRoutes(t *testing.T) {
+	ctx := testContext(t)
+	sc := NewSupercluster(t, SuperclusterOptions{Clusters: []string{"a", "b"}, ServersPerCluster: 2})
+	if got := len(sc.Servers()); got != 4 {
+		t.Fatalf("%d servers, want 4", got)
+	}
+	// In from one server of a cluster, out from the other server of another.
+	a := connect(t, sc.Cluster("a").Servers[0].ClientURL())
+	b := connect(t, sc.Cluster("b").Servers[1].ClientURL())
+	sub, err := b.Subscribe("x", func(m *nats.Msg) { m.Respond(m.Data) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	b.Flush()
+	requestAcross(ctx, t, a, "x", "hello", "hello")
+}
+
+// requestAcross sends a request until it is answered: interest takes a
+// moment to propagate over gateways.
+func requestAcross(ctx context.Context, t *testing.T, nc *nats.Conn, subject, data, want string) {
+	t.Helper()
+	err := poll(ctx, func(ctx context.Context) error {
+		m, err := nc.RequestWithContext(ctx, subject, []byte(data))
+		if err != nil {
+			return err
+		}
+		if string(m.Data) != want {
+			return fmt.Errorf("reply %q, want %q", m.Data, want)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("request on %s: %v", subject, err)
+	}
+}

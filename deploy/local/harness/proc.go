@@ -1,0 +1,232 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+var (
+	// ErrMissingBinary is returned when a server binary is not installed.
+	// The message names the Debian package that provides it.
+	ErrMissingBinary = errors.New("harness: server binary not installed")
+	// errPortTaken means a server could not bind a port picked for it
+	// because something else took the port first; starting again with new
+	// ports fixes it.
+	errPortTaken = errors.New("harness: port taken")
+)
+
+// debianPackage names the Debian package that provides each binary.
+var debianPackage = map[string]string{
+	"redis-server": "redis-server",
+	"redis-cli":    "redis-tools",
+	"nats-server":  "nats-server",
+}
+
+// lookPath finds a server binary, or says how to install it.
+func lookPath(name string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s not found in PATH; install it with: apt-get install %s", ErrMissingBinary, name, debianPackage[name])
+	}
+	return p, nil
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago.
+// Another process may take one before the server binds it; servers that fail
+// with errPortTaken are started again on new ports.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, n)
+	ls := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("harness: finding a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports, nil
+}
+
+// retryOnPortTaken runs start until it succeeds, fails for another reason,
+// or has lost the race for its ports a few times.
+func retryOnPortTaken(start func() error) error {
+	var err error
+	for range 5 {
+		if err = start(); !errors.Is(err, errPortTaken) {
+			return err
+		}
+	}
+	return err
+}
+
+// process is one server process started from a binary. It can be killed
+// and started again with the same arguments, so on the same ports.
+// Its methods are safe for concurrent use.
+type process struct {
+	name    string // for messages, such as "redis-server 127.0.0.1:6379"
+	path    string
+	args    []string
+	logPath string // stdout and stderr, appended across restarts
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+func (p *process) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && !isClosed(p.done) {
+		return fmt.Errorf("harness: %s is already running", p.name)
+	}
+	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("harness: %s: %w", p.name, err)
+	}
+	defer logf.Close() // the child has its own copy
+	cmd := exec.Command(p.path, p.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Own process group, so signals to the test do not reach it; and killed
+	// if the harness dies without cleaning up.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("harness: starting %s: %w", p.name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
+	p.cmd, p.done = cmd, done
+	return nil
+}
+
+// running reports whether the process has been started and not exited.
+func (p *process) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd != nil && !isClosed(p.done)
+}
+
+// kill sends SIGKILL and waits for the process to exit.
+func (p *process) kill() error { return p.signalAndWait(syscall.SIGKILL, 0) }
+
+// stop asks the process to exit with SIGTERM and kills it if it has not
+// within the grace period.
+func (p *process) stop(grace time.Duration) error {
+	return p.signalAndWait(syscall.SIGTERM, grace)
+}
+
+func (p *process) signalAndWait(sig syscall.Signal, grace time.Duration) error {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil || isClosed(done) {
+		return nil
+	}
+	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("harness: signalling %s: %w", p.name, err)
+	}
+	if sig != syscall.SIGKILL {
+		select {
+		case <-done:
+			return nil
+		case <-time.After(grace):
+			cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}
+	<-done
+	return nil
+}
+
+// waitReady polls ready until it succeeds, the process exits, or ctx ends.
+// A process that exited because its port was taken gives errPortTaken.
+func (p *process) waitReady(ctx context.Context, ready func(context.Context) error) error {
+	err := poll(ctx, func(ctx context.Context) error {
+		if !p.running() {
+			return errExited
+		}
+		return ready(ctx)
+	})
+	if err == nil {
+		return nil
+	}
+	p.kill()
+	log := logTail(p.logPath)
+	if portTakenIn(log) {
+		return fmt.Errorf("%w: %s: %s", errPortTaken, p.name, log)
+	}
+	return fmt.Errorf("harness: %s not ready: %w; its log ends:\n%s", p.name, err, log)
+}
+
+var errExited = errors.New("process exited")
+
+// poll calls check until it returns nil or errExited, or ctx ends, and
+// returns the last error.
+func poll(ctx context.Context, check func(context.Context) error) error {
+	const interval = 10 * time.Millisecond
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := check(cctx)
+		cancel()
+		if err == nil || errors.Is(err, errExited) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(interval):
+		}
+	}
+}
+
+func portTakenIn(log string) bool {
+	return strings.Contains(strings.ToLower(log), "address already in use")
+}
+
+// logTail returns the last lines of a log file, for error messages.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// makeDir returns dir, creating it; or, if dir is empty, a new temporary
+// directory that the caller owns and removes.
+func makeDir(dir, pattern string) (string, bool, error) {
+	if dir != "" {
+		return dir, false, os.MkdirAll(dir, 0o755)
+	}
+	d, err := os.MkdirTemp("", pattern)
+	return d, true, err
+}

@@ -1,0 +1,193 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisOptions configure a standalone redis-server.
+type RedisOptions struct {
+	// Dir holds the server's files and log. Empty: a new temporary
+	// directory, removed by Stop.
+	Dir string
+	// Persist keeps the data across Kill and Restart: an append-only file,
+	// synced on every write. Off by default, as for a cache-only Redis, so a
+	// restarted server comes back empty.
+	Persist bool
+	// Args are extra redis-server arguments, such as "--maxmemory", "64mb".
+	Args []string
+}
+
+// Redis is a redis-server process on a loopback port. Kill and Restart keep
+// its port and directory. Its methods are safe for concurrent use.
+type Redis struct {
+	port   int
+	dir    string
+	ownDir bool
+	proc   *process
+	ready  func(context.Context, string) error // beyond answering PING
+}
+
+// StartRedis starts a redis-server on a free loopback port and waits until
+// it answers.
+func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
+	dir, ownDir, err := makeDir(opts.Dir, "geoquota-redis-*")
+	if err != nil {
+		return nil, err
+	}
+	var r *Redis
+	err = retryOnPortTaken(func() error {
+		ports, err := freePorts(1)
+		if err != nil {
+			return err
+		}
+		args := append(redisArgs(ports[0], dir, opts.Persist), opts.Args...)
+		if r, err = newRedis("redis-server", ports[0], dir, args); err != nil {
+			return err
+		}
+		return r.start(ctx)
+	})
+	if err != nil {
+		if ownDir {
+			os.RemoveAll(dir)
+		}
+		return nil, err
+	}
+	r.ownDir = ownDir
+	return r, nil
+}
+
+// redisArgs are the arguments of every server the harness starts: loopback
+// only, logging to stdout, DEBUG allowed from loopback so tests can make
+// the server slow (DEBUG SLEEP).
+func redisArgs(port int, dir string, persist bool) []string {
+	args := []string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--daemonize", "no", "--logfile", "", "--save", "",
+		"--enable-debug-command", "local",
+	}
+	if persist {
+		return append(args, "--appendonly", "yes", "--appendfsync", "always")
+	}
+	return append(args, "--appendonly", "no")
+}
+
+// newRedis prepares a redis-server process; name is the binary's role, for
+// messages and the log file.
+func newRedis(role string, port int, dir string, args []string) (*Redis, error) {
+	path, err := lookPath("redis-server")
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return &Redis{port: port, dir: dir, proc: &process{
+		name:    role + " " + addr,
+		path:    path,
+		args:    args,
+		logPath: filepath.Join(dir, role+".log"),
+	}}, nil
+}
+
+func (r *Redis) start(ctx context.Context) error {
+	if err := r.proc.start(); err != nil {
+		return err
+	}
+	return r.proc.waitReady(ctx, func(ctx context.Context) error {
+		if err := redisDo(ctx, r.Addr(), "PING"); err != nil {
+			return err
+		}
+		if r.ready != nil {
+			return r.ready(ctx, r.Addr())
+		}
+		return nil
+	})
+}
+
+// Addr returns the server's host:port.
+func (r *Redis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
+
+// Port returns the server's port.
+func (r *Redis) Port() int { return r.port }
+
+// URL returns the server's address in the form regiond's --redis takes.
+func (r *Redis) URL() string { return "redis://" + r.Addr() + "/0" }
+
+// Dir returns the directory that holds the server's files and log.
+func (r *Redis) Dir() string { return r.dir }
+
+// LogPath returns the path of the server's log.
+func (r *Redis) LogPath() string { return r.proc.logPath }
+
+// Running reports whether the server process is up.
+func (r *Redis) Running() bool { return r.proc.running() }
+
+// Kill stops the server with SIGKILL, as a crash would: no shutdown, no save.
+func (r *Redis) Kill() error { return r.proc.kill() }
+
+// Restart starts the server again, on the same port and with the same
+// files, and waits until it answers. A running server is killed first.
+func (r *Redis) Restart(ctx context.Context) error {
+	if err := r.proc.kill(); err != nil {
+		return err
+	}
+	return r.start(ctx)
+}
+
+// Stop shuts the server down and removes its directory if the harness made it.
+func (r *Redis) Stop() error {
+	err := r.proc.stop(5 * time.Second)
+	if r.ownDir {
+		err = errors.Join(err, os.RemoveAll(r.dir))
+	}
+	return err
+}
+
+// redisDo runs one command on a fresh connection and returns its error.
+func redisDo(ctx context.Context, addr string, args ...any) error {
+	_, err := redisCmd(ctx, addr, args...)
+	return err
+}
+
+// redisCmd runs one command on a fresh connection, with no retries, and
+// returns its reply.
+func redisCmd(ctx context.Context, addr string, args ...any) (any, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 1, DialTimeout: time.Second})
+	defer c.Close()
+	return c.Do(ctx, args...).Result()
+}
+
+// redisInfo returns one field of a server's INFO or CLUSTER INFO text.
+func redisInfo(ctx context.Context, addr string, cmd []any, field string) (string, error) {
+	v, err := redisCmd(ctx, addr, cmd...)
+	if err != nil {
+		return "", err
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("%v: reply %T, want text", cmd, v)
+	}
+	value, ok := infoField(s, field)
+	if !ok {
+		return "", fmt.Errorf("%v: no field %q", cmd, field)
+	}
+	return value, nil
+}
+
+// infoField finds "field:value" in the text of Redis INFO or CLUSTER INFO.
+func infoField(info, field string) (string, bool) {
+	for line := range strings.Lines(info) {
+		if k, v, ok := strings.Cut(strings.TrimRight(line, "\r\n"), ":"); ok && k == field {
+			return v, true
+		}
+	}
+	return "", false
+}
