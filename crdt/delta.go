@@ -101,6 +101,9 @@ func (d *Delta) Normalize() {
 		i = j
 	}
 	clear(d.Entries[len(out):])
+	if len(out) == 0 {
+		out = nil // one form for "no entries", as the decoder gives
+	}
 	d.Entries = out
 }
 
