@@ -1,0 +1,553 @@
+package regional
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// ErrInvalidRules is wrapped by every error about a rules file.
+var ErrInvalidRules = errors.New("regional: invalid rules")
+
+// RuleError says what is wrong with a rules file, and where.
+type RuleError struct {
+	File  string // the file, or "" for rules given as bytes
+	Rule  string // the rule's id, or "" for a top-level field
+	Field string // the field, such as "refill_per_second"
+	Line  int    // the YAML line, when known
+	Msg   string
+}
+
+func (e *RuleError) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		if e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
+		b.WriteString(": ")
+	} else if e.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Rule != "" {
+		fmt.Fprintf(&b, "rule %q: ", e.Rule)
+	}
+	if e.Field != "" {
+		fmt.Fprintf(&b, "%s: ", e.Field)
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+func (e *RuleError) Unwrap() error { return ErrInvalidRules }
+
+// The rules file, as written. Field names are those of the YAML.
+type fileSpec struct {
+	Rules  []ruleSpec   `yaml:"rules"`
+	TierOf []tierOfSpec `yaml:"tier_of"`
+	Allow  []string     `yaml:"allow"`
+	Block  []string     `yaml:"block"`
+}
+
+type tierOfSpec struct {
+	APIKey string `yaml:"api_key"`
+	Tier   string `yaml:"tier"`
+}
+
+type ruleSpec struct {
+	ID              string           `yaml:"id"`
+	Domain          string           `yaml:"domain"`
+	Match           matchSpec        `yaml:"match"`
+	By              []string         `yaml:"by"`
+	Algorithm       string           `yaml:"algorithm"`
+	Capacity        *int64           `yaml:"capacity"`
+	RefillPerSecond *float64         `yaml:"refill_per_second"`
+	Limit           *int64           `yaml:"limit"`
+	Window          *time.Duration   `yaml:"window"`
+	Rate            *float64         `yaml:"rate"`
+	Burst           *int64           `yaml:"burst"`
+	Tiers           map[string]int64 `yaml:"tiers"`
+	Overrides       map[string]int64 `yaml:"overrides"`
+	Scope           string           `yaml:"scope"`
+	Mode            string           `yaml:"mode"`
+	CarryDebt       bool             `yaml:"carry_debt"`
+	Cost            *int64           `yaml:"cost"`
+	Shadow          bool             `yaml:"shadow"`
+	Lease           int64            `yaml:"lease"`
+	Fallback        string           `yaml:"fallback"`
+	Penalty         *penaltySpec     `yaml:"penalty"`
+	MaxKeys         int              `yaml:"max_keys"`
+	OnKeyOverflow   string           `yaml:"on_key_overflow"`
+}
+
+type matchSpec struct {
+	Endpoint      string            `yaml:"endpoint"`
+	EndpointRegex string            `yaml:"endpoint_regex"`
+	Method        string            `yaml:"method"`
+	APIKey        string            `yaml:"api_key"`
+	IP            string            `yaml:"ip"`
+	Tier          string            `yaml:"tier"`
+	Descriptors   map[string]string `yaml:"descriptors"`
+}
+
+type penaltySpec struct {
+	Base time.Duration `yaml:"base"`
+	Max  time.Duration `yaml:"max"`
+}
+
+// Limits on what a rules file may ask for.
+const (
+	// MaxValueLen is the longest descriptor value a request may carry.
+	MaxValueLen = 512
+	// maxLogLimit bounds sliding_window_log, which keeps one entry per
+	// admitted unit of cost.
+	maxLogLimit = 100_000
+	// maxLimit keeps every count exact in the float arithmetic that the Lua
+	// scripts and their Go twins share.
+	maxLimit = 1 << 40
+	// minWindow and maxWindow bound windows and token-bucket periods.
+	minWindow = time.Millisecond
+	maxWindow = 366 * 24 * time.Hour
+)
+
+// LoadFile reads and compiles a rules file. Any error wraps
+// ErrInvalidRules and names the file, the rule and the field.
+func LoadFile(path string) (*RuleSet, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &RuleError{File: path, Msg: err.Error()}
+	}
+	return Parse(path, b)
+}
+
+// Parse compiles rules from YAML; name is used in error messages (a file
+// name, or "" if none). The whole set is valid or none of it is used.
+func Parse(name string, src []byte) (*RuleSet, error) {
+	var spec fileSpec
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	dec.KnownFields(true)
+	// An empty file is an empty rule set.
+	if err := dec.Decode(&spec); err != nil && !errors.Is(err, io.EOF) {
+		return nil, yamlError(name, src, err)
+	}
+	return compile(name, spec, ruleLines(src))
+}
+
+// yamlError turns a decoding error into a RuleError naming the rule whose
+// lines it is on.
+func yamlError(name string, src []byte, err error) error {
+	var te *yaml.TypeError
+	msg := err.Error()
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		msg = te.Errors[0]
+	}
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	line := 0
+	if _, err := fmt.Sscanf(msg, "line %d:", &line); err == nil {
+		msg = strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
+	}
+	msg = strings.ReplaceAll(msg, "regional.ruleSpec", "rule")
+	msg = strings.ReplaceAll(msg, "regional.matchSpec", "match")
+	msg = strings.ReplaceAll(msg, "regional.fileSpec", "rules file")
+	e := &RuleError{File: name, Line: line, Msg: msg}
+	for _, r := range ruleLines(src) {
+		if line >= r.first && (r.last == 0 || line <= r.last) {
+			e.Rule = r.id
+			if !strings.Contains(msg, "not found in type") {
+				e.Field = r.fields[line]
+			}
+		}
+	}
+	return e
+}
+
+// ruleSpan is the lines a rule spans in the file, for messages.
+type ruleSpan struct {
+	id          string
+	first, last int            // last is 0 for the final rule
+	fields      map[int]string // line to the field whose value is on it
+}
+
+// ruleLines finds where each rule sits in the YAML, from the node tree,
+// which parses even when the typed decoding fails.
+func ruleLines(src []byte) []ruleSpan {
+	var doc yaml.Node
+	if yaml.Unmarshal(src, &doc) != nil || len(doc.Content) == 0 {
+		return nil
+	}
+	top := doc.Content[0]
+	if top.Kind != yaml.MappingNode {
+		return nil
+	}
+	var spans []ruleSpan
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		if top.Content[i].Value != "rules" || top.Content[i+1].Kind != yaml.SequenceNode {
+			continue
+		}
+		for _, r := range top.Content[i+1].Content {
+			span := ruleSpan{first: r.Line, fields: map[int]string{}}
+			for j := 0; r.Kind == yaml.MappingNode && j+1 < len(r.Content); j += 2 {
+				key, value := r.Content[j].Value, r.Content[j+1]
+				if key == "id" {
+					span.id = value.Value
+				}
+				span.fields[value.Line] = key
+				for k := 0; value.Kind == yaml.MappingNode && k+1 < len(value.Content); k += 2 {
+					span.fields[value.Content[k+1].Line] = key + "." + value.Content[k].Value
+				}
+			}
+			if n := len(spans); n > 0 {
+				spans[n-1].last = r.Line - 1
+			}
+			spans = append(spans, span)
+		}
+	}
+	return spans
+}
+
+// compile validates the spec and builds the RuleSet.
+func compile(name string, spec fileSpec, spans []ruleSpan) (*RuleSet, error) {
+	rs := &RuleSet{Source: name, byID: map[string]*Rule{}, descriptors: map[string]bool{}}
+	for _, d := range wellKnown {
+		rs.descriptors[d] = true
+	}
+	lineOf := func(i int) int {
+		if i < len(spans) {
+			return spans[i].first
+		}
+		return 0
+	}
+	for i, glob := range spec.Allow {
+		g, err := compileGlob(glob)
+		if err != nil {
+			return nil, &RuleError{File: name, Field: fmt.Sprintf("allow[%d]", i), Msg: err.Error()}
+		}
+		rs.allow = append(rs.allow, g)
+	}
+	for i, glob := range spec.Block {
+		g, err := compileGlob(glob)
+		if err != nil {
+			return nil, &RuleError{File: name, Field: fmt.Sprintf("block[%d]", i), Msg: err.Error()}
+		}
+		rs.block = append(rs.block, g)
+	}
+	for i, t := range spec.TierOf {
+		g, err := compileGlob(t.APIKey)
+		if err != nil {
+			return nil, &RuleError{File: name, Field: fmt.Sprintf("tier_of[%d].api_key", i), Msg: err.Error()}
+		}
+		if t.Tier == "" {
+			return nil, &RuleError{File: name, Field: fmt.Sprintf("tier_of[%d].tier", i), Msg: "required"}
+		}
+		rs.tierOf = append(rs.tierOf, tierOf{apiKey: g, tier: t.Tier})
+	}
+	for i, s := range spec.Rules {
+		r, err := compileRule(s, i)
+		if err != nil {
+			err.File, err.Line = name, lineOf(i)
+			if err.Rule == "" {
+				err.Rule = fmt.Sprintf("#%d", i+1)
+			}
+			return nil, err
+		}
+		if _, dup := rs.byID[r.ID]; dup {
+			return nil, &RuleError{File: name, Line: lineOf(i), Rule: r.ID, Field: "id", Msg: "used by another rule"}
+		}
+		rs.byID[r.ID] = r
+		rs.rules = append(rs.rules, r)
+		for d := range s.Match.Descriptors {
+			rs.descriptors[d] = true
+		}
+		for _, d := range r.By {
+			rs.descriptors[d] = true
+		}
+	}
+	rs.buildIndex()
+	return rs, nil
+}
+
+// wellKnown are the descriptors every request may carry.
+var wellKnown = []string{"api_key", "endpoint", "method", "ip", "tier"}
+
+func compileRule(s ruleSpec, index int) (*Rule, *RuleError) {
+	fail := func(field, format string, args ...any) *RuleError {
+		return &RuleError{Rule: s.ID, Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if s.ID == "" {
+		return nil, fail("id", "required")
+	}
+	if len(s.ID) > 128 || strings.ContainsAny(s.ID, "{}|\\ \t\n") {
+		return nil, fail("id", "must be at most 128 characters, without spaces, braces, | or \\")
+	}
+	r := &Rule{ID: s.ID, index: index, Domain: s.Domain, By: s.By, Shadow: s.Shadow, CarryDebt: s.CarryDebt, Cost: 1}
+	if err := r.compileMatch(s.Match); err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for i, d := range s.By {
+		if d == "" || seen[d] {
+			return nil, fail(fmt.Sprintf("by[%d]", i), "descriptor names must be non-empty and listed once")
+		}
+		seen[d] = true
+	}
+	if err := r.compileLimit(s); err != nil {
+		return nil, err
+	}
+	smallest := r.smallestLimit()
+	if s.Cost != nil {
+		if *s.Cost < 1 || *s.Cost > smallest {
+			return nil, fail("cost", "must be between 1 and the rule's smallest limit (%d)", smallest)
+		}
+		r.Cost = *s.Cost
+	}
+	switch s.Scope {
+	case "", "regional":
+		r.Scope = ScopeRegional
+		if s.Mode != "" || s.CarryDebt {
+			return nil, fail("mode", "mode and carry_debt apply to global rules only")
+		}
+	case "global":
+		r.Scope = ScopeGlobal
+		switch s.Mode {
+		case "", "strict":
+			r.Mode = ModeStrict
+		case "elastic":
+			r.Mode = ModeElastic
+		default:
+			return nil, fail("mode", "%q: want strict or elastic", s.Mode)
+		}
+		if r.Base.Algorithm != FixedWindow && r.Base.Algorithm != SlidingWindowCounter {
+			return nil, fail("algorithm", "a global rule counts per window: use fixed_window or sliding_window_counter")
+		}
+	default:
+		return nil, fail("scope", "%q: want regional or global", s.Scope)
+	}
+	switch s.Fallback {
+	case "", "fail_open":
+		r.Fallback = FailOpen
+	case "fail_closed":
+		r.Fallback = FailClosed
+	case "local_only":
+		r.Fallback = LocalOnly
+	default:
+		return nil, fail("fallback", "%q: want fail_open, fail_closed or local_only", s.Fallback)
+	}
+	if s.Lease != 0 {
+		switch {
+		case s.Lease < 0 || s.Lease > smallest:
+			return nil, fail("lease", "must be between 1 and the rule's smallest limit (%d)", smallest)
+		case r.Base.Algorithm == SlidingWindowLog:
+			return nil, fail("lease", "sliding_window_log keeps each request's time and cannot lease")
+		case r.Scope == ScopeGlobal:
+			return nil, fail("lease", "global rules are counted in their region's budget and cannot lease")
+		}
+		r.Lease = s.Lease
+	}
+	if s.Penalty != nil {
+		p := *s.Penalty
+		if p.Base <= 0 || p.Max < p.Base || p.Max > maxWindow {
+			return nil, fail("penalty", "base must be positive and max at least base (and at most %v)", maxWindow)
+		}
+		r.Penalty = &Penalty{Base: p.Base, Max: p.Max}
+	}
+	if s.MaxKeys < 0 {
+		return nil, fail("max_keys", "must not be negative")
+	}
+	r.MaxKeys = s.MaxKeys
+	switch s.OnKeyOverflow {
+	case "", "refuse":
+		r.FoldOverflow = false
+	case "fold":
+		r.FoldOverflow = true
+	default:
+		return nil, fail("on_key_overflow", "%q: want refuse or fold", s.OnKeyOverflow)
+	}
+	if s.OnKeyOverflow != "" && s.MaxKeys == 0 {
+		return nil, fail("on_key_overflow", "needs max_keys")
+	}
+	return r, nil
+}
+
+// compileLimit reads the algorithm and its numbers, the tiers and the overrides.
+func (r *Rule) compileLimit(s ruleSpec) *RuleError {
+	fail := func(field, format string, args ...any) *RuleError {
+		return &RuleError{Rule: s.ID, Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	type field struct {
+		name string
+		set  bool
+	}
+	only := func(allowed ...string) *RuleError {
+		for _, f := range []field{
+			{"capacity", s.Capacity != nil}, {"refill_per_second", s.RefillPerSecond != nil},
+			{"limit", s.Limit != nil}, {"window", s.Window != nil},
+			{"rate", s.Rate != nil}, {"burst", s.Burst != nil},
+		} {
+			if f.set && !slices.Contains(allowed, f.name) {
+				return fail(f.name, "does not apply to %s (it takes %s)", s.Algorithm, strings.Join(allowed, ", "))
+			}
+		}
+		return nil
+	}
+	// The limit's number may come from the rule, or only from tiers.
+	number := func(name string, v *int64, max int64) (int64, *RuleError) {
+		if v == nil {
+			if len(s.Tiers) > 0 {
+				return 0, nil
+			}
+			return 0, fail(name, "required")
+		}
+		if *v < 1 || *v > max {
+			return 0, fail(name, "must be between 1 and %d", max)
+		}
+		return *v, nil
+	}
+	window := func() (time.Duration, *RuleError) {
+		if s.Window == nil {
+			return 0, fail("window", "required")
+		}
+		w := *s.Window
+		if w < minWindow || w > maxWindow || w%time.Microsecond != 0 {
+			return 0, fail("window", "%v: must be between %v and %v, in whole microseconds", w, minWindow, maxWindow)
+		}
+		return w, nil
+	}
+	rate := func(name string, v *float64) (float64, *RuleError) {
+		if v == nil {
+			return 0, fail(name, "required")
+		}
+		if !(*v > 0) || math.IsInf(*v, 0) || *v > 1e9 {
+			return 0, fail(name, "must be a positive number of at most 1e9")
+		}
+		return *v, nil
+	}
+	var err *RuleError
+	p := Params{}
+	switch s.Algorithm {
+	case "", "token_bucket":
+		p.Algorithm = TokenBucket
+		if err = only("capacity", "refill_per_second"); err == nil {
+			if p.Limit, err = number("capacity", s.Capacity, maxLimit); err == nil {
+				p.Rate, err = rate("refill_per_second", s.RefillPerSecond)
+			}
+		}
+	case "gcra":
+		p.Algorithm = GCRA
+		if err = only("rate", "burst"); err == nil {
+			if p.Limit, err = number("burst", s.Burst, maxLimit); err == nil {
+				p.Rate, err = rate("rate", s.Rate)
+			}
+		}
+	case "fixed_window", "sliding_window_counter", "sliding_window_log":
+		p.Algorithm = map[string]Algorithm{"fixed_window": FixedWindow, "sliding_window_counter": SlidingWindowCounter, "sliding_window_log": SlidingWindowLog}[s.Algorithm]
+		max := int64(maxLimit)
+		if p.Algorithm == SlidingWindowLog {
+			max = maxLogLimit
+		}
+		if err = only("limit", "window"); err == nil {
+			if p.Limit, err = number("limit", s.Limit, max); err == nil {
+				var w time.Duration
+				w, err = window()
+				p.Window = w.Microseconds()
+			}
+		}
+	default:
+		return fail("algorithm", "%q: want token_bucket, sliding_window_log, sliding_window_counter, fixed_window or gcra", s.Algorithm)
+	}
+	if err != nil {
+		return err
+	}
+	if p.Rate > 0 {
+		// The period in which a token bucket refills, or GCRA drains, completely.
+		period := float64(p.Limit) / p.Rate
+		if p.Limit > 0 && (period < minWindow.Seconds() || period > maxWindow.Seconds()) {
+			return fail("refill_per_second", "refilling %d takes %.3gs; must be between %v and %v", p.Limit, period, minWindow, maxWindow)
+		}
+	}
+	r.Base = p
+	limitMax := int64(maxLimit)
+	if p.Algorithm == SlidingWindowLog {
+		limitMax = maxLogLimit
+	}
+	for tier, n := range s.Tiers {
+		if tier == "" || n < 1 || n > limitMax {
+			return fail("tiers", "tier %q: limit %d must be between 1 and %d", tier, n, limitMax)
+		}
+	}
+	for key, n := range s.Overrides {
+		if key == "" || n < 1 || n > limitMax {
+			return fail("overrides", "key %q: limit %d must be between 1 and %d", key, n, limitMax)
+		}
+	}
+	r.Tiers, r.Overrides = s.Tiers, s.Overrides
+	if p.Limit == 0 {
+		// Tiers alone: the tiers' limits scale the numbers given.
+		if p.Rate > 0 {
+			return fail("tiers", "a %s rule with tiers still needs its %s, to set the period", s.Algorithm, map[Algorithm]string{TokenBucket: "capacity", GCRA: "burst"}[p.Algorithm])
+		}
+	}
+	return nil
+}
+
+// compileMatch precompiles what a rule matches.
+func (r *Rule) compileMatch(m matchSpec) *RuleError {
+	fail := func(field, format string, args ...any) *RuleError {
+		return &RuleError{Rule: r.ID, Field: "match." + field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if m.Endpoint != "" && m.EndpointRegex != "" {
+		return fail("endpoint_regex", "give endpoint or endpoint_regex, not both")
+	}
+	if m.Endpoint != "" && !strings.HasPrefix(m.Endpoint, "/") {
+		return fail("endpoint", "%q: a path prefix starts with /", m.Endpoint)
+	}
+	r.match.endpoint = m.Endpoint
+	if m.EndpointRegex != "" {
+		re, err := regexp.Compile(m.EndpointRegex)
+		if err != nil {
+			return fail("endpoint_regex", "%v", err)
+		}
+		r.match.endpointRegex = re
+	}
+	r.match.method = strings.ToUpper(m.Method)
+	if m.APIKey != "" {
+		g, err := compileGlob(m.APIKey)
+		if err != nil {
+			return fail("api_key", "%v", err)
+		}
+		r.match.apiKey = &g
+	}
+	if m.IP != "" {
+		p, err := netip.ParsePrefix(m.IP)
+		if err != nil {
+			a, aerr := netip.ParseAddr(m.IP)
+			if aerr != nil {
+				return fail("ip", "%q: want a CIDR such as 203.0.113.0/24 or an address", m.IP)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		r.match.ip = p.Masked()
+	}
+	r.match.tier = m.Tier
+	for _, name := range slices.Sorted(maps.Keys(m.Descriptors)) {
+		if slices.Contains(wellKnown, name) {
+			return fail("descriptors."+name, "%s is matched by its own field, not under descriptors", name)
+		}
+		g, err := compileGlob(m.Descriptors[name])
+		if err != nil {
+			return fail("descriptors."+name, "%v", err)
+		}
+		r.match.custom = append(r.match.custom, customMatch{name: name, glob: g})
+	}
+	return nil
+}
