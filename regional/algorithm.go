@@ -1,0 +1,290 @@
+package regional
+
+import "math"
+
+// State is a counter's stored state. What its numbers mean depends on the
+// algorithm; times are microseconds since the Unix epoch:
+//
+//	token bucket            A tokens, B time of the last update
+//	GCRA                    A theoretical arrival time
+//	fixed window            A window start, B count
+//	sliding window counter  A window start, B current count, C previous count
+//	sliding window log      A sum of logged costs, B entries ever logged; Log the entries
+//
+// The zero State is a counter never used, or expired.
+//
+// The arithmetic is float64 and mirrors the Lua scripts of the Redis store
+// operation for operation, so that both stores decide alike to the bit.
+// Counts and times are whole numbers far below 2^53 and exact.
+type State struct {
+	Exists  bool
+	A, B, C float64
+	Log     []LogEntry // oldest first
+}
+
+// LogEntry is one admitted request in a sliding window log.
+type LogEntry struct {
+	At   float64 // µs
+	Cost float64
+}
+
+// Result is one limit's answer to one request.
+type Result struct {
+	Allowed   bool
+	Remaining int64 // what the limit could still admit after this request
+	// ResetAt is when the limit is fully available again, in µs since the
+	// Unix epoch.
+	ResetAt int64
+	// RetryAfter is, for a denied request, the shortest wait in µs after
+	// which the same request would be allowed, barring other traffic.
+	RetryAfter int64
+}
+
+// Decide is one limit's decision on a request of the given cost at now
+// (µs): the result and the state to store if the request goes ahead.
+// Decide keeps no state of its own; for the log it may reuse s.Log.
+func Decide(p Params, s State, now, cost int64) (Result, State) {
+	t, c := float64(now), float64(cost)
+	switch p.Algorithm {
+	case TokenBucket:
+		return tokenBucket(p, s, t, c)
+	case GCRA:
+		return gcra(p, s, t, c)
+	case FixedWindow:
+		return fixedWindow(p, s, t, c)
+	case SlidingWindowCounter:
+		return slidingCounter(p, s, t, c)
+	case SlidingWindowLog:
+		return slidingLog(p, s, t, c)
+	}
+	panic("regional: unknown algorithm " + p.Algorithm.String())
+}
+
+// Allows reports whether a request of the given cost would be allowed at
+// now (µs) against state s.
+func Allows(p Params, s State, now, cost int64) bool {
+	r, _ := Decide(p, cloneLog(s), now, cost)
+	return r.Allowed
+}
+
+func cloneLog(s State) State {
+	if s.Log != nil {
+		s.Log = append([]LogEntry(nil), s.Log...)
+	}
+	return s
+}
+
+// settle turns a first estimate of a wait into the exact one: the shortest
+// whole number of microseconds after which allows holds. allows is monotone
+// in time, and the estimate is off by rounding only, so a few steps do.
+func settle(now, wait float64, allows func(t float64) bool) int64 {
+	wait = math.Max(1, math.Ceil(wait))
+	for i := 0; i < 16 && wait > 1 && allows(now+wait-1); i++ {
+		wait--
+	}
+	for i := 0; i < 16 && !allows(now+wait); i++ {
+		wait++
+	}
+	return int64(wait)
+}
+
+// tbExpiryMargin keeps a token bucket's key past the moment it is full, so
+// that a bucket that expired and one that refilled to the brim are the
+// same to the bit.
+const tbExpiryMargin = 1000 // µs
+
+func tbTokens(p Params, s State, t float64) float64 {
+	limit := float64(p.Limit)
+	if !s.Exists {
+		return limit
+	}
+	elapsed := math.Max(0, t-s.B)
+	return math.Min(limit, s.A+elapsed*p.Rate/1e6)
+}
+
+func tokenBucket(p Params, s State, now, cost float64) (Result, State) {
+	limit := float64(p.Limit)
+	tokens := tbTokens(p, s, now)
+	var r Result
+	if tokens >= cost {
+		r.Allowed = true
+		tokens -= cost
+		s = State{Exists: true, A: tokens, B: now}
+	} else {
+		r.RetryAfter = settle(now, (cost-tokens)*1e6/p.Rate, func(t float64) bool { return tbTokens(p, s, t) >= cost })
+	}
+	r.Remaining = int64(math.Floor(tokens))
+	r.ResetAt = int64(now)
+	if tokens < limit {
+		r.ResetAt += settle(now, (limit-tokens)*1e6/p.Rate, func(t float64) bool { return tbTokens(p, s, t) >= limit })
+	}
+	return r, s
+}
+
+func gcra(p Params, s State, now, cost float64) (Result, State) {
+	interval := 1e6 / p.Rate
+	tolerance := float64(p.Limit) * interval
+	arrival := func(t float64) float64 {
+		if s.Exists {
+			return math.Max(s.A, t)
+		}
+		return t
+	}
+	tat := arrival(now)
+	next := tat + float64(cost*interval)
+	var r Result
+	if now >= next-tolerance {
+		r.Allowed = true
+		tat = next
+		s = State{Exists: true, A: next}
+	} else {
+		r.RetryAfter = settle(now, next-tolerance-now, func(t float64) bool {
+			return t >= arrival(t)+float64(cost*interval)-tolerance
+		})
+	}
+	r.Remaining = int64(math.Floor((tolerance - (tat - now)) / interval))
+	r.ResetAt = int64(math.Ceil(tat))
+	return r, s
+}
+
+func fwCount(p Params, s State, t float64) (start, n float64) {
+	window := float64(p.Window)
+	start = math.Floor(t/window) * window
+	if s.Exists && s.A == start {
+		n = s.B
+	}
+	return start, n
+}
+
+func fixedWindow(p Params, s State, now, cost float64) (Result, State) {
+	limit, window := float64(p.Limit), float64(p.Window)
+	start, n := fwCount(p, s, now)
+	var r Result
+	if n+cost <= limit {
+		r.Allowed = true
+		n += cost
+		s = State{Exists: true, A: start, B: n}
+	} else {
+		r.RetryAfter = settle(now, start+window-now, func(t float64) bool {
+			_, n := fwCount(p, s, t)
+			return n+cost <= limit
+		})
+	}
+	r.Remaining = int64(limit - n)
+	r.ResetAt = int64(start + window)
+	return r, s
+}
+
+func swcCounts(p Params, s State, t float64) (start, cur, prev float64) {
+	window := float64(p.Window)
+	start = math.Floor(t/window) * window
+	if s.Exists {
+		if s.A == start {
+			cur, prev = s.B, s.C
+		} else if s.A == start-window {
+			prev = s.B
+		}
+	}
+	return start, cur, prev
+}
+
+// swcEstimate weighs the previous window's count by how much of it the
+// sliding window still covers.
+func swcEstimate(window, start, cur, prev, t float64) float64 {
+	return float64(prev*((window-(t-start))/window)) + cur
+}
+
+func slidingCounter(p Params, s State, now, cost float64) (Result, State) {
+	limit, window := float64(p.Limit), float64(p.Window)
+	start, cur, prev := swcCounts(p, s, now)
+	var r Result
+	if swcEstimate(window, start, cur, prev, now)+cost <= limit {
+		r.Allowed = true
+		cur += cost
+		s = State{Exists: true, A: start, B: cur, C: prev}
+	} else {
+		// Either the previous window's weight must shrink enough, or, if
+		// this window alone is too full, the next window's must.
+		var at float64
+		if cur+cost <= limit {
+			at = start + (window - (limit-cur-cost)*window/prev)
+		} else {
+			at = start + window + math.Max(0, window-(limit-cost)*window/cur)
+		}
+		r.RetryAfter = settle(now, at-now, func(t float64) bool {
+			start, cur, prev := swcCounts(p, s, t)
+			return swcEstimate(window, start, cur, prev, t)+cost <= limit
+		})
+	}
+	r.Remaining = int64(math.Floor(limit - swcEstimate(window, start, cur, prev, now)))
+	switch {
+	case cur > 0:
+		r.ResetAt = int64(start + 2*window)
+	case prev > 0:
+		r.ResetAt = int64(start + window)
+	default:
+		r.ResetAt = int64(now)
+	}
+	return r, s
+}
+
+// trimLog drops the entries that have left the window at now.
+func trimLog(p Params, s State, now float64) (sum float64, log []LogEntry) {
+	sum, log = s.A, s.Log
+	for len(log) > 0 && log[0].At <= now-float64(p.Window) {
+		sum -= log[0].Cost
+		log = log[1:]
+	}
+	return sum, log
+}
+
+func slidingLog(p Params, s State, now, cost float64) (Result, State) {
+	limit, window := float64(p.Limit), float64(p.Window)
+	sum, log := trimLog(p, s, now)
+	var r Result
+	if sum+cost <= limit {
+		r.Allowed = true
+		if cost > 0 {
+			sum += cost
+			log = append(log, LogEntry{At: now, Cost: cost})
+			s = State{Exists: true, A: sum, B: s.B + 1, Log: log}
+		}
+	} else {
+		freed := 0.0
+		for _, e := range log {
+			freed += e.Cost
+			if sum-freed+cost <= limit {
+				r.RetryAfter = int64(e.At + window - now)
+				break
+			}
+		}
+	}
+	r.Remaining = int64(limit - sum)
+	r.ResetAt = int64(now)
+	if n := len(log); n > 0 {
+		r.ResetAt = int64(log[n-1].At + window)
+	}
+	return r, s
+}
+
+// ttl is how long, in µs after now, a counter's stored state matters: past
+// it the state is the same as none, so the store may drop it.
+func ttl(p Params, s State, now int64) int64 {
+	t := float64(now)
+	var until float64
+	switch p.Algorithm {
+	case TokenBucket:
+		until = t + math.Ceil((float64(p.Limit)-s.A)*1e6/p.Rate) + tbExpiryMargin
+	case GCRA:
+		until = math.Ceil(s.A)
+	case FixedWindow:
+		until = s.A + float64(p.Window)
+	case SlidingWindowCounter:
+		until = s.A + 2*float64(p.Window)
+	case SlidingWindowLog:
+		if n := len(s.Log); n > 0 {
+			until = s.Log[n-1].At + float64(p.Window)
+		}
+	}
+	return max(1, int64(until-t))
+}

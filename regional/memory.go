@@ -1,0 +1,232 @@
+package regional
+
+import (
+	"context"
+	"hash/maphash"
+	"math"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MemoryStore keeps counters in this process's memory, with the same
+// algorithms and the same decisions as the Redis store. It serves --dev,
+// the local_only fallback, leases and the simulator.
+//
+// It starts no goroutines: expired counters are dropped as they are met and
+// by a little sweeping on every few calls. It is safe for concurrent use.
+type MemoryStore struct {
+	now    func() int64 // µs since the Unix epoch
+	seed   maphash.Seed
+	shards [memShards]memShard
+}
+
+const (
+	memShards = 64
+	// Every sweepEvery calls to a shard, up to sweepBatch of its counters
+	// are checked for expiry.
+	sweepEvery = 64
+	sweepBatch = 32
+)
+
+type memShard struct {
+	mu      sync.Mutex
+	entries map[string]*memEntry
+	calls   int
+	_       [40]byte // keep shards on separate cache lines
+}
+
+type memEntry struct {
+	s       State
+	expires int64 // µs
+}
+
+// NewMemoryStore returns an empty store that reads time from clock; nil
+// means the system clock.
+func NewMemoryStore(clock func() time.Time) *MemoryStore {
+	m := &MemoryStore{seed: maphash.MakeSeed(), now: func() int64 { return time.Now().UnixMicro() }}
+	if clock != nil {
+		m.now = func() int64 { return clock().UnixMicro() }
+	}
+	for i := range m.shards {
+		m.shards[i].entries = map[string]*memEntry{}
+	}
+	return m
+}
+
+func (m *MemoryStore) shard(key []byte) int {
+	return int(maphash.Bytes(m.seed, key) % memShards)
+}
+
+// lock locks the shards of all ops, in order so that concurrent requests
+// cannot deadlock, and returns them for unlock. shards[i] is op i's shard.
+func (m *MemoryStore) lock(shards, buf []int) []int {
+	idx := append(buf[:0], shards...)
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	for _, s := range idx {
+		m.shards[s].mu.Lock()
+	}
+	return idx
+}
+
+func (m *MemoryStore) unlock(idx []int) {
+	for _, s := range idx {
+		m.shards[s].mu.Unlock()
+	}
+}
+
+// get returns the live state of key; the caller holds its shard's lock.
+func (m *MemoryStore) get(sh *memShard, key []byte, now int64) State {
+	if e := sh.entries[string(key)]; e != nil && e.expires > now {
+		return e.s
+	}
+	return State{}
+}
+
+// put stores the state of key until it no longer matters.
+func (m *MemoryStore) put(sh *memShard, key []byte, p Params, s State, now int64) {
+	e := sh.entries[string(key)]
+	if e == nil {
+		e = &memEntry{}
+		sh.entries[string(key)] = e
+	}
+	e.s, e.expires = s, now+ttl(p, s, now)
+}
+
+func (m *MemoryStore) sweep(sh *memShard, now int64) {
+	if sh.calls++; sh.calls%sweepEvery != 0 {
+		return
+	}
+	n := 0
+	for k, e := range sh.entries {
+		if e.expires <= now {
+			delete(sh.entries, k)
+		}
+		if n++; n == sweepBatch {
+			return
+		}
+	}
+}
+
+// Apply implements Store.
+func (m *MemoryStore) Apply(_ context.Context, ops []Op, results []Result) (int64, error) {
+	// Room for requests of up to 8 limits without allocating.
+	var shardBuf, lockBuf [8]int
+	var stateBuf [8]State
+	shards, next := shardBuf[:0], stateBuf[:0]
+	for i := range ops {
+		shards = append(shards, m.shard(ops[i].Key))
+	}
+	idx := m.lock(shards, lockBuf[:])
+	defer m.unlock(idx)
+	now := m.now()
+	for i := range ops {
+		op := &ops[i]
+		var s State
+		results[i], s = Decide(op.Params, m.get(&m.shards[shards[i]], op.Key, now), now, op.Cost)
+		next = append(next, s)
+	}
+	if commits(ops, results) {
+		for i := range ops {
+			if results[i].Allowed {
+				m.put(&m.shards[shards[i]], ops[i].Key, ops[i].Params, next[i], now)
+			}
+		}
+	}
+	for _, s := range idx {
+		m.sweep(&m.shards[s], now)
+	}
+	return now, nil
+}
+
+// Inspect implements Store.
+func (m *MemoryStore) Inspect(_ context.Context, key []byte, p Params) (Result, error) {
+	sh := &m.shards[m.shard(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := m.now()
+	return inspect(p, cloneLog(m.get(sh, key, now)), now), nil
+}
+
+// inspect is what a request of cost 0 would see: it always allows and
+// takes nothing.
+func inspect(p Params, s State, now int64) Result {
+	r, _ := Decide(p, s, now, 0)
+	return r
+}
+
+// Reset implements Store.
+func (m *MemoryStore) Reset(_ context.Context, key []byte, _ Params) error {
+	sh := &m.shards[m.shard(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	delete(sh.entries, string(key))
+	return nil
+}
+
+// Grant implements Store.
+func (m *MemoryStore) Grant(_ context.Context, key []byte, p Params, n int64) (Result, error) {
+	sh := &m.shards[m.shard(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := m.now()
+	s := grant(p, m.get(sh, key, now), now, n)
+	m.put(sh, key, p, s, now)
+	return inspect(p, cloneLog(s), now), nil
+}
+
+// grant returns the state after giving n back to the counter, as the
+// Store.Grant contract says.
+func grant(p Params, s State, now, n int64) State {
+	t, c := float64(now), float64(n)
+	switch p.Algorithm {
+	case TokenBucket:
+		return State{Exists: true, A: math.Min(float64(p.Limit), tbTokens(p, s, t)+c), B: t}
+	case GCRA:
+		tat := t
+		if s.Exists {
+			tat = math.Max(s.A, t)
+		}
+		return State{Exists: true, A: math.Max(t, tat-float64(c*(1e6/p.Rate)))}
+	case FixedWindow:
+		start, count := fwCount(p, s, t)
+		return State{Exists: true, A: start, B: count - c}
+	case SlidingWindowCounter:
+		start, cur, prev := swcCounts(p, s, t)
+		return State{Exists: true, A: start, B: cur - c, C: prev}
+	case SlidingWindowLog:
+		// Forget the newest n units logged: at most what the window holds.
+		sum, log := trimLog(p, s, t)
+		log = slices.Clone(log)
+		for c > 0 && len(log) > 0 {
+			last := &log[len(log)-1]
+			take := math.Min(c, last.Cost)
+			last.Cost -= take
+			sum -= take
+			c -= take
+			if last.Cost == 0 {
+				log = log[:len(log)-1]
+			}
+		}
+		return State{Exists: len(log) > 0, A: sum, B: s.B, Log: log}
+	}
+	return s
+}
+
+// Len returns the number of live counters, for tests and metrics.
+func (m *MemoryStore) Len() int {
+	n := 0
+	now := m.now()
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.entries {
+			if e.expires > now {
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}

@@ -1,0 +1,443 @@
+package regional
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/limits.lua
+var limitsLua string
+
+var limitsSHA = func() string {
+	h := sha1.Sum([]byte(limitsLua))
+	return hex.EncodeToString(h[:])
+}()
+
+// ErrStoreClosed is returned by a store used after Close.
+var ErrStoreClosed = errors.New("regional: store closed")
+
+// RedisOptions tune a RedisStore. The zero value is sensible.
+type RedisOptions struct {
+	// Pipelines is how many pipelines may be in flight at once; 0 means 4.
+	// Concurrent checks wait for a free one and share it.
+	Pipelines int
+	// MaxBatch bounds the checks sent in one pipeline; 0 means 256.
+	MaxBatch int
+	// Timeout bounds one pipeline's round trip; 0 means 50ms. Callers
+	// usually bound their own wait with a shorter context.
+	Timeout time.Duration
+}
+
+func (o RedisOptions) withDefaults() RedisOptions {
+	if o.Pipelines <= 0 {
+		o.Pipelines = 4
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 256
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 50 * time.Millisecond
+	}
+	return o
+}
+
+// RedisStore keeps counters in Redis and runs the algorithms there, as Lua,
+// with the server's clock. Each check costs one EVALSHA per Cluster slot it
+// touches (one in all for a single server or Sentinel), and the checks of
+// concurrent callers share pipelines. It is safe for concurrent use; Close
+// stops it.
+type RedisStore struct {
+	client  redis.UniversalClient
+	cluster bool
+	opts    RedisOptions
+	queue   chan *redisCall
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	calls   sync.Pool
+
+	// For tests: the time scripts use instead of TIME, in µs, and a floor
+	// on TTLs (ms) so that keys do not expire in real time while a test
+	// runs in virtual time.
+	testNow    func() int64
+	testMinTTL int64
+}
+
+// NewRedisStore connects to Redis as regiond's --redis flag says:
+//
+//	redis://host:port/db, rediss://…          a single server (URL options as go-redis parses them)
+//	redis-sentinel://host:port,host:port/name  a primary managed by Sentinel
+//	host:port,host:port,…                      a Redis Cluster
+//
+// and checks that Redis answers.
+func NewRedisStore(ctx context.Context, spec string, opts RedisOptions) (*RedisStore, error) {
+	client, cluster, err := NewRedisClient(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("regional: redis %s: %w", spec, err)
+	}
+	return newRedisStore(client, cluster, opts), nil
+}
+
+// NewRedisClient makes the go-redis client for a --redis value (see
+// NewRedisStore), with the scripts loaded on every new connection.
+func NewRedisClient(spec string) (client redis.UniversalClient, cluster bool, err error) {
+	onConnect := func(ctx context.Context, cn *redis.Conn) error {
+		return cn.ScriptLoad(ctx, limitsLua).Err()
+	}
+	switch {
+	case strings.HasPrefix(spec, "redis://"), strings.HasPrefix(spec, "rediss://"):
+		o, err := redis.ParseURL(spec)
+		if err != nil {
+			return nil, false, fmt.Errorf("regional: --redis %q: %w", spec, err)
+		}
+		o.OnConnect, o.ContextTimeoutEnabled = onConnect, true
+		return redis.NewClient(o), false, nil
+	case strings.HasPrefix(spec, "redis-sentinel://"):
+		u, err := url.Parse(spec)
+		name := strings.Trim(u.Path, "/")
+		if err != nil || u.Host == "" || name == "" {
+			return nil, false, fmt.Errorf("regional: --redis %q: want redis-sentinel://host:port,host:port/mastername", spec)
+		}
+		o := &redis.FailoverOptions{MasterName: name, SentinelAddrs: strings.Split(u.Host, ","), OnConnect: onConnect, ContextTimeoutEnabled: true}
+		if u.User != nil {
+			o.Username = u.User.Username()
+			o.Password, _ = u.User.Password()
+		}
+		if db := u.Query().Get("db"); db != "" {
+			if o.DB, err = strconv.Atoi(db); err != nil {
+				return nil, false, fmt.Errorf("regional: --redis %q: db %q is not a number", spec, db)
+			}
+		}
+		return redis.NewFailoverClient(o), false, nil
+	case strings.Contains(spec, "://"):
+		return nil, false, fmt.Errorf("regional: --redis %q: unknown scheme; want redis://, rediss://, redis-sentinel:// or host:port,host:port for a Cluster", spec)
+	default:
+		addrs := strings.Split(spec, ",")
+		for _, a := range addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return nil, false, fmt.Errorf("regional: --redis %q: %q is not host:port", spec, a)
+			}
+		}
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, OnConnect: onConnect, ContextTimeoutEnabled: true}), true, nil
+	}
+}
+
+func newRedisStore(client redis.UniversalClient, cluster bool, opts RedisOptions) *RedisStore {
+	opts = opts.withDefaults()
+	s := &RedisStore{client: client, cluster: cluster, opts: opts,
+		queue: make(chan *redisCall, opts.Pipelines*opts.MaxBatch), stop: make(chan struct{})}
+	s.calls.New = func() any { return &redisCall{done: make(chan struct{}, 1)} }
+	for range opts.Pipelines {
+		s.wg.Add(1)
+		go s.worker()
+	}
+	return s
+}
+
+// Client returns the go-redis client the store uses.
+func (s *RedisStore) Client() redis.UniversalClient { return s.client }
+
+// Close stops the store's pipelines and closes its client.
+func (s *RedisStore) Close() error {
+	select {
+	case <-s.stop:
+		return nil
+	default:
+	}
+	close(s.stop)
+	s.wg.Wait()
+	for {
+		select {
+		case c := <-s.queue:
+			c.err = ErrStoreClosed
+			c.done <- struct{}{}
+		default:
+			return s.client.Close()
+		}
+	}
+}
+
+// redisCall is one check: one script run, or one per slot in a Cluster.
+// It owns copies of its keys and arguments and its own results, so a
+// caller that gives up waiting leaves nothing of its own in the worker's
+// hands.
+type redisCall struct {
+	limits  []redisLimit
+	groups  []redisGroup
+	results []Result
+	now     int64
+	err     error
+	done    chan struct{}
+}
+
+type redisLimit struct {
+	key    string
+	params Params
+	cost   int64
+	shadow bool
+}
+
+// redisGroup is the limits of one call that share a Cluster slot, and the
+// script run that decides them.
+type redisGroup struct {
+	slot   uint16
+	limits []int // indexes into the call's limits
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd
+}
+
+func (s *RedisStore) newCall(ops []Op, mode string, grant int64) *redisCall {
+	c := s.calls.Get().(*redisCall)
+	c.limits, c.groups, c.err, c.now = c.limits[:0], c.groups[:0], nil, 0
+	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
+	clear(c.results)
+	for _, op := range ops {
+		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow})
+	}
+	for i := range c.limits {
+		slot := keySlot(ops[i].Key)
+		g := 0
+		// A single server runs all limits in one script; a Cluster, one
+		// script per slot (the keys of one counter share a hash tag).
+		for s.cluster && g < len(c.groups) && c.groups[g].slot != slot {
+			g++
+		}
+		if g == len(c.groups) {
+			c.groups = append(c.groups, redisGroup{slot: slot, args: s.argsHead(mode, grant)})
+		}
+		grp := &c.groups[g]
+		grp.limits = append(grp.limits, i)
+		grp.keys, grp.args = c.limits[i].appendArgs(grp.keys, grp.args)
+	}
+	return c
+}
+
+func (s *RedisStore) argsHead(mode string, grant int64) []any {
+	now, minTTL := "", ""
+	if s.testNow != nil {
+		now = strconv.FormatInt(s.testNow(), 10)
+	}
+	if s.testMinTTL > 0 {
+		minTTL = strconv.FormatInt(s.testMinTTL, 10)
+	}
+	return []any{now, minTTL, mode, grant}
+}
+
+func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
+	keys = append(keys, l.key)
+	if l.params.Algorithm == SlidingWindowLog {
+		keys = append(keys, l.key+":log")
+	}
+	shadow := "0"
+	if l.shadow {
+		shadow = "1"
+	}
+	return keys, append(args, int(l.params.Algorithm), l.params.Limit,
+		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow)
+}
+
+func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result) (int64, error) {
+	select {
+	case s.queue <- c:
+	case <-s.stop:
+		return 0, ErrStoreClosed
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	select {
+	case <-c.done:
+		now, err := c.now, c.err
+		copy(results, c.results)
+		s.calls.Put(c)
+		return now, err
+	case <-ctx.Done():
+		return 0, ctx.Err() // the call is the worker's to finish, and is not reused
+	}
+}
+
+// Apply implements Store.
+func (s *RedisStore) Apply(ctx context.Context, ops []Op, results []Result) (int64, error) {
+	return s.do(ctx, s.newCall(ops, "check", 0), results)
+}
+
+// Inspect implements Store.
+func (s *RedisStore) Inspect(ctx context.Context, key []byte, p Params) (Result, error) {
+	var r [1]Result
+	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "inspect", 0), r[:])
+	return r[0], err
+}
+
+// Grant implements Store.
+func (s *RedisStore) Grant(ctx context.Context, key []byte, p Params, n int64) (Result, error) {
+	var r [1]Result
+	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "grant", n), r[:])
+	return r[0], err
+}
+
+// Reset implements Store.
+func (s *RedisStore) Reset(ctx context.Context, key []byte, p Params) error {
+	keys := []string{string(key)}
+	if p.Algorithm == SlidingWindowLog {
+		keys = append(keys, string(key)+":log")
+	}
+	return s.client.Del(ctx, keys...).Err()
+}
+
+func (s *RedisStore) worker() {
+	defer s.wg.Done()
+	batch := make([]*redisCall, 0, s.opts.MaxBatch)
+	for {
+		select {
+		case c := <-s.queue:
+			batch = append(batch[:0], c)
+		case <-s.stop:
+			return
+		}
+	drain:
+		for len(batch) < s.opts.MaxBatch {
+			select {
+			case c := <-s.queue:
+				batch = append(batch, c)
+			default:
+				break drain
+			}
+		}
+		s.run(batch)
+	}
+}
+
+// run sends a batch of calls in one pipeline and hands out the results.
+func (s *RedisStore) run(batch []*redisCall) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+	defer cancel()
+	err := s.exec(ctx, batch, func(g *redisGroup) bool { return true })
+	if err != nil && isNoScript(err) {
+		// The server lost its scripts (a restart, SCRIPT FLUSH): load and
+		// run again what failed for that reason.
+		if lerr := s.loadScripts(ctx); lerr == nil {
+			err = s.exec(ctx, batch, func(g *redisGroup) bool { return g.cmd.Err() != nil && isNoScript(g.cmd.Err()) })
+		}
+	}
+	var refunds []redisLimit
+	for _, c := range batch {
+		c.err = nil
+		for gi := range c.groups {
+			if gerr := c.groups[gi].cmd.Err(); gerr != nil {
+				c.err = fmt.Errorf("regional: redis: %w", gerr)
+				break
+			}
+			if err := c.read(&c.groups[gi]); err != nil {
+				c.err = err
+				break
+			}
+		}
+		if c.err == nil && len(c.groups) > 1 {
+			refunds = c.refunds(refunds)
+		}
+	}
+	if len(refunds) > 0 {
+		s.refund(ctx, refunds)
+	}
+	for _, c := range batch {
+		c.done <- struct{}{}
+	}
+}
+
+func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, want func(*redisGroup) bool) error {
+	pipe := s.client.Pipeline()
+	for _, c := range batch {
+		for gi := range c.groups {
+			if g := &c.groups[gi]; g.cmd == nil || want(g) {
+				g.cmd = pipe.EvalSha(ctx, limitsSHA, g.keys, g.args...)
+			}
+		}
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// loadScripts loads the scripts on every primary.
+func (s *RedisStore) loadScripts(ctx context.Context) error {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.ScriptLoad(ctx, limitsLua).Err()
+		})
+	}
+	return s.client.ScriptLoad(ctx, limitsLua).Err()
+}
+
+// read takes one group's reply: {now, then per limit: allowed, remaining,
+// reset_at, retry_after}.
+func (c *redisCall) read(g *redisGroup) error {
+	vals, err := g.cmd.Int64Slice()
+	if err != nil || len(vals) != 1+4*len(g.limits) {
+		return fmt.Errorf("regional: redis: unexpected script reply %v (%v)", g.cmd.Val(), err)
+	}
+	c.now = vals[0]
+	for j, i := range g.limits {
+		v := vals[1+4*j:]
+		c.results[i] = Result{Allowed: v[0] == 1, Remaining: v[1], ResetAt: v[2], RetryAfter: v[3]}
+	}
+	return nil
+}
+
+// refunds lists what to give back when the limits of one request were split
+// over slots, and one slot denied while another took its cost.
+func (c *redisCall) refunds(dst []redisLimit) []redisLimit {
+	denied := func(limits []int) bool {
+		for _, i := range limits {
+			if !c.limits[i].shadow && !c.results[i].Allowed {
+				return true
+			}
+		}
+		return false
+	}
+	all := make([]int, len(c.limits))
+	for i := range all {
+		all[i] = i
+	}
+	if !denied(all) {
+		return dst
+	}
+	for gi := range c.groups {
+		if g := &c.groups[gi]; !denied(g.limits) {
+			for _, i := range g.limits {
+				if c.results[i].Allowed {
+					dst = append(dst, c.limits[i])
+				}
+			}
+		}
+	}
+	return dst
+}
+
+func (s *RedisStore) refund(ctx context.Context, limits []redisLimit) {
+	pipe := s.client.Pipeline()
+	for i := range limits {
+		l := limits[i]
+		n := l.cost
+		l.cost = 0
+		keys, args := l.appendArgs(nil, s.argsHead("grant", n))
+		pipe.EvalSha(ctx, limitsSHA, keys, args...)
+	}
+	pipe.Exec(ctx) // best effort: a lost refund leaves a limit stricter, never looser
+}

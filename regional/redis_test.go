@@ -1,0 +1,208 @@
+package regional
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/deploy/local/harness"
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+)
+
+// newTestRedisStore starts a redis-server for the test and returns a store
+// on it.
+func newTestRedisStore(t *testing.T, opts RedisOptions) (*RedisStore, *harness.Redis) {
+	t.Helper()
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	s, err := NewRedisStore(t.Context(), srv.URL(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, srv
+}
+
+// virtualClock is a clock tests move by hand, shared by both stores.
+type virtualClock struct{ us atomic.Int64 }
+
+func newVirtualClock() *virtualClock {
+	c := &virtualClock{}
+	c.us.Store(t0)
+	return c
+}
+
+func (c *virtualClock) Now() time.Time            { return time.UnixMicro(c.us.Load()) }
+func (c *virtualClock) micros() int64             { return c.us.Load() }
+func (c *virtualClock) Advance(d int64)           { c.us.Add(d) }
+func (c *virtualClock) AdvanceBy(d time.Duration) { c.us.Add(d.Microseconds()) }
+
+// TestStoresDecideAlike drives random requests, costs, grants and clock
+// advances through the in-memory store and a real redis-server running
+// the Lua, at the same virtual time, and requires the same decisions.
+func TestStoresDecideAlike(t *testing.T) {
+	rs, _ := newTestRedisStore(t, RedisOptions{})
+	clock := newVirtualClock()
+	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
+	ctx := t.Context()
+	run := 0
+	rapid.Check(t, func(t *rapid.T) {
+		run++
+		mem := NewMemoryStore(clock.Now)
+		limits := rapid.SliceOfN(genParams(), 1, 3).Draw(t, "limits")
+		shadow := rapid.SliceOfN(rapid.Bool(), len(limits), len(limits)).Draw(t, "shadow")
+		for range rapid.IntRange(1, 40).Draw(t, "steps") {
+			clock.Advance(rapid.SampledFrom([]int64{0, 1, 7, 999, 1000, 33_333, 1e6, 61e6}).Draw(t, "advance"))
+			// A request touches some of the limits.
+			var ops []Op
+			for i, p := range limits {
+				if rapid.IntRange(0, 3).Draw(t, "use") > 0 {
+					ops = append(ops, Op{
+						Key:    []byte(fmt.Sprintf("gq:{diff%d:%d}", run, i)),
+						Params: p, Cost: rapid.Int64Range(1, p.Limit).Draw(t, "cost"), Shadow: shadow[i],
+					})
+				}
+			}
+			if len(ops) == 0 {
+				continue
+			}
+			if rapid.IntRange(0, 9).Draw(t, "grant") == 0 {
+				n := rapid.Int64Range(1, 5).Draw(t, "n")
+				gm, err1 := mem.Grant(ctx, ops[0].Key, ops[0].Params, n)
+				gr, err2 := rs.Grant(ctx, ops[0].Key, ops[0].Params, n)
+				if err1 != nil || err2 != nil || gm != gr {
+					t.Fatalf("grant %d on %v: memory %+v (%v), redis %+v (%v)", n, ops[0].Params, gm, err1, gr, err2)
+				}
+				continue
+			}
+			mres, rres := make([]Result, len(ops)), make([]Result, len(ops))
+			mnow, err := mem.Apply(ctx, ops, mres)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rnow, err := rs.Apply(ctx, ops, rres)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mnow != rnow {
+				t.Fatalf("now: memory %d, redis %d", mnow, rnow)
+			}
+			for i := range ops {
+				if mres[i] != rres[i] {
+					t.Fatalf("limit %d (%v, cost %d, shadow %v): memory %+v, redis %+v", i, ops[i].Params, ops[i].Cost, ops[i].Shadow, mres[i], rres[i])
+				}
+			}
+			for i := range ops {
+				mi, _ := mem.Inspect(ctx, ops[i].Key, ops[i].Params)
+				ri, err := rs.Inspect(ctx, ops[i].Key, ops[i].Params)
+				if err != nil || mi != ri {
+					t.Fatalf("inspect limit %d (%v): memory %+v, redis %+v (%v)", i, ops[i].Params, mi, ri, err)
+				}
+			}
+		}
+	})
+}
+
+// commandCalls reads a command's call count from INFO commandstats.
+func commandCalls(t *testing.T, c *redis.Client, cmd string) int64 {
+	t.Helper()
+	info, err := c.Info(t.Context(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// monitor watches every command a Redis server runs, through MONITOR on a
+// connection of its own.
+type monitor struct {
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+func startMonitor(t *testing.T, addr string) *monitor {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	m := &monitor{conn: conn, r: bufio.NewReader(conn)}
+	fmt.Fprint(conn, "MONITOR\r\n")
+	if line, err := m.r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
+		t.Fatalf("MONITOR: %q, %v", line, err)
+	}
+	return m
+}
+
+// until returns the commands clients sent (not those scripts ran) until one
+// whose line contains marker.
+func (m *monitor) until(t *testing.T, marker string) []string {
+	t.Helper()
+	m.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var cmds []string
+	for {
+		line, err := m.r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("monitor: %v", err)
+		}
+		if strings.Contains(line, marker) {
+			return cmds
+		}
+		if !strings.Contains(line, " lua] ") {
+			cmds = append(cmds, strings.TrimSpace(line))
+		}
+	}
+}
+
+func TestOneRoundTripPerCheck(t *testing.T) {
+	rs, srv := newTestRedisStore(t, RedisOptions{})
+	ctx := t.Context()
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
+	defer admin.Close()
+	admin.Ping(ctx) // connected before the monitor starts
+	ops := []Op{
+		{Key: []byte("gq:{a:1}"), Params: Params{Algorithm: TokenBucket, Limit: 100, Rate: 10}, Cost: 1},
+		{Key: []byte("gq:{b:1}"), Params: Params{Algorithm: SlidingWindowLog, Limit: 100, Window: 60e6}, Cost: 1},
+		{Key: []byte("gq:{c:1}"), Params: Params{Algorithm: FixedWindow, Limit: 100, Window: 60e6}, Cost: 1},
+	}
+	// Warm up: the connection exists and the script is loaded.
+	if _, err := rs.Apply(ctx, ops, make([]Result, 3)); err != nil {
+		t.Fatal(err)
+	}
+	mon := startMonitor(t, srv.Addr())
+	admin.ConfigResetStat(ctx)
+	const checks = 50
+	for range checks {
+		if _, err := rs.Apply(ctx, ops, make([]Result, 3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := commandCalls(t, admin, "evalsha"); n != checks {
+		t.Fatalf("%d EVALSHA for %d checks of 3 limits, want one each", n, checks)
+	}
+	admin.Echo(ctx, "round-trip-marker")
+	cmds := mon.until(t, "round-trip-marker")
+	var sent int
+	for _, c := range cmds {
+		if strings.Contains(c, `"evalsha"`) {
+			sent++
+		} else if !strings.Contains(c, `"config"`) && !strings.Contains(c, `"info"`) {
+			t.Errorf("a client sent more than the script: %s", c)
+		}
+	}
+	if sent != checks {
+		t.Fatalf("clients sent %d EVALSHA for %d checks", sent, checks)
+	}
+}

@@ -1,0 +1,41 @@
+package regional
+
+import "context"
+
+// Store holds the counters of a region and applies requests to them.
+// Implementations are safe for concurrent use.
+type Store interface {
+	// Apply decides the limits of one request together, at the store's own
+	// time, which it returns (µs since the Unix epoch). If every enforced
+	// (non-shadow) limit allows, each allowing limit takes its cost;
+	// otherwise none does, so a denied request costs nothing. results[i]
+	// answers ops[i].
+	Apply(ctx context.Context, ops []Op, results []Result) (now int64, err error)
+	// Inspect reports a counter's state as a request of cost 0 would see
+	// it, changing nothing.
+	Inspect(ctx context.Context, key []byte, p Params) (Result, error)
+	// Reset forgets a counter: it starts afresh.
+	Reset(ctx context.Context, key []byte, p Params) error
+	// Grant gives a counter n more: a window's count goes down by n (below
+	// zero if need be, so that the window admits more than its limit); a
+	// token bucket or GCRA fills by n, at most to full.
+	Grant(ctx context.Context, key []byte, p Params, n int64) (Result, error)
+}
+
+// Op is one limit of a request, for a store to apply.
+type Op struct {
+	Key    []byte // the counter's key, as built by the engine
+	Params Params
+	Cost   int64
+	Shadow bool // counted when it allows, never denies
+}
+
+// commits reports whether a request goes ahead: every enforced limit allows.
+func commits(ops []Op, results []Result) bool {
+	for i := range ops {
+		if !ops[i].Shadow && !results[i].Allowed {
+			return false
+		}
+	}
+	return true
+}
