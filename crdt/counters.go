@@ -128,26 +128,30 @@ type MergeReport struct {
 	Applied int
 	// Duplicate slots equalled what we had: a repeat, harmless.
 	Duplicate int
-	// Regressed slots were below what we had in at least one total; the
-	// lower totals were ignored. A sender whose counters regress is replaying
-	// old state or has lost its own.
+	// Regressed slots were the sender's own and below what we had in at
+	// least one total; the lower totals were ignored. A region whose own
+	// counters go backwards is replaying old state or has lost its own.
 	Regressed int
+	// Stale slots were another region's, relayed, and older than our copy:
+	// the sender had not heard the latest yet. Normal, and ignored.
+	Stale int
 	// UnknownRegion slots named a region outside the collection's set, or
-	// came from an unknown origin; they were ignored.
+	// came from an unknown (or unnamed) origin; they were ignored.
 	UnknownRegion int
 }
 
-// Rejected returns the number of slots that were ignored in whole or part.
+// Rejected returns the number of slots refused as bad: regressed or from
+// unknown regions. Stale slots are not bad news and not counted.
 func (r MergeReport) Rejected() int { return r.Regressed + r.UnknownRegion }
 
 // Merge joins a delta into the collection: each slot is raised to the
 // maximum of ours and the delta's. Merge accepts any delta, canonical or
-// not. A delta from an origin outside the region set is ignored whole.
-// Merge never lowers a total, so it is safe against replays; the report
-// says what was ignored.
+// not. A delta from an origin outside the region set, or naming none, is
+// ignored whole. Merge never lowers a total, so it is safe against
+// replays; the report says what was ignored.
 func (c *Counters) Merge(d Delta) MergeReport {
 	var r MergeReport
-	if _, ok := c.index[d.Origin]; d.Origin != "" && !ok {
+	if _, ok := c.index[d.Origin]; !ok {
 		r.UnknownRegion = d.Slots()
 		return r
 	}
@@ -166,8 +170,10 @@ func (c *Counters) Merge(d Delta) MergeReport {
 				}
 			}
 			switch {
-			case ds.P < cur.p || ds.N < cur.n:
+			case (ds.P < cur.p || ds.N < cur.n) && ds.Region == d.Origin:
 				r.Regressed++
+			case ds.P < cur.p || ds.N < cur.n:
+				r.Stale++
 			case ds.P == cur.p && ds.N == cur.n:
 				r.Duplicate++
 				continue

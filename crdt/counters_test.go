@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -83,10 +85,13 @@ func TestMergeReportsAndIgnoresBadSlots(t *testing.T) {
 	if r != (MergeReport{Regressed: 1}) || r.Rejected() != 1 {
 		t.Fatalf("regressing merge: %+v", r)
 	}
-	// An unknown origin is refused whole, even for slots of known regions.
-	r = c.Merge(Delta{Origin: "mars-1", Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 50}, {Region: "ap-south", P: 1}}}}})
-	if r != (MergeReport{UnknownRegion: 2}) {
-		t.Fatalf("unknown origin: %+v", r)
+	// An unknown origin, or none, is refused whole, even for slots of
+	// known regions.
+	for _, origin := range []string{"mars-1", ""} {
+		r = c.Merge(Delta{Origin: origin, Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 50}, {Region: "ap-south", P: 1}}}}})
+		if r != (MergeReport{UnknownRegion: 2}) {
+			t.Fatalf("origin %q: %+v", origin, r)
+		}
 	}
 	if !reflect.DeepEqual(state(c), before) || c.Version() != v {
 		t.Fatalf("rejected slots changed the state: %+v (version %d -> %d)", state(c), v, c.Version())
@@ -94,12 +99,68 @@ func TestMergeReportsAndIgnoresBadSlots(t *testing.T) {
 
 	// A slot that regresses in one total and grows in the other: counted as
 	// a regression, and only the growth is taken.
-	r = c.Merge(Delta{Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 7, N: 4}}}}})
+	r = c.Merge(Delta{Origin: "eu-west", Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 7, N: 4}}}}})
 	if r != (MergeReport{Regressed: 1}) {
 		t.Fatalf("mixed merge: %+v", r)
 	}
 	if g := c.Get(id); g.P.Get("eu-west") != 10 || g.N.Get("eu-west") != 4 {
 		t.Fatalf("mixed merge state: %+v", g)
+	}
+}
+
+func TestRelayedOlderSlotsAreStaleNotRegressed(t *testing.T) {
+	us, eu, ap := newTestCounters(t, "us-east"), newTestCounters(t, "eu-west"), newTestCounters(t, "ap-south")
+	id := ID{Key: "k"}
+	us.Inc(id, 1)
+	eu.Merge(us.OwnDeltaSince(0))
+	ap.Merge(us.OwnDeltaSince(0))
+	us.Inc(id, 1)
+	ap.Merge(us.OwnDeltaSince(0))
+	// eu-west is a round behind; its full state relays us-east's older slot.
+	if r := ap.Merge(eu.DeltaSince(0)); r != (MergeReport{Stale: 1}) || r.Rejected() != 0 {
+		t.Fatalf("relayed older slot: %+v", r)
+	}
+	// us-east itself sending less than before is a regression.
+	old := Delta{Origin: "us-east", Entries: []Entry{{ID: id, Slots: []Slot{{Region: "us-east", P: 1}}}}}
+	if r := ap.Merge(old); r != (MergeReport{Regressed: 1}) || r.Rejected() != 1 {
+		t.Fatalf("own slot going back: %+v", r)
+	}
+}
+
+func TestDiffAllocatesForTheCollectionNotTheDigest(t *testing.T) {
+	c := newTestCounters(t, "us-east")
+	c.Inc(ID{Key: "k"}, 1)
+	huge := Digest{Origin: "eu-west", Buckets: MaxDigestBuckets}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 10 {
+		if _, err := c.Diff(huge); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / 10; per > 64<<10 {
+		t.Fatalf("Diff against a %d-bucket digest allocated %d bytes for one counter", MaxDigestBuckets, per)
+	}
+}
+
+func TestDeltaMergeRefusesWhatItCannotSay(t *testing.T) {
+	slot := []Slot{{Region: "us-east", P: 1}}
+	a := Delta{Origin: "us-east", From: 0, To: 5, Entries: []Entry{{ID: ID{Key: "a"}, Slots: slot}}}
+	for name, o := range map[string]Delta{
+		"another origin": {Origin: "eu-west", From: 5, To: 9, Entries: []Entry{{ID: ID{Key: "b"}, Slots: slot}}},
+		"a version gap":  {Origin: "us-east", From: 20, To: 30, Entries: []Entry{{ID: ID{Key: "b"}, Slots: slot}}},
+	} {
+		d := a
+		d.Entries = slices.Clone(a.Entries)
+		if err := d.Merge(o); !errors.Is(err, ErrInvalidDelta) || !reflect.DeepEqual(d, a) {
+			t.Errorf("%s: Merge = %v, delta now %+v", name, err, d)
+		}
+	}
+	d := a
+	d.Entries = slices.Clone(a.Entries)
+	if err := d.Merge(Delta{Origin: "us-east", From: 5, To: 9, Entries: []Entry{{ID: ID{Key: "b"}, Slots: slot}}}); err != nil || d.From != 0 || d.To != 9 || len(d.Entries) != 2 {
+		t.Fatalf("touching ranges: %v, %+v", err, d)
 	}
 }
 
@@ -136,7 +197,7 @@ func TestDeltaSince(t *testing.T) {
 	us.Inc(b, 1)
 	us.Inc(a, 1)
 	v := us.Version()
-	us.Merge(Delta{Entries: []Entry{{ID: a, Slots: []Slot{{Region: "eu-west", P: 7}}}}})
+	us.Merge(Delta{Origin: "eu-west", Entries: []Entry{{ID: a, Slots: []Slot{{Region: "eu-west", P: 7}}}}})
 	us.Inc(x, 2)
 
 	all := us.DeltaSince(v)
@@ -335,13 +396,25 @@ func TestDeltaJoinEqualsSequentialMerge(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		base := newTestCounters(t, "us-east")
 		randomOps(t, "base", base)
-		d1, d2 := genDelta(false).Draw(t, "d1"), genDelta(false).Draw(t, "d2")
-
+		d1, d2 := genDelta(true).Draw(t, "d1"), genDelta(true).Draw(t, "d2")
+		if rapid.IntRange(0, 3).Draw(t, "same origin, touching") > 0 {
+			d2.Origin = d1.Origin
+			d2.From = rapid.Uint64Range(0, d1.To).Draw(t, "d2 from")
+			d2.To = d2.From + rapid.Uint64Range(0, 50).Draw(t, "d2 span")
+		}
 		seq := clone(t, base)
 		seq.Merge(d1)
 		seq.Merge(d2)
 		joined := Delta{Origin: d1.Origin, From: d1.From, To: d1.To, Entries: append([]Entry(nil), d1.Entries...)}
-		joined.Merge(d2)
+		if err := joined.Merge(d2); err != nil {
+			if d1.Origin == d2.Origin && d2.From <= d1.To && d1.From <= d2.To {
+				t.Fatalf("joinable deltas refused: %v", err)
+			}
+			return
+		}
+		if d1.Origin != d2.Origin {
+			t.Fatalf("deltas from %q and %q joined", d1.Origin, d2.Origin)
+		}
 		if err := joined.Validate(); err != nil {
 			t.Fatalf("joined delta not canonical: %v", err)
 		}

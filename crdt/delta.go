@@ -36,9 +36,9 @@ type Entry struct {
 	Slots []Slot
 }
 
-// Delta is a batch of counter states: what changed at Origin between its
-// versions From (exclusive) and To (inclusive), or, with From 0, a full
-// state. Merging a delta is idempotent, so one delivered twice, out of
+// Delta is a batch of counter states: what changed at Origin (the region
+// that sends it; every delta names one) between its versions From
+// (exclusive) and To (inclusive), or, with From 0, a full state. Merging a delta is idempotent, so one delivered twice, out of
 // order, or after a later full state does no harm.
 //
 // A Delta is canonical when its entries are in ID order with unique IDs and
@@ -62,27 +62,34 @@ func (d *Delta) Slots() int {
 }
 
 // Merge joins o into d: entries and slots of both, each slot at the maximum
-// of the two. Merging the result into a Counters has the same effect as
-// merging d and o one after the other. The result is canonical; its version
-// range covers both.
-func (d *Delta) Merge(o Delta) {
-	if len(d.Entries) == 0 && d.From == 0 && d.To == 0 {
-		d.From = o.From
+// of the two. Both must come from the same origin and cover version ranges
+// that overlap or touch, so that the result's range says truly what it
+// covers; otherwise Merge returns an error wrapping ErrInvalidDelta and
+// leaves d as it was. A zero Delta takes o whole. Merging the result into a
+// Counters has the same effect as merging d and o one after the other.
+// The result is canonical; like Normalize, Merge reorders d.Entries in place.
+func (d *Delta) Merge(o Delta) error {
+	if d.Origin == "" && d.From == 0 && d.To == 0 && len(d.Entries) == 0 {
+		d.Origin, d.From, d.To = o.Origin, o.From, o.To
 	} else {
-		d.From = min(d.From, o.From)
-	}
-	d.To = max(d.To, o.To)
-	if d.Origin == "" {
-		d.Origin = o.Origin
+		if d.Origin != o.Origin {
+			return fmt.Errorf("%w: merging deltas from %q and %q", ErrInvalidDelta, d.Origin, o.Origin)
+		}
+		if o.From > d.To || d.From > o.To {
+			return fmt.Errorf("%w: versions (%d, %d] and (%d, %d] leave a gap", ErrInvalidDelta, d.From, d.To, o.From, o.To)
+		}
+		d.From, d.To = min(d.From, o.From), max(d.To, o.To)
 	}
 	d.Entries = append(d.Entries, o.Entries...)
 	d.Normalize()
+	return nil
 }
 
 // Normalize makes d canonical: entries sorted by ID with duplicates joined,
 // slots sorted by region with duplicates joined (per-field maximum), all-zero
-// slots and empty entries dropped. It does not modify the Slots slices of
-// the entries it was given; the result owns fresh ones.
+// slots and empty entries dropped. It reorders d.Entries in place, so a copy
+// of d that shares them sees the change; it does not modify the Slots slices
+// of the entries it was given, and the result owns fresh ones.
 func (d *Delta) Normalize() {
 	slices.SortStableFunc(d.Entries, func(a, b Entry) int { return a.ID.Compare(b.ID) })
 	out := d.Entries[:0]
@@ -127,8 +134,8 @@ func joinSlots(slots []Slot) []Slot {
 
 // Validate reports why d is not canonical or exceeds the wire limits, or nil.
 func (d *Delta) Validate() error {
-	if len(d.Origin) > MaxRegionNameLen {
-		return fmt.Errorf("%w: origin %q longer than %d bytes", ErrInvalidDelta, d.Origin, MaxRegionNameLen)
+	if d.Origin == "" || len(d.Origin) > MaxRegionNameLen {
+		return fmt.Errorf("%w: origin %q: length must be 1..%d", ErrInvalidDelta, d.Origin, MaxRegionNameLen)
 	}
 	if d.From > d.To {
 		return fmt.Errorf("%w: from %d after to %d", ErrInvalidDelta, d.From, d.To)

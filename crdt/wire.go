@@ -13,7 +13,7 @@ import (
 //
 // A delta message:
 //
-//	origin string
+//	origin string         at least one byte
 //	from uvarint, to-from uvarint
 //	regions: count uvarint, then region names as strings, strictly increasing
 //	entries: count uvarint, then per entry, in ID order:
@@ -151,7 +151,7 @@ func decodeDelta(b []byte) (Delta, error) {
 	r := reader{b: b, off: headerLen}
 	var span uint64
 	var err error
-	if d.Origin, err = r.string("origin", 0, MaxRegionNameLen); err != nil {
+	if d.Origin, err = r.string("origin", 1, MaxRegionNameLen); err != nil {
 		return d, err
 	}
 	if d.From, err = r.uvarint("from"); err != nil {

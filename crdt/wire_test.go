@@ -61,15 +61,16 @@ func TestDigestRoundTrip(t *testing.T) {
 func TestAppendDeltaRefusesNonCanonical(t *testing.T) {
 	slot := []Slot{{Region: "us-east", P: 1}}
 	for name, d := range map[string]Delta{
-		"unsorted entries": {Entries: []Entry{{ID: ID{Key: "b"}, Slots: slot}, {ID: ID{Key: "a"}, Slots: slot}}},
-		"duplicate entry":  {Entries: []Entry{{ID: ID{Key: "a"}, Slots: slot}, {ID: ID{Key: "a"}, Slots: slot}}},
-		"empty key":        {Entries: []Entry{{ID: ID{Key: ""}, Slots: slot}}},
-		"key too long":     {Entries: []Entry{{ID: ID{Key: strings.Repeat("k", MaxKeyLen+1)}, Slots: slot}}},
-		"no slots":         {Entries: []Entry{{ID: ID{Key: "a"}}}},
-		"zero slot":        {Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "us-east"}}}}},
-		"unsorted slots":   {Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "us-east", P: 1}, {Region: "eu-west", P: 1}}}}},
-		"empty region":     {Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "", P: 1}}}}},
-		"from after to":    {From: 2, To: 1},
+		"unsorted entries": {Origin: "o", Entries: []Entry{{ID: ID{Key: "b"}, Slots: slot}, {ID: ID{Key: "a"}, Slots: slot}}},
+		"duplicate entry":  {Origin: "o", Entries: []Entry{{ID: ID{Key: "a"}, Slots: slot}, {ID: ID{Key: "a"}, Slots: slot}}},
+		"empty key":        {Origin: "o", Entries: []Entry{{ID: ID{Key: ""}, Slots: slot}}},
+		"key too long":     {Origin: "o", Entries: []Entry{{ID: ID{Key: strings.Repeat("k", MaxKeyLen+1)}, Slots: slot}}},
+		"no slots":         {Origin: "o", Entries: []Entry{{ID: ID{Key: "a"}}}},
+		"zero slot":        {Origin: "o", Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "us-east"}}}}},
+		"unsorted slots":   {Origin: "o", Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "us-east", P: 1}, {Region: "eu-west", P: 1}}}}},
+		"empty region":     {Origin: "o", Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "", P: 1}}}}},
+		"from after to":    {Origin: "o", From: 2, To: 1},
+		"no origin":        {Entries: []Entry{{ID: ID{Key: "a"}, Slots: slot}}},
 		"origin too long":  {Origin: strings.Repeat("r", MaxRegionNameLen+1)},
 	} {
 		if _, err := AppendDelta(nil, d); !errors.Is(err, ErrInvalidDelta) {
@@ -81,7 +82,7 @@ func TestAppendDeltaRefusesNonCanonical(t *testing.T) {
 func TestAppendDeltaRefusesKeyBomb(t *testing.T) {
 	// Thousands of long keys that differ in their last byte would expand far
 	// beyond the message; the encoder refuses what the decoder would.
-	var d Delta
+	d := Delta{Origin: "o"}
 	long := strings.Repeat("k", MaxKeyLen-2)
 	for i := range 4000 {
 		d.Entries = append(d.Entries, Entry{ID: ID{Key: long + string(rune('a'+i/26%26)) + string(rune('a'+i%26))}, Slots: []Slot{{Region: "r", P: 1}}})
@@ -145,6 +146,7 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 		"zero slot":           cat(header, oneRegion, uv(1), entry(0, "k", 0, slotP(0, 0))),
 		"no slots":            cat(header, oneRegion, uv(1), entry(0, "k", 0)),
 		"empty first key":     cat(header, oneRegion, uv(1), entry(0, "", 0, slotP(0, 1))),
+		"no origin":           cat(header, str(""), uv(0), uv(0), uv(0), uv(0)),
 		"entries out of order": cat(header, oneRegion, uv(2),
 			entry(0, "b", 0, slotP(0, 1)), entry(0, "a", 0, slotP(0, 1))),
 		"same entry twice": cat(header, oneRegion, uv(2),
@@ -210,7 +212,7 @@ func FuzzDecode(f *testing.F) {
 	for i := range 50 {
 		c.Inc(ID{Key: "tenant/sk_" + strings.Repeat("x", i%7), Epoch: int64(i % 3)}, uint64(i)+1)
 	}
-	c.Merge(Delta{Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "eu-west", P: 1 << 40, N: 3}}}}})
+	c.Merge(Delta{Origin: "eu-west", Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "eu-west", P: 1 << 40, N: 3}}}}})
 	full, _ := AppendDelta(nil, c.DeltaSince(0))
 	f.Add(full)
 	dg, _ := c.Digest(16)

@@ -2,6 +2,8 @@ package harness
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,7 +39,7 @@ type NATSOptions struct {
 // and Restart keep its ports and JetStream store. Its methods are safe for
 // concurrent use.
 type NATS struct {
-	name    string
+	name    string // server_name: unique, so that readiness knows it is ours
 	cluster string // empty for a server outside any cluster
 	ports   natsPorts
 	dir     string
@@ -46,7 +48,8 @@ type NATS struct {
 	binary  bool
 	expect  natsExpect
 
-	proc *process // when binary
+	proc      *process // when binary
+	logOffset int64    // where the current start's log begins
 
 	mu     sync.Mutex
 	srv    *server.Server // when embedded
@@ -80,7 +83,7 @@ func StartNATS(ctx context.Context, opts NATSOptions) (*NATS, error) {
 		if err != nil {
 			return err
 		}
-		n = &NATS{name: "nats", ports: natsPorts{client: ports[0], monitor: ports[1]}, dir: dir, binary: opts.Binary,
+		n = &NATS{name: uniqueName("nats"), ports: natsPorts{client: ports[0], monitor: ports[1]}, dir: dir, binary: opts.Binary,
 			expect: natsExpect{jetstream: opts.JetStream}}
 		if err := n.writeConfig(nil, nil); err != nil {
 			return err
@@ -141,8 +144,17 @@ func (n *NATS) startAndWait(ctx context.Context) error {
 	return nil
 }
 
+// uniqueName suffixes a server name with random hex: a server on a port
+// this one meant to take is told apart by its name.
+func uniqueName(name string) string {
+	var b [4]byte
+	rand.Read(b[:])
+	return name + "-" + hex.EncodeToString(b[:])
+}
+
 // start starts the server and waits until it accepts clients.
 func (n *NATS) start(ctx context.Context) error {
+	n.logOffset = fileSize(n.LogPath())
 	if n.binary {
 		path, err := lookPath("nats-server")
 		if err != nil {
@@ -162,7 +174,7 @@ func (n *NATS) start(ctx context.Context) error {
 // startError explains why a server did not become ready, as errPortTaken
 // when its log says a port was taken.
 func (n *NATS) startError(err error) error {
-	log := logTail(n.LogPath())
+	log := logTail(n.LogPath(), n.logOffset)
 	if portTakenIn(log) {
 		return fmt.Errorf("%w: nats %s: %s", errPortTaken, n.name, log)
 	}
@@ -217,12 +229,21 @@ func (n *NATS) alive() error {
 }
 
 // accepting checks that the server is alive and serving monitoring, which
-// it starts after the client listener.
+// it starts after the client listener, and that it is this server.
 func (n *NATS) accepting(ctx context.Context) error {
 	if err := n.alive(); err != nil {
 		return err
 	}
-	return n.monitor(ctx, "/varz", nil)
+	var varz struct {
+		Name string `json:"server_name"`
+	}
+	if err := n.monitor(ctx, "/varz", &varz); err != nil {
+		return err
+	}
+	if varz.Name != n.name {
+		return fmt.Errorf("another server (%s) answers on %s", varz.Name, n.MonitorURL())
+	}
+	return nil
 }
 
 // ready checks, through the monitoring endpoints and the same way for the

@@ -223,3 +223,19 @@ func requestAcross(ctx context.Context, t *testing.T, nc *nats.Conn, subject, da
 		t.Fatalf("request on %s: %v", subject, err)
 	}
 }
+
+func TestNATSOnTakenPortsIsNotReady(t *testing.T) {
+	serverKinds(t, func(t *testing.T, binary bool) {
+		other := NewNATS(t, NATSOptions{Binary: binary})
+		dir := t.TempDir()
+		n := &NATS{name: uniqueName("intruder"), ports: other.ports, dir: dir, binary: binary}
+		if err := n.writeConfig(nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		err := n.startAndWait(testContext(t))
+		defer n.Stop()
+		if !errors.Is(err, errPortTaken) {
+			t.Fatalf("start on taken ports: %v, want errPortTaken", err)
+		}
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,13 +32,22 @@ var debianPackage = map[string]string{
 	"nats-server":  "nats-server",
 }
 
+// sbinDirs are searched after PATH: Debian puts nats-server in /usr/sbin,
+// which the PATH of a user other than root lacks.
+var sbinDirs = []string{"/usr/sbin", "/usr/local/sbin"}
+
 // lookPath finds a server binary, or says how to install it.
 func lookPath(name string) (string, error) {
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("%w: %s not found in PATH; install it with: apt-get install %s", ErrMissingBinary, name, debianPackage[name])
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
 	}
-	return p, nil
+	for _, dir := range sbinDirs {
+		if p, err := exec.LookPath(filepath.Join(dir, name)); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %s not found in PATH or %s; install it with: apt-get install %s",
+		ErrMissingBinary, name, strings.Join(sbinDirs, ", "), debianPackage[name])
 }
 
 // freePorts returns n distinct loopback ports that were free a moment ago.
@@ -83,9 +93,10 @@ type process struct {
 	args    []string
 	logPath string // stdout and stderr, appended across restarts
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	mu        sync.Mutex
+	cmd       *exec.Cmd
+	done      chan struct{} // closed when cmd has exited
+	logOffset int64         // where this start's output begins in the log
 }
 
 func (p *process) start() error {
@@ -99,6 +110,7 @@ func (p *process) start() error {
 		return fmt.Errorf("harness: %s: %w", p.name, err)
 	}
 	defer logf.Close() // the child has its own copy
+	p.logOffset = fileSize(p.logPath)
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, so signals to the test do not reach it; and killed
@@ -114,6 +126,16 @@ func (p *process) start() error {
 	}()
 	p.cmd, p.done = cmd, done
 	return nil
+}
+
+// pid returns the process ID of the current start, or 0.
+func (p *process) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
 }
 
 // running reports whether the process has been started and not exited.
@@ -139,7 +161,15 @@ func (p *process) signalAndWait(sig syscall.Signal, grace time.Duration) error {
 	if cmd == nil || isClosed(done) {
 		return nil
 	}
-	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	// SIGKILL goes to the whole process group, so that a child the server
+	// forked (a Redis BGSAVE, say) dies with it; SIGTERM to the server,
+	// which stops its children itself.
+	pid := cmd.Process.Pid
+	target := pid
+	if sig == syscall.SIGKILL {
+		target = -pid
+	}
+	if err := syscall.Kill(target, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("harness: signalling %s: %w", p.name, err)
 	}
 	if sig != syscall.SIGKILL {
@@ -147,7 +177,7 @@ func (p *process) signalAndWait(sig syscall.Signal, grace time.Duration) error {
 		case <-done:
 			return nil
 		case <-time.After(grace):
-			cmd.Process.Signal(syscall.SIGKILL)
+			syscall.Kill(-pid, syscall.SIGKILL)
 		}
 	}
 	<-done
@@ -167,7 +197,7 @@ func (p *process) waitReady(ctx context.Context, ready func(context.Context) err
 		return nil
 	}
 	p.kill()
-	log := logTail(p.logPath)
+	log := logTail(p.logPath, p.logOffset)
 	if portTakenIn(log) {
 		return fmt.Errorf("%w: %s: %s", errPortTaken, p.name, log)
 	}
@@ -199,17 +229,28 @@ func portTakenIn(log string) bool {
 	return strings.Contains(strings.ToLower(log), "address already in use")
 }
 
-// logTail returns the last lines of a log file, for error messages.
-func logTail(path string) string {
+// logTail returns the last lines written to a log file from offset on,
+// for error messages.
+func logTail(path string, offset int64) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
+	}
+	if offset > 0 && offset <= int64(len(b)) {
+		b = b[offset:]
 	}
 	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
 	if len(lines) > 20 {
 		lines = lines[len(lines)-20:]
 	}
 	return string(bytes.Join(lines, []byte("\n")))
+}
+
+func fileSize(path string) int64 {
+	if fi, err := os.Stat(path); err == nil {
+		return fi.Size()
+	}
+	return 0
 }
 
 func isClosed(c chan struct{}) bool {

@@ -81,27 +81,63 @@ func redisArgs(port int, dir string, persist bool) []string {
 	return append(args, "--appendonly", "no")
 }
 
-// newRedis prepares a redis-server process; name is the binary's role, for
-// messages and the log file.
-func newRedis(role string, port int, dir string, args []string) (*Redis, error) {
+// newRedis prepares a redis-server process; role names it in messages and
+// files. The arguments go into a configuration file of its own, so that
+// CONFIG REWRITE (which Sentinel uses to record a failover) survives a
+// restart; extra are passed on the command line after it.
+func newRedis(role string, port int, dir string, args []string, extra ...string) (*Redis, error) {
 	path, err := lookPath("redis-server")
 	if err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(dir, role+".conf")
+	if err := os.WriteFile(conf, []byte(redisConf(args)), 0o644); err != nil {
 		return nil, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	return &Redis{port: port, dir: dir, proc: &process{
 		name:    role + " " + addr,
 		path:    path,
-		args:    args,
+		args:    append([]string{conf}, extra...),
 		logPath: filepath.Join(dir, role+".log"),
 	}}, nil
 }
 
+// redisConf turns "--name value…" arguments into configuration lines.
+func redisConf(args []string) string {
+	var b strings.Builder
+	for i, a := range args {
+		if name, ok := strings.CutPrefix(a, "--"); ok {
+			if i > 0 {
+				b.WriteByte('\n')
+			}
+			b.WriteString(name)
+			continue
+		}
+		b.WriteByte(' ')
+		b.WriteString(strconv.Quote(a))
+	}
+	b.WriteByte('\n')
+	return b.String()
+}
+
+// start starts the server and waits until it answers, and is the server
+// this process started: another one may answer on the port it meant to
+// take. The role's own readiness (a replica's link) is waited for on the
+// first start only; after a failover the role may have changed.
 func (r *Redis) start(ctx context.Context) error {
 	if err := r.proc.start(); err != nil {
 		return err
 	}
-	return r.proc.waitReady(ctx, func(ctx context.Context) error {
+	pid := strconv.Itoa(r.proc.pid())
+	err := r.proc.waitReady(ctx, func(ctx context.Context) error {
+		got, err := redisInfo(ctx, r.Addr(), []any{"INFO", "server"}, "process_id")
+		if err != nil {
+			return err
+		}
+		if got != pid {
+			return fmt.Errorf("another server (pid %s) answers on %s", got, r.Addr())
+		}
 		if err := redisDo(ctx, r.Addr(), "PING"); err != nil {
 			return err
 		}
@@ -110,6 +146,10 @@ func (r *Redis) start(ctx context.Context) error {
 		}
 		return nil
 	})
+	if err == nil {
+		r.ready = nil
+	}
+	return err
 }
 
 // Addr returns the server's host:port.
@@ -160,9 +200,16 @@ func redisDo(ctx context.Context, addr string, args ...any) error {
 // redisCmd runs one command on a fresh connection, with no retries, and
 // returns its reply.
 func redisCmd(ctx context.Context, addr string, args ...any) (any, error) {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 1, DialTimeout: time.Second})
+	c := redis.NewClient(checkOptions(addr))
 	defer c.Close()
 	return c.Do(ctx, args...).Result()
+}
+
+// checkOptions are the go-redis options of the harness's one-off checks:
+// no retries, and a pool that leaves no dialling goroutine behind after a
+// failed dial.
+func checkOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 2, DialerRetries: 1, DialTimeout: time.Second}
 }
 
 // redisInfo returns one field of a server's INFO or CLUSTER INFO text.

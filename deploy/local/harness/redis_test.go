@@ -81,9 +81,50 @@ func TestRedisStartFailureShowsLog(t *testing.T) {
 	}
 }
 
+func TestRedisOnATakenPortIsNotReady(t *testing.T) {
+	ctx := testContext(t)
+	other := NewRedis(t, RedisOptions{})
+	dir := t.TempDir()
+	r, err := newRedis("redis-server", other.Port(), dir, redisArgs(other.Port(), dir, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other server answers PING on the port; ours must not pass for it.
+	if err := r.start(ctx); !errors.Is(err, errPortTaken) {
+		t.Fatalf("start on a taken port: %v, want errPortTaken", err)
+	}
+}
+
+func TestOldLogLinesDoNotMislead(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "redis-server.log"), []byte("bind: Address already in use\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := StartRedis(testContext(t), RedisOptions{Dir: dir, Args: []string{"--no-such-option", "1"}})
+	if errors.Is(err, errPortTaken) || err == nil || !strings.Contains(err.Error(), "no-such-option") {
+		t.Fatalf("a bad option after an old port clash in the log: %v", err)
+	}
+}
+
+func TestBinaryFoundInSbin(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "nats-server")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", t.TempDir())
+	defer func(old []string) { sbinDirs = old }(sbinDirs)
+	sbinDirs = []string{dir}
+	if got, err := lookPath("nats-server"); err != nil || got != fake {
+		t.Fatalf("lookPath = %q, %v; want %s", got, err, fake)
+	}
+}
+
 func TestMissingBinaryNamesDebianPackage(t *testing.T) {
 	ctx := testContext(t)
 	t.Setenv("PATH", t.TempDir())
+	defer func(old []string) { sbinDirs = old }(sbinDirs)
+	sbinDirs = nil
 	for name, start := range map[string]func() error{
 		"redis-server": func() error { _, err := StartRedis(ctx, RedisOptions{Dir: t.TempDir()}); return err },
 		"redis-tools":  func() error { _, err := StartRedisCluster(ctx, RedisClusterOptions{Dir: t.TempDir()}); return err },
@@ -178,5 +219,20 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	if got, err := c.Get(ctx, "before").Result(); got != "1" {
 		t.Fatalf("data written before the failover: %q, %v", got, err)
+	}
+	// The old primary, restarted, comes back as it was last configured,
+	// and the sentinels make it a replica of the new one.
+	if err := s.Primary.Restart(ctx); err != nil {
+		t.Fatalf("restarting the old primary: %v", err)
+	}
+	err = poll(ctx, func(ctx context.Context) error {
+		role, err := redisInfo(ctx, s.Primary.Addr(), []any{"INFO", "replication"}, "role")
+		if err != nil || role != "slave" {
+			return fmt.Errorf("old primary's role %q (%v)", role, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -109,7 +109,7 @@ func (s *Sentinel) startAll(ctx context.Context, ports []int, opts SentinelOptio
 		// Sentinel rewrites its configuration file as it learns; it must be
 		// its own and writable.
 		conf := filepath.Join(dir, "sentinel.conf")
-		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndaemonize no\nlogfile \"\"\ndir %s\n"+
+		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndaemonize no\nlogfile \"\"\ndir %q\n"+
 			"sentinel monitor %s 127.0.0.1 %d %d\n"+
 			"sentinel down-after-milliseconds %[3]s %[6]d\n"+
 			"sentinel failover-timeout %[3]s %[7]d\n"+
@@ -119,7 +119,7 @@ func (s *Sentinel) startAll(ctx context.Context, ports []int, opts SentinelOptio
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 			return err
 		}
-		r, err := newRedis("sentinel", port, dir, []string{conf, "--sentinel"})
+		r, err := newSentinelProcess(port, dir, conf)
 		if err != nil {
 			return err
 		}
@@ -138,6 +138,20 @@ func (s *Sentinel) startAll(ctx context.Context, ports []int, opts SentinelOptio
 	})
 }
 
+// newSentinelProcess prepares a sentinel: redis-server in sentinel mode on
+// a configuration file the sentinel rewrites as it learns.
+func newSentinelProcess(port int, dir, conf string) (*Redis, error) {
+	path, err := lookPath("redis-server")
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return &Redis{port: port, dir: dir, proc: &process{
+		name: "sentinel " + addr, path: path, args: []string{conf, "--sentinel"},
+		logPath: filepath.Join(dir, "sentinel.log"),
+	}}, nil
+}
+
 func (s *Sentinel) startServer(ctx context.Context, role string, port int, extra []string, ready func(context.Context, string) error) (*Redis, error) {
 	dir := filepath.Join(s.dir, role)
 	os.RemoveAll(dir)
@@ -153,7 +167,7 @@ func (s *Sentinel) startServer(ctx context.Context, role string, port int, extra
 }
 
 func (s *Sentinel) sentinelReady(ctx context.Context, addr string, replicas, peers int) error {
-	c := redis.NewSentinelClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 1, DialTimeout: time.Second})
+	c := redis.NewSentinelClient(checkOptions(addr))
 	defer c.Close()
 	primary, err := c.GetMasterAddrByName(ctx, s.name).Result()
 	if err != nil {
@@ -213,7 +227,7 @@ func (s *Sentinel) CurrentPrimary(ctx context.Context) (string, error) {
 	votes := map[string]int{}
 	var errs []error
 	for _, addr := range s.SentinelAddrs() {
-		c := redis.NewSentinelClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 1, DialTimeout: time.Second})
+		c := redis.NewSentinelClient(checkOptions(addr))
 		p, err := c.GetMasterAddrByName(ctx, s.name).Result()
 		c.Close()
 		if err != nil {

@@ -99,8 +99,8 @@ func (sc *Supercluster) build(opts SuperclusterOptions) error {
 		c := &NATSCluster{Name: name}
 		for si := range per {
 			p := ports[4*(ci*per+si):]
-			srvName := fmt.Sprintf("%s-%d", name, si+1)
-			srvDir := filepath.Join(sc.dir, srvName)
+			srvDir := filepath.Join(sc.dir, fmt.Sprintf("%s-%d", name, si+1))
+			srvName := uniqueName(fmt.Sprintf("%s-%d", name, si+1))
 			os.RemoveAll(srvDir) // nothing left from an attempt that lost its ports
 			if err := os.MkdirAll(srvDir, 0o755); err != nil {
 				return err
@@ -151,7 +151,7 @@ func (sc *Supercluster) start(ctx context.Context) error {
 	// A server that lost a cluster or gateway port to another process says
 	// so in its log; start over on new ports.
 	for _, s := range sc.Servers() {
-		if portTakenIn(logTail(s.LogPath())) {
+		if portTakenIn(logTail(s.LogPath(), s.logOffset)) {
 			return s.startError(err)
 		}
 	}
