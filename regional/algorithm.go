@@ -38,26 +38,38 @@ type Result struct {
 	// RetryAfter is, for a denied request, the shortest wait in µs after
 	// which the same request would be allowed, barring other traffic.
 	RetryAfter int64
+	// Taken is what an allowing limit took: the cost, or a lease (see Op).
+	Taken int64
 }
 
 // Decide is one limit's decision on a request of the given cost at now
 // (µs): the result and the state to store if the request goes ahead.
 // Decide keeps no state of its own; for the log it may reuse s.Log.
 func Decide(p Params, s State, now, cost int64) (Result, State) {
+	var r Result
+	decide(&p, &s, now, cost, &r)
+	return r, s
+}
+
+// decide is Decide in place: it fills r and, if the request is allowed,
+// turns s into the state to store. Pointers spare the hot path copies of
+// State and Result at every call.
+func decide(p *Params, s *State, now, cost int64, r *Result) {
 	t, c := float64(now), float64(cost)
 	switch p.Algorithm {
 	case TokenBucket:
-		return tokenBucket(p, s, t, c)
+		tokenBucket(p, s, t, c, r)
 	case GCRA:
-		return gcra(p, s, t, c)
+		gcra(p, s, t, c, r)
 	case FixedWindow:
-		return fixedWindow(p, s, t, c)
+		fixedWindow(p, s, t, c, r)
 	case SlidingWindowCounter:
-		return slidingCounter(p, s, t, c)
+		slidingCounter(p, s, t, c, r)
 	case SlidingWindowLog:
-		return slidingLog(p, s, t, c)
+		slidingLog(p, s, t, c, r)
+	default:
+		panic("regional: unknown algorithm " + p.Algorithm.String())
 	}
-	panic("regional: unknown algorithm " + p.Algorithm.String())
 }
 
 // Allows reports whether a request of the given cost would be allowed at
@@ -93,7 +105,7 @@ func settle(now, wait float64, allows func(t float64) bool) int64 {
 // same to the bit.
 const tbExpiryMargin = 1000 // µs
 
-func tbTokens(p Params, s State, t float64) float64 {
+func tbTokens(p *Params, s *State, t float64) float64 {
 	limit := float64(p.Limit)
 	if !s.Exists {
 		return limit
@@ -102,14 +114,13 @@ func tbTokens(p Params, s State, t float64) float64 {
 	return math.Min(limit, s.A+elapsed*p.Rate/1e6)
 }
 
-func tokenBucket(p Params, s State, now, cost float64) (Result, State) {
+func tokenBucket(p *Params, s *State, now, cost float64, r *Result) {
 	limit := float64(p.Limit)
 	tokens := tbTokens(p, s, now)
-	var r Result
 	if tokens >= cost {
 		r.Allowed = true
 		tokens -= cost
-		s = State{Exists: true, A: tokens, B: now}
+		*s = State{Exists: true, A: tokens, B: now}
 	} else {
 		r.RetryAfter = settle(now, (cost-tokens)*1e6/p.Rate, func(t float64) bool { return tbTokens(p, s, t) >= cost })
 	}
@@ -118,10 +129,9 @@ func tokenBucket(p Params, s State, now, cost float64) (Result, State) {
 	if tokens < limit {
 		r.ResetAt += settle(now, (limit-tokens)*1e6/p.Rate, func(t float64) bool { return tbTokens(p, s, t) >= limit })
 	}
-	return r, s
 }
 
-func gcra(p Params, s State, now, cost float64) (Result, State) {
+func gcra(p *Params, s *State, now, cost float64, r *Result) {
 	interval := 1e6 / p.Rate
 	tolerance := float64(p.Limit) * interval
 	arrival := func(t float64) float64 {
@@ -132,11 +142,10 @@ func gcra(p Params, s State, now, cost float64) (Result, State) {
 	}
 	tat := arrival(now)
 	next := tat + float64(cost*interval)
-	var r Result
 	if now >= next-tolerance {
 		r.Allowed = true
 		tat = next
-		s = State{Exists: true, A: next}
+		*s = State{Exists: true, A: next}
 	} else {
 		r.RetryAfter = settle(now, next-tolerance-now, func(t float64) bool {
 			return t >= arrival(t)+float64(cost*interval)-tolerance
@@ -144,10 +153,9 @@ func gcra(p Params, s State, now, cost float64) (Result, State) {
 	}
 	r.Remaining = int64(math.Floor((tolerance - (tat - now)) / interval))
 	r.ResetAt = int64(math.Ceil(tat))
-	return r, s
 }
 
-func fwCount(p Params, s State, t float64) (start, n float64) {
+func fwCount(p *Params, s *State, t float64) (start, n float64) {
 	window := float64(p.Window)
 	start = math.Floor(t/window) * window
 	if s.Exists && s.A == start {
@@ -156,14 +164,13 @@ func fwCount(p Params, s State, t float64) (start, n float64) {
 	return start, n
 }
 
-func fixedWindow(p Params, s State, now, cost float64) (Result, State) {
+func fixedWindow(p *Params, s *State, now, cost float64, r *Result) {
 	limit, window := float64(p.Limit), float64(p.Window)
 	start, n := fwCount(p, s, now)
-	var r Result
 	if n+cost <= limit {
 		r.Allowed = true
 		n += cost
-		s = State{Exists: true, A: start, B: n}
+		*s = State{Exists: true, A: start, B: n}
 	} else {
 		r.RetryAfter = settle(now, start+window-now, func(t float64) bool {
 			_, n := fwCount(p, s, t)
@@ -172,10 +179,9 @@ func fixedWindow(p Params, s State, now, cost float64) (Result, State) {
 	}
 	r.Remaining = int64(limit - n)
 	r.ResetAt = int64(start + window)
-	return r, s
 }
 
-func swcCounts(p Params, s State, t float64) (start, cur, prev float64) {
+func swcCounts(p *Params, s *State, t float64) (start, cur, prev float64) {
 	window := float64(p.Window)
 	start = math.Floor(t/window) * window
 	if s.Exists {
@@ -194,14 +200,13 @@ func swcEstimate(window, start, cur, prev, t float64) float64 {
 	return float64(prev*((window-(t-start))/window)) + cur
 }
 
-func slidingCounter(p Params, s State, now, cost float64) (Result, State) {
+func slidingCounter(p *Params, s *State, now, cost float64, r *Result) {
 	limit, window := float64(p.Limit), float64(p.Window)
 	start, cur, prev := swcCounts(p, s, now)
-	var r Result
 	if swcEstimate(window, start, cur, prev, now)+cost <= limit {
 		r.Allowed = true
 		cur += cost
-		s = State{Exists: true, A: start, B: cur, C: prev}
+		*s = State{Exists: true, A: start, B: cur, C: prev}
 	} else {
 		// Either the previous window's weight must shrink enough, or, if
 		// this window alone is too full, the next window's must.
@@ -225,11 +230,10 @@ func slidingCounter(p Params, s State, now, cost float64) (Result, State) {
 	default:
 		r.ResetAt = int64(now)
 	}
-	return r, s
 }
 
 // trimLog drops the entries that have left the window at now.
-func trimLog(p Params, s State, now float64) (sum float64, log []LogEntry) {
+func trimLog(p *Params, s *State, now float64) (sum float64, log []LogEntry) {
 	sum, log = s.A, s.Log
 	for len(log) > 0 && log[0].At <= now-float64(p.Window) {
 		sum -= log[0].Cost
@@ -238,16 +242,15 @@ func trimLog(p Params, s State, now float64) (sum float64, log []LogEntry) {
 	return sum, log
 }
 
-func slidingLog(p Params, s State, now, cost float64) (Result, State) {
+func slidingLog(p *Params, s *State, now, cost float64, r *Result) {
 	limit, window := float64(p.Limit), float64(p.Window)
 	sum, log := trimLog(p, s, now)
-	var r Result
 	if sum+cost <= limit {
 		r.Allowed = true
 		if cost > 0 {
 			sum += cost
 			log = append(log, LogEntry{At: now, Cost: cost})
-			s = State{Exists: true, A: sum, B: s.B + 1, Log: log}
+			*s = State{Exists: true, A: sum, B: s.B + 1, Log: log}
 		}
 	} else {
 		freed := 0.0
@@ -264,12 +267,11 @@ func slidingLog(p Params, s State, now, cost float64) (Result, State) {
 	if n := len(log); n > 0 {
 		r.ResetAt = int64(log[n-1].At + window)
 	}
-	return r, s
 }
 
 // ttl is how long, in µs after now, a counter's stored state matters: past
 // it the state is the same as none, so the store may drop it.
-func ttl(p Params, s State, now int64) int64 {
+func ttl(p *Params, s *State, now int64) int64 {
 	t := float64(now)
 	var until float64
 	switch p.Algorithm {

@@ -90,7 +90,7 @@ func TestExpiredStateIsNoState(t *testing.T) {
 		if !s.Exists {
 			return
 		}
-		at := now + ttl(p, s, now) + rapid.Int64Range(0, 1e6).Draw(t, "later")
+		at := now + ttl(&p, &s, now) + rapid.Int64Range(0, 1e6).Draw(t, "later")
 		cost := rapid.Int64Range(1, p.Limit).Draw(t, "cost")
 		got, _ := Decide(p, cloneLog(s), at, cost)
 		want, _ := Decide(p, State{}, at, cost)

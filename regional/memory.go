@@ -24,9 +24,10 @@ type MemoryStore struct {
 const (
 	memShards = 64
 	// Every sweepEvery calls to a shard, up to sweepBatch of its counters
-	// are checked for expiry.
-	sweepEvery = 64
-	sweepBatch = 32
+	// are checked for expiry: enough to keep up with any rate of new keys
+	// (a shard sweeps sweepBatch/sweepEvery per call), cheap per call.
+	sweepEvery = 1024
+	sweepBatch = 2048
 )
 
 type memShard struct {
@@ -76,22 +77,24 @@ func (m *MemoryStore) unlock(idx []int) {
 	}
 }
 
-// get returns the live state of key; the caller holds its shard's lock.
-func (m *MemoryStore) get(sh *memShard, key []byte, now int64) State {
-	if e := sh.entries[string(key)]; e != nil && e.expires > now {
-		return e.s
+// get returns key's entry, or nil, and its live state; the caller holds
+// its shard's lock.
+func (m *MemoryStore) get(sh *memShard, key []byte, now int64) (*memEntry, State) {
+	e := sh.entries[string(key)]
+	if e != nil && e.expires > now {
+		return e, e.s
 	}
-	return State{}
+	return e, State{}
 }
 
-// put stores the state of key until it no longer matters.
-func (m *MemoryStore) put(sh *memShard, key []byte, p Params, s State, now int64) {
-	e := sh.entries[string(key)]
+// put stores the state of key in e (a new entry if nil) until it no longer
+// matters.
+func (m *MemoryStore) put(sh *memShard, e *memEntry, key []byte, p *Params, s *State, now int64) {
 	if e == nil {
 		e = &memEntry{}
 		sh.entries[string(key)] = e
 	}
-	e.s, e.expires = s, now+ttl(p, s, now)
+	e.s, e.expires = *s, now+ttl(p, s, now)
 }
 
 func (m *MemoryStore) sweep(sh *memShard, now int64) {
@@ -111,33 +114,39 @@ func (m *MemoryStore) sweep(sh *memShard, now int64) {
 
 // Apply implements Store.
 func (m *MemoryStore) Apply(_ context.Context, ops []Op, results []Result) (int64, error) {
+	now := m.now()
+	m.apply(ops, results, now)
+	return now, nil
+}
+
+// apply is Apply at a time the caller read already.
+func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 	// Room for requests of up to 8 limits without allocating.
 	var shardBuf, lockBuf [8]int
 	var stateBuf [8]State
-	shards, next := shardBuf[:0], stateBuf[:0]
+	var entryBuf [8]*memEntry
+	shards, next, entries := shardBuf[:0], stateBuf[:0], entryBuf[:0]
 	for i := range ops {
 		shards = append(shards, m.shard(ops[i].Key))
 	}
 	idx := m.lock(shards, lockBuf[:])
 	defer m.unlock(idx)
-	now := m.now()
 	for i := range ops {
 		op := &ops[i]
-		var s State
-		results[i], s = Decide(op.Params, m.get(&m.shards[shards[i]], op.Key, now), now, op.Cost)
-		next = append(next, s)
+		e, cur := m.get(&m.shards[shards[i]], op.Key, now)
+		next, entries = append(next, cur), append(entries, e)
+		decideOp(op, &next[i], now, &results[i])
 	}
 	if commits(ops, results) {
 		for i := range ops {
 			if results[i].Allowed {
-				m.put(&m.shards[shards[i]], ops[i].Key, ops[i].Params, next[i], now)
+				m.put(&m.shards[shards[i]], entries[i], ops[i].Key, &ops[i].Params, &next[i], now)
 			}
 		}
 	}
 	for _, s := range idx {
 		m.sweep(&m.shards[s], now)
 	}
-	return now, nil
 }
 
 // Inspect implements Store.
@@ -146,7 +155,8 @@ func (m *MemoryStore) Inspect(_ context.Context, key []byte, p Params) (Result, 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := m.now()
-	return inspect(p, cloneLog(m.get(sh, key, now)), now), nil
+	_, cur := m.get(sh, key, now)
+	return inspect(p, cloneLog(cur), now), nil
 }
 
 // inspect is what a request of cost 0 would see: it always allows and
@@ -171,8 +181,9 @@ func (m *MemoryStore) Grant(_ context.Context, key []byte, p Params, n int64) (R
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := m.now()
-	s := grant(p, m.get(sh, key, now), now, n)
-	m.put(sh, key, p, s, now)
+	e, cur := m.get(sh, key, now)
+	s := grant(p, cur, now, n)
+	m.put(sh, e, key, &p, &s, now)
 	return inspect(p, cloneLog(s), now), nil
 }
 
@@ -182,7 +193,7 @@ func grant(p Params, s State, now, n int64) State {
 	t, c := float64(now), float64(n)
 	switch p.Algorithm {
 	case TokenBucket:
-		return State{Exists: true, A: math.Min(float64(p.Limit), tbTokens(p, s, t)+c), B: t}
+		return State{Exists: true, A: math.Min(float64(p.Limit), tbTokens(&p, &s, t)+c), B: t}
 	case GCRA:
 		tat := t
 		if s.Exists {
@@ -190,14 +201,14 @@ func grant(p Params, s State, now, n int64) State {
 		}
 		return State{Exists: true, A: math.Max(t, tat-float64(c*(1e6/p.Rate)))}
 	case FixedWindow:
-		start, count := fwCount(p, s, t)
+		start, count := fwCount(&p, &s, t)
 		return State{Exists: true, A: start, B: count - c}
 	case SlidingWindowCounter:
-		start, cur, prev := swcCounts(p, s, t)
+		start, cur, prev := swcCounts(&p, &s, t)
 		return State{Exists: true, A: start, B: cur - c, C: prev}
 	case SlidingWindowLog:
 		// Forget the newest n units logged: at most what the window holds.
-		sum, log := trimLog(p, s, t)
+		sum, log := trimLog(&p, &s, t)
 		log = slices.Clone(log)
 		for c > 0 && len(log) > 0 {
 			last := &log[len(log)-1]

@@ -81,24 +81,30 @@ type RedisStore struct {
 //	redis-sentinel://host:port,host:port/name  a primary managed by Sentinel
 //	host:port,host:port,…                      a Redis Cluster
 //
-// and checks that Redis answers.
+// and loads the scripts, which checks that Redis answers.
 func NewRedisStore(ctx context.Context, spec string, opts RedisOptions) (*RedisStore, error) {
 	client, cluster, err := NewRedisClient(spec)
 	if err != nil {
 		return nil, err
 	}
-	if err := client.Ping(ctx).Err(); err != nil {
-		client.Close()
+	s := newRedisStore(client, cluster, opts)
+	if err := s.loadScripts(ctx); err != nil {
+		s.Close()
 		return nil, fmt.Errorf("regional: redis %s: %w", spec, err)
 	}
-	return newRedisStore(client, cluster, opts), nil
+	return s, nil
 }
 
 // NewRedisClient makes the go-redis client for a --redis value (see
 // NewRedisStore), with the scripts loaded on every new connection.
 func NewRedisClient(spec string) (client redis.UniversalClient, cluster bool, err error) {
 	onConnect := func(ctx context.Context, cn *redis.Conn) error {
-		return cn.ScriptLoad(ctx, limitsLua).Err()
+		// go-redis also runs this on its connections to sentinels, which
+		// have no scripts; the NOSCRIPT path covers any server missed.
+		if err := cn.ScriptLoad(ctx, limitsLua).Err(); err != nil && !strings.HasPrefix(err.Error(), "ERR unknown command") {
+			return err
+		}
+		return nil
 	}
 	switch {
 	case strings.HasPrefix(spec, "redis://"), strings.HasPrefix(spec, "rediss://"):
@@ -191,6 +197,7 @@ type redisLimit struct {
 	params Params
 	cost   int64
 	shadow bool
+	lease  int64
 }
 
 // redisGroup is the limits of one call that share a Cluster slot, and the
@@ -209,7 +216,7 @@ func (s *RedisStore) newCall(ops []Op, mode string, grant int64) *redisCall {
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
 	for _, op := range ops {
-		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow})
+		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, lease: op.Lease})
 	}
 	for i := range c.limits {
 		slot := keySlot(ops[i].Key)
@@ -250,7 +257,7 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 		shadow = "1"
 	}
 	return keys, append(args, int(l.params.Algorithm), l.params.Limit,
-		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow)
+		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow, l.lease)
 }
 
 func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result) (int64, error) {
@@ -386,16 +393,16 @@ func (s *RedisStore) loadScripts(ctx context.Context) error {
 }
 
 // read takes one group's reply: {now, then per limit: allowed, remaining,
-// reset_at, retry_after}.
+// reset_at, retry_after, taken}.
 func (c *redisCall) read(g *redisGroup) error {
 	vals, err := g.cmd.Int64Slice()
-	if err != nil || len(vals) != 1+4*len(g.limits) {
+	if err != nil || len(vals) != 1+5*len(g.limits) {
 		return fmt.Errorf("regional: redis: unexpected script reply %v (%v)", g.cmd.Val(), err)
 	}
 	c.now = vals[0]
 	for j, i := range g.limits {
-		v := vals[1+4*j:]
-		c.results[i] = Result{Allowed: v[0] == 1, Remaining: v[1], ResetAt: v[2], RetryAfter: v[3]}
+		v := vals[1+5*j:]
+		c.results[i] = Result{Allowed: v[0] == 1, Remaining: v[1], ResetAt: v[2], RetryAfter: v[3], Taken: v[4]}
 	}
 	return nil
 }
@@ -421,8 +428,10 @@ func (c *redisCall) refunds(dst []redisLimit) []redisLimit {
 	for gi := range c.groups {
 		if g := &c.groups[gi]; !denied(g.limits) {
 			for _, i := range g.limits {
-				if c.results[i].Allowed {
-					dst = append(dst, c.limits[i])
+				if r := c.results[i]; r.Allowed {
+					l := c.limits[i]
+					l.cost, l.lease = r.Taken, 0
+					dst = append(dst, l)
 				}
 			}
 		}
@@ -440,4 +449,38 @@ func (s *RedisStore) refund(ctx context.Context, limits []redisLimit) {
 		pipe.EvalSha(ctx, limitsSHA, keys, args...)
 	}
 	pipe.Exec(ctx) // best effort: a lost refund leaves a limit stricter, never looser
+}
+
+const blocksKey = "gq:blocks"
+
+// SaveBlock implements BlockStore: a hash of pattern to expiry (Unix ms, 0
+// for none).
+func (s *RedisStore) SaveBlock(ctx context.Context, b Block) error {
+	var until int64
+	if !b.Until.IsZero() {
+		until = b.Until.UnixMilli()
+	}
+	return s.client.HSet(ctx, blocksKey, b.Pattern, until).Err()
+}
+
+// DeleteBlock implements BlockStore.
+func (s *RedisStore) DeleteBlock(ctx context.Context, pattern string) error {
+	return s.client.HDel(ctx, blocksKey, pattern).Err()
+}
+
+// LoadBlocks implements BlockStore.
+func (s *RedisStore) LoadBlocks(ctx context.Context) ([]Block, error) {
+	m, err := s.client.HGetAll(ctx, blocksKey).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Block, 0, len(m))
+	for pattern, v := range m {
+		b := Block{Pattern: pattern}
+		if ms, _ := strconv.ParseInt(v, 10, 64); ms > 0 {
+			b.Until = time.UnixMilli(ms)
+		}
+		out = append(out, b)
+	}
+	return out, nil
 }

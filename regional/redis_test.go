@@ -62,10 +62,14 @@ func TestStoresDecideAlike(t *testing.T) {
 			var ops []Op
 			for i, p := range limits {
 				if rapid.IntRange(0, 3).Draw(t, "use") > 0 {
-					ops = append(ops, Op{
+					op := Op{
 						Key:    []byte(fmt.Sprintf("gq:{diff%d:%d}", run, i)),
 						Params: p, Cost: rapid.Int64Range(1, p.Limit).Draw(t, "cost"), Shadow: shadow[i],
-					})
+					}
+					if p.Algorithm != SlidingWindowLog && rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
+						op.Lease = rapid.Int64Range(1, p.Limit).Draw(t, "lease")
+					}
+					ops = append(ops, op)
 				}
 			}
 			if len(ops) == 0 {

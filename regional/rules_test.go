@@ -327,3 +327,5 @@ func BenchmarkMatch1000Rules(b *testing.B) {
 		b.Fatal("nothing matched")
 	}
 }
+
+func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o644) }

@@ -63,11 +63,12 @@ func firstSegment(path string) string {
 	if len(path) < 2 || path[0] != '/' {
 		return ""
 	}
-	end := strings.IndexAny(path[1:], "/?")
-	if end < 0 {
-		return path[1:]
+	for i := 1; i < len(path); i++ {
+		if path[i] == '/' || path[i] == '?' {
+			return path[1:i]
+		}
 	}
-	return path[1 : 1+end]
+	return path[1:]
 }
 
 func (rs *RuleSet) candidates(path string) []*Rule {
@@ -292,6 +293,10 @@ func (r *Rule) appendKey(dst []byte, req *Request, tier string) []byte {
 		v := tier
 		if name != "tier" {
 			v, _ = req.Value(name)
+		}
+		if strings.IndexByte(v, '|') < 0 && strings.IndexByte(v, '\\') < 0 {
+			dst = append(dst, v...)
+			continue
 		}
 		for j := 0; j < len(v); j++ {
 			if v[j] == '|' || v[j] == '\\' {

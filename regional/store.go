@@ -28,6 +28,27 @@ type Op struct {
 	Params Params
 	Cost   int64
 	Shadow bool // counted when it allows, never denies
+	// Lease, if positive, asks the limit to take up to Lease at once (at
+	// least Cost, as much as it has up to Lease); Result.Taken says how
+	// much it took. Not for sliding_window_log.
+	Lease int64
+}
+
+// decideOp decides one op against state s, in place (see decide), taking a
+// lease if it asks for one.
+func decideOp(op *Op, s *State, now int64, r *Result) {
+	cost := op.Cost
+	if op.Lease > 0 {
+		var avail Result
+		probe := *s
+		decide(&op.Params, &probe, now, 0, &avail)
+		cost = max(op.Cost, min(op.Lease, avail.Remaining))
+	}
+	*r = Result{}
+	decide(&op.Params, s, now, cost, r)
+	if r.Allowed {
+		r.Taken = cost
+	}
 }
 
 // commits reports whether a request goes ahead: every enforced limit allows.

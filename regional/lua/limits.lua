@@ -8,9 +8,11 @@
 -- ARGV[2]: minimum TTL in milliseconds (tests only), or ''
 -- ARGV[3]: mode: 'check', 'inspect' or 'grant'
 -- ARGV[4]: grant amount ('grant' only)
--- ARGV[5...]: per limit 6 values: algorithm, limit, rate, window, cost, shadow
+-- ARGV[5...]: per limit 7 values: algorithm, limit, rate, window, cost,
+--            shadow, lease (0: none; else take up to lease, at least cost)
 --
--- Returns {now, then per limit: allowed (0/1), remaining, reset_at, retry_after}.
+-- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
+-- retry_after, taken}.
 --
 -- Every number sent to Redis is formatted with %.17g: Lua's own conversion
 -- keeps 14 digits, and a time in microseconds has 16.
@@ -275,16 +277,17 @@ end
 -- Read the limits.
 local limits, k = {}, 1
 local i = 5
-while i + 5 <= #ARGV do
+while i + 6 <= #ARGV do
   local l = {algorithm = tonumber(ARGV[i]), limit = tonumber(ARGV[i + 1]), rate = tonumber(ARGV[i + 2]),
-    window = tonumber(ARGV[i + 3]), cost = tonumber(ARGV[i + 4]), shadow = ARGV[i + 5] == '1', key = KEYS[k]}
+    window = tonumber(ARGV[i + 3]), cost = tonumber(ARGV[i + 4]), shadow = ARGV[i + 5] == '1',
+    lease = tonumber(ARGV[i + 6]), key = KEYS[k]}
   k = k + 1
   if l.algorithm == LOG then
     l.logkey = KEYS[k]
     k = k + 1
   end
   limits[#limits + 1] = l
-  i = i + 6
+  i = i + 7
 end
 
 if mode == 'grant' then
@@ -309,15 +312,23 @@ end
 -- Decide every limit, changing nothing yet.
 local out, commit, decided = {now}, true, {}
 for _, l in ipairs(limits) do
+  local s = load(l.key)
   local cost = l.cost
-  if mode == 'inspect' then cost = 0 end
-  local allowed, remaining, reset, retry, ns = decide[l.algorithm](l, load(l.key), cost)
+  if mode == 'inspect' then
+    cost = 0
+  elseif l.lease > 0 then
+    local _, avail = decide[l.algorithm](l, s, 0)
+    cost = max(l.cost, min(l.lease, avail))
+  end
+  l.cost = cost
+  local allowed, remaining, reset, retry, ns = decide[l.algorithm](l, s, cost)
   decided[#decided + 1] = {allowed, ns}
   if not allowed and not l.shadow then commit = false end
   out[#out + 1] = allowed and 1 or 0
   out[#out + 1] = remaining
   out[#out + 1] = reset
   out[#out + 1] = retry
+  out[#out + 1] = allowed and cost or 0
 end
 
 -- Then, if the request goes ahead, take its cost from every limit that allowed.

@@ -1,0 +1,292 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Admin operations on counters, and runtime blocks. Counters are named by
+// a rule and the request values their key is made of.
+
+// ErrUnknownRule is returned for an admin call naming no rule in force.
+var ErrUnknownRule = errors.New("regional: unknown rule")
+
+// counter finds the store key and numbers of rule id's counter for req.
+func (e *Engine) counter(id string, req *Request) (*Rule, []byte, Params, error) {
+	rs := e.rules.Load()
+	r := rs.Rule(id)
+	if r == nil {
+		return nil, nil, Params{}, fmt.Errorf("%w %q", ErrUnknownRule, id)
+	}
+	if _, err := rs.validate(req); err != nil {
+		return nil, nil, Params{}, err
+	}
+	tier := rs.Tier(req)
+	for _, name := range r.By {
+		if name == "tier" && tier == "" {
+			return nil, nil, Params{}, &RequestError{Field: "tier", Msg: "rule " + strconv.Quote(id) + " counts by tier"}
+		}
+		if _, ok := req.Value(name); name != "tier" && !ok {
+			return nil, nil, Params{}, &RequestError{Field: name, Msg: "rule " + strconv.Quote(id) + " counts by it"}
+		}
+	}
+	key := append(append([]byte("gq:{"), id...), ':')
+	ks := len(key)
+	key = r.appendKey(key, req, tier)
+	p := r.params(key[ks:], tier)
+	if p.Limit == 0 {
+		return nil, nil, Params{}, &RequestError{Field: "tier", Msg: "rule " + strconv.Quote(id) + " has no limit for tier " + strconv.Quote(tier)}
+	}
+	return r, append(key, '}'), p, nil
+}
+
+func (e *Engine) status(r *Rule, p Params, res Result, now time.Time) LimitStatus {
+	return LimitStatus{Rule: r, Allowed: res.Allowed, Shadow: r.Shadow, Limit: p.Limit, Remaining: res.Remaining,
+		Window: time.Duration(p.WindowMicros()) * time.Microsecond, ResetAt: time.UnixMicro(res.ResetAt)}
+}
+
+// Inspect returns where a counter stands, changing nothing.
+func (e *Engine) Inspect(ctx context.Context, rule string, req *Request) (LimitStatus, error) {
+	r, key, p, err := e.counter(rule, req)
+	if err != nil {
+		return LimitStatus{}, err
+	}
+	res, err := e.store.Inspect(ctx, key, p)
+	if err != nil {
+		return LimitStatus{}, err
+	}
+	return e.status(r, p, res, e.now()), nil
+}
+
+// Reset starts a counter afresh, here and in the store.
+func (e *Engine) Reset(ctx context.Context, rule string, req *Request) error {
+	_, key, p, err := e.counter(rule, req)
+	if err != nil {
+		return err
+	}
+	e.forget(key)
+	return e.store.Reset(ctx, key, p)
+}
+
+// Grant gives a counter n more (see Store.Grant) and returns where it stands.
+func (e *Engine) Grant(ctx context.Context, rule string, req *Request, n int64) (LimitStatus, error) {
+	if n < 1 || n > maxLimit {
+		return LimitStatus{}, &RequestError{Field: "amount", Msg: fmt.Sprintf("must be between 1 and %d", int64(maxLimit))}
+	}
+	r, key, p, err := e.counter(rule, req)
+	if err != nil {
+		return LimitStatus{}, err
+	}
+	e.forget(key)
+	res, err := e.store.Grant(ctx, key, p, n)
+	if err != nil {
+		return LimitStatus{}, err
+	}
+	return e.status(r, p, res, e.now()), nil
+}
+
+// forget drops what this replica remembers of a counter.
+func (e *Engine) forget(key []byte) {
+	e.denials.with(key, func(m map[string]*denial) {
+		if _, ok := m[string(key)]; ok {
+			delete(m, string(key))
+			e.denialCount.Add(-1)
+		}
+	})
+	e.leases.with(key, func(m map[string]*lease) { delete(m, string(key)) })
+}
+
+// Block is a runtime block: API keys matching Pattern are denied with
+// KEY_BLOCKED until Until (forever if zero).
+type Block struct {
+	Pattern string
+	Until   time.Time
+}
+
+type block struct {
+	Block
+	glob glob
+}
+
+// BlockStore keeps runtime blocks where every replica of a region sees
+// them. The Redis store is one; without one, blocks are this replica's.
+type BlockStore interface {
+	SaveBlock(ctx context.Context, b Block) error
+	DeleteBlock(ctx context.Context, pattern string) error
+	LoadBlocks(ctx context.Context) ([]Block, error)
+}
+
+// Block denies API keys matching the glob pattern until the given time
+// (zero: until Unblock), in every replica that shares the store.
+func (e *Engine) Block(ctx context.Context, b Block) error {
+	g, err := compileGlob(b.Pattern)
+	if err != nil || len(b.Pattern) > MaxValueLen {
+		return &RequestError{Field: "pattern", Msg: fmt.Sprintf("want a glob of 1 to %d bytes", MaxValueLen)}
+	}
+	if bs, ok := e.store.(BlockStore); ok {
+		if err := bs.SaveBlock(ctx, b); err != nil {
+			return err
+		}
+	}
+	e.setBlocks(func(list []block) []block {
+		list = slices.DeleteFunc(list, func(x block) bool { return x.Pattern == b.Pattern })
+		return append(list, block{Block: b, glob: g})
+	})
+	return nil
+}
+
+// Unblock lifts a runtime block.
+func (e *Engine) Unblock(ctx context.Context, pattern string) error {
+	if bs, ok := e.store.(BlockStore); ok {
+		if err := bs.DeleteBlock(ctx, pattern); err != nil {
+			return err
+		}
+	}
+	e.setBlocks(func(list []block) []block {
+		return slices.DeleteFunc(list, func(x block) bool { return x.Pattern == pattern })
+	})
+	return nil
+}
+
+// Blocks returns the runtime blocks in force.
+func (e *Engine) Blocks() []Block {
+	now := e.now()
+	var out []Block
+	for _, b := range *e.blocks.Load() {
+		if b.Until.IsZero() || b.Until.After(now) {
+			out = append(out, b.Block)
+		}
+	}
+	return out
+}
+
+func (e *Engine) setBlocks(f func([]block) []block) {
+	e.blockMu.Lock()
+	defer e.blockMu.Unlock()
+	list := f(slices.Clone(*e.blocks.Load()))
+	e.blocks.Store(&list)
+}
+
+func (e *Engine) blockedAt(apiKey string, now time.Time) bool {
+	if apiKey == "" {
+		return false
+	}
+	for _, b := range *e.blocks.Load() {
+		if (b.Until.IsZero() || b.Until.After(now)) && b.glob.match(apiKey) {
+			return true
+		}
+	}
+	return false
+}
+
+// syncBlocks takes the blocks from the store, where siblings put theirs.
+func (e *Engine) syncBlocks(ctx context.Context) error {
+	bs, ok := e.store.(BlockStore)
+	if !ok {
+		return nil
+	}
+	loaded, err := bs.LoadBlocks(ctx)
+	if err != nil {
+		return err
+	}
+	list := make([]block, 0, len(loaded))
+	for _, b := range loaded {
+		if g, err := compileGlob(b.Pattern); err == nil {
+			list = append(list, block{Block: b, glob: g})
+		}
+	}
+	e.blockMu.Lock()
+	e.blocks.Store(&list)
+	e.blockMu.Unlock()
+	return nil
+}
+
+// Maintain does the engine's periodic work: gives back what is left of
+// ended leases, drops expired cache entries and untracked keys, writes
+// pending violations to the log, and takes runtime blocks from the store.
+// Call it every few hundred milliseconds (Run does).
+func (e *Engine) Maintain(ctx context.Context) error {
+	now := e.now()
+	us := now.UnixMicro()
+	e.leases.sweep(func(key string, l *lease) bool {
+		if l.expires > us {
+			return false
+		}
+		e.endLease(key, l)
+		return true
+	})
+	e.returnsMu.Lock()
+	returns := e.returns
+	e.returns = nil
+	e.returnsMu.Unlock()
+	var errs []error
+	for _, r := range returns {
+		if _, err := e.store.Grant(ctx, []byte(r.key), r.params, r.n); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		e.stats.LeaseReturned.Add(r.n)
+	}
+	e.denials.sweep(func(_ string, d *denial) bool {
+		if d.until <= us {
+			e.denialCount.Add(-1)
+			return true
+		}
+		return false
+	})
+	rs := e.rules.Load()
+	e.trackers.Range(func(id, v any) bool {
+		r := rs.Rule(id.(string))
+		if r == nil || r.MaxKeys == 0 {
+			e.trackers.Delete(id)
+			return true
+		}
+		tr, idle := v.(*keyTracker), r.Base.WindowMicros()
+		if idle == 0 {
+			idle = r.Base.scaled(r.smallestLimit()).WindowMicros()
+		}
+		tr.seen.sweep(func(_ string, seen int64) bool {
+			if us-seen > idle {
+				tr.n.Add(-1)
+				return true
+			}
+			return false
+		})
+		return true
+	})
+	if vs := e.violations.drain(); len(vs) > 0 {
+		for _, v := range vs {
+			e.log.Info("rate limit violation", "region", v.Region, "rule", v.Rule, "code", v.Code, "key", v.Key,
+				"api_key", v.APIKey, "ip", v.IP, "endpoint", v.Endpoint, "count", v.Count, "retry_after", v.RetryAfter)
+		}
+		if e.cfg.Violations != nil {
+			if err := e.cfg.Violations.Append(ctx, vs); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := e.syncBlocks(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Run calls Maintain every interval until ctx ends.
+func (e *Engine) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := e.Maintain(ctx); err != nil {
+				e.log.Warn("maintenance", "error", err)
+			}
+		}
+	}
+}

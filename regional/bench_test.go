@@ -1,0 +1,160 @@
+package regional
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/deploy/local/harness"
+)
+
+func benchKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("sk_prod_%06d", i)
+	}
+	return keys
+}
+
+// BenchmarkCheckMemory is a whole decision in memory: validation, rule
+// matching, keys, the algorithms, the decision. Run with -cpu 1 for the
+// per-core figure.
+func BenchmarkCheckMemory(b *testing.B) {
+	for _, tc := range []struct {
+		name     string
+		rules    string
+		endpoint string
+		limits   int
+		keys     int
+	}{
+		{"1-limit", "rules:\n  - { id: tb, by: [api_key], capacity: 1000000000, refill_per_second: 1000000 }\n", "/search", 1, 10_000},
+		{"1-limit-hot", "rules:\n  - { id: tb, by: [api_key], capacity: 1000000000, refill_per_second: 1000000 }\n", "/search", 1, 16},
+		// The SPEC example's rules for /search (token bucket, tier fixed
+		// window, tenant fixed window), with limits no benchmark reaches.
+		{"3-limits", `
+rules:
+  - { id: search, match: { endpoint: /search }, by: [api_key], capacity: 1000000000, refill_per_second: 1000000 }
+  - { id: tier-minute, by: [api_key], algorithm: fixed_window, window: 1m, tiers: { pro: 1000000000 } }
+  - { id: tenant, match: { api_key: "sk_*" }, by: [api_key], algorithm: fixed_window, limit: 1000000000, window: 1m }
+tier_of:
+  - { api_key: "sk_prod_*", tier: pro }
+`, "/search", 3, 10_000},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			e := New(Config{}, mustParse(b, tc.rules))
+			keys := benchKeys(tc.keys)
+			reqs := make([]Request, len(keys))
+			for i, k := range keys {
+				reqs[i] = Request{APIKey: k, Endpoint: tc.endpoint, Method: "GET", IP: "203.0.113.7"}
+			}
+			ctx := context.Background()
+			var d Decision
+			for i := range reqs { // every counter exists: the steady state
+				e.Check(ctx, &reqs[i], &d)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if err := e.Check(ctx, &reqs[i%len(reqs)], &d); err != nil || len(d.Limits) != tc.limits {
+					b.Fatalf("%v, %d limits", err, len(d.Limits))
+				}
+				i++
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
+		})
+	}
+}
+
+// BenchmarkRedis measures checks per second through the engine with 50
+// concurrent callers against a local redis-server (token bucket, 10,000
+// keys), then what redis-benchmark reaches with the same script, keys and
+// 50 connections pipelining 16 deep, and reports the ratio.
+func BenchmarkRedis(b *testing.B) {
+	srv := harness.NewRedis(b, harness.RedisOptions{})
+	store, err := NewRedisStore(context.Background(), srv.URL(), RedisOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	e := New(Config{Store: store, Timeout: time.Second}, mustParse(b,
+		"rules:\n  - { id: bench, by: [api_key], capacity: 1000000000, refill_per_second: 1000000 }\n"))
+	keys := benchKeys(10_000)
+	var next, errs atomic.Int64
+	b.SetParallelism(25) // 50 callers on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var d Decision
+		for pb.Next() {
+			req := Request{APIKey: keys[next.Add(1)%int64(len(keys))]}
+			if err := e.Check(context.Background(), &req, &d); err != nil || d.Degraded {
+				errs.Add(1)
+			}
+		}
+	})
+	b.StopTimer()
+	if errs.Load() > 0 {
+		b.Fatalf("%d checks failed or degraded", errs.Load())
+	}
+	engine := float64(b.N) / b.Elapsed().Seconds()
+	b.ReportMetric(engine, "checks/s")
+	if b.N < 10_000 {
+		return // a calibration round: too short to compare
+	}
+	ref, err := redisBenchmark(srv.Port())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(ref, "redis-benchmark/s")
+	b.ReportMetric(engine/ref, "ratio")
+}
+
+// redisBenchmark runs redis-benchmark with the script the engine runs for
+// one token-bucket check, on the same server, and returns requests/s.
+func redisBenchmark(port int) (float64, error) {
+	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-c", "50", "-n", "300000", "-P", "16", "-r", "10000", "-q",
+		"EVALSHA", limitsSHA, "1", "gq:{bench:sk_prod___rand_int__}",
+		"", "", "check", "0", strconv.Itoa(int(TokenBucket)), "1000000000", "1000000", "0", "1", "0", "0"}
+	out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark: %v: %s", err, out)
+	}
+	// Output ends with: "EVALSHA …: 123456.79 requests per second, p50=… msec"
+	sc := bufio.NewScanner(strings.NewReader(strings.ReplaceAll(string(out), "\r", "\n")))
+	var rps float64
+	for sc.Scan() {
+		line := sc.Text()
+		if i := strings.Index(line, " requests per second"); i > 0 {
+			f := strings.Fields(line[:i])
+			rps, err = strconv.ParseFloat(f[len(f)-1], 64)
+		}
+	}
+	if rps == 0 {
+		return 0, fmt.Errorf("redis-benchmark printed no rate (%v): %s", err, out)
+	}
+	return rps, nil
+}
+
+// BenchmarkDecide is one algorithm's decision alone.
+func BenchmarkDecide(b *testing.B) {
+	for _, p := range []Params{
+		{Algorithm: TokenBucket, Limit: 1e9, Rate: 1e6},
+		{Algorithm: GCRA, Limit: 1e9, Rate: 1e6},
+		{Algorithm: FixedWindow, Limit: 1e9, Window: 60e6},
+		{Algorithm: SlidingWindowCounter, Limit: 1e9, Window: 60e6},
+	} {
+		b.Run(p.Algorithm.String(), func(b *testing.B) {
+			var s State
+			now := int64(t0)
+			for b.Loop() {
+				now++
+				_, s = Decide(p, s, now, 1)
+			}
+		})
+	}
+}

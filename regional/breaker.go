@@ -1,0 +1,120 @@
+package regional
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// BreakerConfig configures the circuit breaker in front of the shared store.
+type BreakerConfig struct {
+	// Failures is how many failed calls in a row open the breaker; 0 means 5.
+	Failures int
+	// Cooldown is how long the breaker stays open before it lets one call
+	// through to probe the store; 0 means one second.
+	Cooldown time.Duration
+}
+
+// BreakerState is the state of the circuit breaker.
+type BreakerState int32
+
+// Breaker states.
+const (
+	// BreakerClosed: calls go to the store.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: calls fall back at once, without trying the store.
+	BreakerOpen
+	// BreakerHalfOpen: one call probes the store; the others fall back.
+	BreakerHalfOpen
+)
+
+var breakerNames = [...]string{"closed", "open", "half_open"}
+
+func (s BreakerState) String() string { return breakerNames[s] }
+
+// breaker opens after consecutive store failures (errors and timeouts) and
+// closes again when a probe succeeds. Safe for concurrent use; the closed,
+// healthy path is one atomic load.
+type breaker struct {
+	cfg      BreakerConfig
+	now      func() time.Time
+	state    atomic.Int32
+	failures atomic.Int32
+
+	mu       sync.Mutex
+	openedAt time.Time
+	probing  bool
+}
+
+func newBreaker(cfg BreakerConfig, now func() time.Time) *breaker {
+	if cfg.Failures <= 0 {
+		cfg.Failures = 5
+	}
+	if cfg.Cooldown <= 0 {
+		cfg.Cooldown = time.Second
+	}
+	return &breaker{cfg: cfg, now: now}
+}
+
+// State returns the breaker's state.
+func (b *breaker) State() BreakerState { return BreakerState(b.state.Load()) }
+
+// allow reports whether a call may go to the store. In half-open state it
+// lets exactly one probe through.
+func (b *breaker) allow() bool {
+	if BreakerState(b.state.Load()) == BreakerClosed {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch BreakerState(b.state.Load()) {
+	case BreakerClosed:
+		return true
+	case BreakerOpen:
+		if b.now().Sub(b.openedAt) < b.cfg.Cooldown {
+			return false
+		}
+		b.state.Store(int32(BreakerHalfOpen))
+		b.probing = true
+		return true
+	default: // half-open
+		if b.probing {
+			return false
+		}
+		b.probing = true
+		return true
+	}
+}
+
+// success records a call that worked: the breaker closes.
+func (b *breaker) success() {
+	if BreakerState(b.state.Load()) == BreakerClosed {
+		if b.failures.Load() != 0 {
+			b.failures.Store(0)
+		}
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.state.Store(int32(BreakerClosed))
+	b.failures.Store(0)
+	b.probing = false
+}
+
+// failure records a call that failed: enough in a row, or a failed probe,
+// open the breaker.
+func (b *breaker) failure() {
+	n := b.failures.Add(1)
+	state := BreakerState(b.state.Load())
+	if state == BreakerClosed && int(n) < b.cfg.Failures {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if BreakerState(b.state.Load()) == BreakerOpen {
+		return
+	}
+	b.state.Store(int32(BreakerOpen))
+	b.openedAt = b.now()
+	b.probing = false
+}

@@ -1,0 +1,560 @@
+package regional
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Config configures an Engine. Every field has a default; see DefaultConfig.
+type Config struct {
+	// Region names this region, in violation events.
+	Region string
+	// Store holds the region's counters, shared by its replicas. nil means
+	// an in-memory store of this process alone (--dev).
+	Store Store
+	// Clock returns the current time; nil means time.Now. Stores keep their
+	// own time (Redis uses TIME); the clock serves the engine's caches,
+	// leases and breaker.
+	Clock func() time.Time
+	// Timeout bounds each call to a shared store; 0 means 50ms. A call
+	// that takes longer counts as a failure and the rule's fallback applies.
+	Timeout time.Duration
+	// Breaker configures the circuit breaker in front of a shared store.
+	Breaker BreakerConfig
+	// LeaseTTL is how long a lease (rule option lease: N) serves from
+	// memory before what is left of it goes back; 0 means one second.
+	LeaseTTL time.Duration
+	// MaxDenials bounds the denial cache; 0 means 100,000 keys.
+	MaxDenials int
+	// OnDenied, if set, hears of every key the store finds over its limit,
+	// so that sibling replicas can be told (see Engine.NoteDenial). It is
+	// called on the checking goroutine and must not block.
+	OnDenied func(Denial)
+	// Violations, if set, keeps the audit trail of denials; Maintain
+	// appends to it.
+	Violations ViolationLog
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults: an in-memory store, 50ms timeout,
+// breaker opening after 5 failures for 1s, 1s leases.
+func DefaultConfig() Config {
+	return Config{Timeout: 50 * time.Millisecond, Breaker: BreakerConfig{Failures: 5, Cooldown: time.Second},
+		LeaseTTL: time.Second, MaxDenials: 100_000}
+}
+
+// Engine decides whether requests may go through, against the rules and
+// the region's store. It is safe for concurrent use. It starts no
+// goroutines: call Maintain now and then, or Run.
+type Engine struct {
+	cfg     Config
+	now     func() time.Time
+	log     *slog.Logger
+	rules   atomic.Pointer[RuleSet]
+	store   Store
+	shared  bool         // the store is outside this process: timeout, breaker
+	local   *MemoryStore // this replica's memory: local_only fallback
+	breaker *breaker
+
+	denials     *shardMap[*denial]
+	denialCount atomic.Int64 // entries in denials: none, no lookups
+	leases      *shardMap[*lease]
+	trackers    sync.Map // rule id -> *keyTracker
+	blocks      atomic.Pointer[[]block]
+	blockMu     sync.Mutex
+
+	violations violationBuffer
+	returnsMu  sync.Mutex
+	returns    []leaseReturn
+
+	stats      Stats
+	lastErrLog atomic.Int64 // µs of the last store error logged
+	errsLogged atomic.Int64 // StoreErrors when it was
+	scratch    sync.Pool
+}
+
+// New returns an engine with the given rules (nil: none yet).
+func New(cfg Config, rules *RuleSet) *Engine {
+	d := DefaultConfig()
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = d.Timeout
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = d.LeaseTTL
+	}
+	if cfg.MaxDenials <= 0 {
+		cfg.MaxDenials = d.MaxDenials
+	}
+	e := &Engine{cfg: cfg, now: cfg.Clock, log: cfg.Logger}
+	if e.now == nil {
+		e.now = time.Now
+	}
+	if e.log == nil {
+		e.log = slog.Default()
+	}
+	e.local = NewMemoryStore(e.now)
+	e.store, e.shared = cfg.Store, cfg.Store != nil
+	if e.store == nil {
+		e.store = e.local
+	}
+	e.breaker = newBreaker(cfg.Breaker, e.now)
+	e.denials, e.leases = newShardMap[*denial](), newShardMap[*lease]()
+	e.blocks.Store(new([]block))
+	e.violations.max = 10_000
+	if rules == nil {
+		rules, _ = Parse("", nil)
+	}
+	e.rules.Store(rules)
+	e.scratch.New = func() any { return new(scratch) }
+	return e
+}
+
+// Rules returns the rules in force.
+func (e *Engine) Rules() *RuleSet { return e.rules.Load() }
+
+// SetRules puts a compiled rule set in force, at once, for every check that
+// starts after. Counters keep their usage: a bucket keeps its tokens,
+// capped to a new capacity.
+func (e *Engine) SetRules(rs *RuleSet) {
+	e.rules.Store(rs)
+	e.stats.RuleReloads.Add(1)
+}
+
+// LoadRules reads a rules file and puts it in force. An invalid file
+// changes nothing: the last good rules stay, and the error says why.
+func (e *Engine) LoadRules(path string) error {
+	rs, err := LoadFile(path)
+	if err != nil {
+		e.stats.RuleReloadErrors.Add(1)
+		e.log.Error("rules rejected; the last good rules stay in force", "file", path, "error", err)
+		return err
+	}
+	e.SetRules(rs)
+	e.log.Info("rules loaded", "file", path, "rules", len(rs.Rules()))
+	return nil
+}
+
+// Breaker returns the state of the breaker in front of the store.
+func (e *Engine) Breaker() BreakerState { return e.breaker.State() }
+
+// Code says why a request was allowed or not.
+type Code uint8
+
+// Codes, with the names the HTTP API uses.
+const (
+	CodeOK          Code = iota // allowed
+	CodeOverLimit               // RATE_LIMIT_EXCEEDED, 429
+	CodeBlocked                 // KEY_BLOCKED, 403
+	CodeUnavailable             // RATE_LIMITER_UNAVAILABLE, 503 (fail_closed)
+)
+
+var codeNames = [...]string{"OK", "RATE_LIMIT_EXCEEDED", "KEY_BLOCKED", "RATE_LIMITER_UNAVAILABLE"}
+
+func (c Code) String() string { return codeNames[c] }
+
+// Decision is the answer to one request.
+type Decision struct {
+	Allowed bool
+	Code    Code
+	// Degraded is set when a limit was decided without the shared store
+	// (fail_open or local_only).
+	Degraded bool
+	// Bypassed is set for keys on the allow list: no limit was checked.
+	Bypassed bool
+	// Time is when the decision was made.
+	Time time.Time
+	// Limits are the limits that applied: first the one that speaks for
+	// the decision (SPEC §12: when allowed, the one with the least left,
+	// ties to the smaller limit; when denied, the denying one with the
+	// longest wait), then the others tightest first, shadow limits last.
+	// A request denied from the denial cache lists only the limits that
+	// denied it.
+	Limits []LimitStatus
+}
+
+// Limit returns the limit that speaks for the decision, or nil if none applied.
+func (d *Decision) Limit() *LimitStatus {
+	if len(d.Limits) == 0 {
+		return nil
+	}
+	return &d.Limits[0]
+}
+
+// LimitStatus is where one limit stands after a request.
+type LimitStatus struct {
+	Rule *Rule
+	// Key is the counter's store key; Decision.KeyOf gives the counter key.
+	Allowed bool
+	Shadow  bool
+	// How the limit was decided, when not by the shared store.
+	Degraded, Cached, Leased bool
+	Limit                    int64
+	Remaining                int64
+	Window                   time.Duration
+	ResetAt                  time.Time
+	RetryAfter               time.Duration // when denied
+}
+
+// Stats are the engine's counters since it started. Safe to read at any time.
+type Stats struct {
+	Checks, Allowed, Denied, Blocked, Unavailable, Bypassed atomic.Int64
+	Degraded                                                atomic.Int64 // decisions made without the shared store
+	StoreErrors                                             atomic.Int64
+	DenialCacheHits, LeaseHits                              atomic.Int64
+	LeaseTaken, LeaseReturned, LeaseLapsed                  atomic.Int64 // tokens
+	KeysRefused, KeysFolded                                 atomic.Int64
+	Penalties                                               atomic.Int64
+	RuleReloads, RuleReloadErrors                           atomic.Int64
+	ViolationsDropped                                       atomic.Int64
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() *Stats { return &e.stats }
+
+// scratch is the per-check working memory, pooled so that a check in
+// memory allocates nothing.
+type scratch struct {
+	items   []item
+	keys    []byte
+	ops     []Op
+	opItem  []int
+	results []Result
+	local   []Op
+	localAt []int
+}
+
+// item is one limit that applies to the request being checked.
+type item struct {
+	rule          *Rule
+	start, end    int // the store key in scratch.keys
+	key           []byte
+	params        Params
+	cost          int64
+	result        Result
+	decided       bool // result is set
+	degraded      bool
+	unavailable   bool
+	cached        bool
+	leased        bool
+	refused       bool
+	storeNow      int64
+	leaseConsumed bool
+}
+
+// Check decides whether the request may go through and fills d (reusing
+// its Limits). It returns an error, wrapping ErrInvalidRequest and naming
+// the field, for a request that is malformed; nothing is counted then.
+func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
+	d.Allowed, d.Code, d.Degraded, d.Bypassed, d.Limits = false, CodeOK, false, false, d.Limits[:0]
+	rs := e.rules.Load()
+	addr, err := rs.validate(req)
+	if err != nil {
+		return err
+	}
+	now := e.now()
+	d.Time = now
+	if rs.Allowed(req.APIKey) {
+		d.Allowed, d.Bypassed = true, true
+		e.stats.Checks.Add(1)
+		e.stats.Bypassed.Add(1)
+		return nil
+	}
+	if rs.Blocked(req.APIKey) || e.blockedAt(req.APIKey, now) {
+		d.Code = CodeBlocked
+		e.stats.Checks.Add(1)
+		e.stats.Blocked.Add(1)
+		e.violations.add(e, CodeBlocked, []byte(req.APIKey), func() Violation {
+			return Violation{Time: now, APIKey: req.APIKey, IP: req.IP, Endpoint: req.Endpoint}
+		})
+		return nil
+	}
+	sc := e.scratch.Get().(*scratch)
+	defer e.scratch.Put(sc)
+	sc.items, sc.keys = sc.items[:0], sc.keys[:0]
+	if err := e.collect(sc, rs, req, addr, now); err != nil {
+		return err
+	}
+	e.stats.Checks.Add(1)
+	if len(sc.items) == 0 {
+		d.Allowed = true
+		e.stats.Allowed.Add(1)
+		return nil
+	}
+	us := now.UnixMicro()
+	if e.fromCache(sc, us) {
+		for i := range sc.items {
+			if it := &sc.items[i]; it.decided {
+				e.violation(it, req, us)
+			}
+		}
+	} else {
+		e.takeLeases(sc, us)
+		e.decide(ctx, sc, us)
+		e.settle(sc, req, us)
+	}
+	e.fill(d, sc)
+	switch d.Code {
+	case CodeOK:
+		e.stats.Allowed.Add(1)
+	case CodeOverLimit:
+		e.stats.Denied.Add(1)
+	case CodeUnavailable:
+		e.stats.Unavailable.Add(1)
+	}
+	if d.Degraded {
+		e.stats.Degraded.Add(1)
+	}
+	return nil
+}
+
+// collect finds the limits that apply, their keys, numbers and costs.
+func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr, now time.Time) error {
+	tier := rs.Tier(req)
+	for _, r := range rs.candidates(req.Endpoint) {
+		if !r.matches(req, tier, addr) {
+			continue
+		}
+		it := item{rule: r, start: len(sc.keys)}
+		sc.keys = append(append(append(sc.keys, "gq:{"...), r.ID...), ':')
+		ks := len(sc.keys)
+		sc.keys = r.appendKey(sc.keys, req, tier)
+		it.params = r.params(sc.keys[ks:], tier)
+		folded := false
+		if r.MaxKeys > 0 {
+			switch e.admitKey(r, sc.keys[ks:], now) {
+			case keyFolded:
+				folded = true
+			case keyRefused:
+				it.refused = true
+			}
+		}
+		if folded {
+			// Keys beyond the rule's cap share one counter, at the rule's
+			// own limit (or its smallest, for a rule of tiers alone).
+			sc.keys = append(append(append(sc.keys[:it.start], "gq:{"...), r.ID...), "}:overflow"...)
+			it.params = r.Base
+			if it.params.Limit == 0 {
+				it.params = r.Base.scaled(r.smallestLimit())
+			}
+		} else {
+			sc.keys = append(sc.keys, '}')
+		}
+		it.end = len(sc.keys)
+		it.cost = req.Cost
+		if it.cost == 0 {
+			it.cost = r.Cost
+		}
+		if it.cost > it.params.Limit {
+			return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than rule %q can ever allow (%d)", it.cost, r.ID, it.params.Limit)}
+		}
+		sc.items = append(sc.items, it)
+	}
+	for i := range sc.items {
+		sc.items[i].key = sc.keys[sc.items[i].start:sc.items[i].end]
+	}
+	return nil
+}
+
+// decide asks the store about every limit not served by a lease, and
+// applies fallbacks when it cannot answer.
+func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
+	sc.ops, sc.opItem = sc.ops[:0], sc.opItem[:0]
+	for i := range sc.items {
+		it := &sc.items[i]
+		if it.decided {
+			continue
+		}
+		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Lease: it.rule.Lease})
+		sc.opItem = append(sc.opItem, i)
+	}
+	if len(sc.ops) == 0 {
+		return
+	}
+	sc.results = slices.Grow(sc.results[:0], len(sc.ops))[:len(sc.ops)]
+	storeNow, err := e.apply(ctx, sc.ops, sc.results, now)
+	if err == nil {
+		for j, i := range sc.opItem {
+			it := &sc.items[i]
+			it.result, it.decided, it.storeNow = sc.results[j], true, storeNow
+		}
+		return
+	}
+	// The store could not answer: each rule's fallback decides.
+	e.storeError(err, now)
+	sc.local, sc.localAt = sc.local[:0], sc.localAt[:0]
+	for j, i := range sc.opItem {
+		it := &sc.items[i]
+		it.decided, it.degraded, it.storeNow = true, true, now
+		switch it.rule.Fallback {
+		case FailOpen:
+			it.result = Result{Allowed: true, Remaining: it.params.Limit, ResetAt: now + it.params.WindowMicros()}
+		case FailClosed:
+			it.unavailable = true
+			it.result = Result{Remaining: 0, ResetAt: now + it.params.WindowMicros(), RetryAfter: e.breakerWait()}
+		case LocalOnly:
+			op := sc.ops[j]
+			op.Lease = 0
+			sc.local = append(sc.local, op)
+			sc.localAt = append(sc.localAt, i)
+		}
+	}
+	if len(sc.local) > 0 {
+		res := slices.Grow(sc.results[:0], len(sc.local))[:len(sc.local)]
+		e.local.apply(sc.local, res, now)
+		for j, i := range sc.localAt {
+			sc.items[i].result = res[j]
+		}
+	}
+}
+
+// storeError counts a failed store call and logs it, at most once a second
+// with the count since: an outage under load must not flood the log.
+func (e *Engine) storeError(err error, now int64) {
+	n := e.stats.StoreErrors.Add(1)
+	last := e.lastErrLog.Load()
+	if now-last < 1e6 || !e.lastErrLog.CompareAndSwap(last, now) {
+		return
+	}
+	e.log.Warn("store unavailable; rules fall back", "error", err, "breaker", e.breaker.State().String(),
+		"errors", n-e.errsLogged.Swap(n))
+}
+
+// breakerWait is how long a fail_closed client should wait: until the
+// breaker next probes the store.
+func (e *Engine) breakerWait() int64 { return e.breaker.cfg.Cooldown.Microseconds() }
+
+// apply calls the store: through the breaker and with the timeout, if it
+// is shared.
+func (e *Engine) apply(ctx context.Context, ops []Op, results []Result, now int64) (int64, error) {
+	if !e.shared { // this process's memory, on the engine's clock
+		e.local.apply(ops, results, now)
+		return now, nil
+	}
+	if !e.breaker.allow() {
+		return 0, errBreakerOpen
+	}
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	now, err := e.store.Apply(cctx, ops, results)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil { // the caller's own cancellation is not the store's fault
+			e.breaker.failure()
+		}
+		return 0, err
+	}
+	e.breaker.success()
+	return now, nil
+}
+
+var errBreakerOpen = fmt.Errorf("regional: circuit breaker open")
+
+// settle records what the decision implies: leases kept or given back,
+// denials cached and reported.
+func (e *Engine) settle(sc *scratch, req *Request, now int64) {
+	allowed := true
+	for i := range sc.items {
+		if it := &sc.items[i]; !it.rule.Shadow && !it.result.Allowed {
+			allowed = false
+		}
+	}
+	for i := range sc.items {
+		it := &sc.items[i]
+		switch {
+		case it.leaseConsumed && !allowed:
+			e.unconsumeLease(it)
+		case it.result.Taken > it.cost && allowed:
+			e.keepLease(it, now)
+		}
+		if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
+			e.rememberDenial(it, now)
+			e.violation(it, req, now)
+		}
+	}
+}
+
+// violation records a limit's denial in the audit trail.
+func (e *Engine) violation(it *item, req *Request, now int64) {
+	e.violations.add(e, CodeOverLimit, it.key, func() Violation {
+		return Violation{Time: time.UnixMicro(now), Rule: it.rule.ID, Key: string(it.key),
+			APIKey: req.APIKey, IP: req.IP, Endpoint: req.Endpoint, Limit: it.params.Limit, Cost: it.cost,
+			RetryAfter: time.Duration(it.result.RetryAfter) * time.Microsecond}
+	})
+}
+
+// fill turns the items into the decision.
+func (e *Engine) fill(d *Decision, sc *scratch) {
+	d.Allowed = true
+	for i := range sc.items {
+		it := &sc.items[i]
+		if !it.decided {
+			continue
+		}
+		r := it.result
+		st := LimitStatus{Rule: it.rule, Allowed: r.Allowed, Shadow: it.rule.Shadow,
+			Degraded: it.degraded, Cached: it.cached, Leased: it.leased,
+			Limit: it.params.Limit, Remaining: max(0, r.Remaining),
+			Window:     time.Duration(it.params.WindowMicros()) * time.Microsecond,
+			ResetAt:    d.Time.Add(time.Duration(r.ResetAt-it.storeNow) * time.Microsecond),
+			RetryAfter: time.Duration(r.RetryAfter) * time.Microsecond}
+		if it.storeNow == 0 {
+			st.ResetAt = time.UnixMicro(r.ResetAt)
+		}
+		d.Limits = append(d.Limits, st)
+		if it.degraded {
+			d.Degraded = true
+		}
+		if !r.Allowed && !it.rule.Shadow {
+			d.Allowed = false
+			if it.unavailable {
+				d.Code = CodeUnavailable
+			} else if d.Code == CodeOK {
+				d.Code = CodeOverLimit
+			}
+		}
+	}
+	if len(d.Limits) > 1 {
+		slices.SortStableFunc(d.Limits, func(a, b LimitStatus) int { return speaksBefore(a, b, d.Allowed) })
+	}
+}
+
+// speaksBefore orders limits as Decision.Limits says.
+func speaksBefore(a, b LimitStatus, allowed bool) int {
+	if a.Shadow != b.Shadow {
+		if a.Shadow {
+			return 1
+		}
+		return -1
+	}
+	if !allowed && a.Allowed != b.Allowed {
+		if !a.Allowed {
+			return -1
+		}
+		return 1
+	}
+	if !allowed && a.RetryAfter != b.RetryAfter {
+		if a.RetryAfter > b.RetryAfter {
+			return -1
+		}
+		return 1
+	}
+	if a.Remaining != b.Remaining {
+		if a.Remaining < b.Remaining {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.Limit < b.Limit:
+		return -1
+	case a.Limit > b.Limit:
+		return 1
+	}
+	return 0
+}

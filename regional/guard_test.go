@@ -1,0 +1,527 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/deploy/local/harness"
+	"github.com/redis/go-redis/v9"
+)
+
+func mustParse(t testing.TB, yaml string) *RuleSet {
+	t.Helper()
+	rs, err := Parse("", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+func mustCheck(t testing.TB, e *Engine, req Request) Decision {
+	t.Helper()
+	var d Decision
+	if err := e.Check(context.Background(), &req, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestFallbacksWhenRedisDies kills Redis under a running engine: each
+// rule falls back as it says, the breaker opens, and once Redis is back
+// enforcement resumes by itself.
+func TestFallbacksWhenRedisDies(t *testing.T) {
+	ctx := t.Context()
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	store, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	clock := newVirtualClock()
+	e := New(Config{Store: store, Clock: clock.Now, Breaker: BreakerConfig{Failures: 3, Cooldown: time.Second}}, mustParse(t, `
+rules:
+  - { id: open, match: { endpoint: /open }, by: [api_key], capacity: 100, refill_per_second: 1 }
+  - { id: closed, match: { endpoint: /closed }, by: [api_key], capacity: 100, refill_per_second: 1, fallback: fail_closed }
+  - { id: local, match: { endpoint: /local }, by: [api_key], algorithm: fixed_window, limit: 3, window: 1h, fallback: local_only }
+`))
+	for _, ep := range []string{"/open", "/closed", "/local"} {
+		if d := mustCheck(t, e, Request{APIKey: "k", Endpoint: ep}); !d.Allowed || d.Degraded {
+			t.Fatalf("%s with Redis up: %+v", ep, d)
+		}
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustCheck(t, e, Request{APIKey: "k", Endpoint: "/open"}); !d.Allowed || !d.Degraded || !d.Limit().Degraded {
+		t.Fatalf("fail_open without Redis: %+v", d)
+	}
+	if d := mustCheck(t, e, Request{APIKey: "k", Endpoint: "/closed"}); d.Allowed || d.Code != CodeUnavailable || d.Limit().RetryAfter != time.Second {
+		t.Fatalf("fail_closed without Redis: %+v", d)
+	}
+	// local_only enforces the limit in this replica's memory.
+	for i := range 3 {
+		if d := mustCheck(t, e, Request{APIKey: "k", Endpoint: "/local"}); !d.Allowed || !d.Degraded {
+			t.Fatalf("local_only request %d without Redis: %+v", i+1, d)
+		}
+	}
+	if d := mustCheck(t, e, Request{APIKey: "k", Endpoint: "/local"}); d.Allowed || d.Code != CodeOverLimit || !d.Degraded {
+		t.Fatalf("local_only 4th request: %+v", d)
+	}
+	if e.Breaker() != BreakerOpen {
+		t.Fatalf("breaker %v after repeated failures, want open", e.Breaker())
+	}
+	if e.Stats().StoreErrors.Load() < 3 {
+		t.Fatalf("store errors counted: %d", e.Stats().StoreErrors.Load())
+	}
+
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Still open until the cooldown has passed: no call is tried.
+	if d := mustCheck(t, e, Request{APIKey: "k", Endpoint: "/open"}); !d.Degraded {
+		t.Fatalf("before the cooldown: %+v", d)
+	}
+	clock.AdvanceBy(time.Second)
+	// The probe finds Redis back; the breaker closes; decisions are whole again.
+	for _, ep := range []string{"/open", "/closed", "/local"} {
+		if d := mustCheck(t, e, Request{APIKey: "k2", Endpoint: ep}); !d.Allowed || d.Degraded {
+			t.Fatalf("%s after Redis came back: %+v", ep, d)
+		}
+	}
+	if e.Breaker() != BreakerClosed {
+		t.Fatalf("breaker %v after recovery", e.Breaker())
+	}
+}
+
+func TestSlowRedisTimesOut(t *testing.T) {
+	ctx := t.Context()
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	store, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	e := New(Config{Store: store, Timeout: 50 * time.Millisecond}, mustParse(t, `
+rules:
+  - { id: closed, by: [api_key], capacity: 100, refill_per_second: 1, fallback: fail_closed }
+`))
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	go admin.Do(context.Background(), "DEBUG", "SLEEP", "0.5") // the server stalls for 500ms
+	time.Sleep(50 * time.Millisecond)                          // let the stall begin
+	start := time.Now()
+	d := mustCheck(t, e, Request{APIKey: "k"})
+	if took := time.Since(start); d.Code != CodeUnavailable || took > 300*time.Millisecond {
+		t.Fatalf("check against a stalled Redis: %v after %v, want unavailable after about 50ms", d.Code, took)
+	}
+}
+
+// TestEngineSurvivesSentinelFailover keeps checking while the primary is
+// killed: decisions fall back during the failover and are whole again after.
+func TestEngineSurvivesSentinelFailover(t *testing.T) {
+	ctx := t.Context()
+	sn := harness.NewSentinel(t, harness.SentinelOptions{})
+	store, err := NewRedisStore(ctx, sn.URL(), RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	e := New(Config{Store: store, Breaker: BreakerConfig{Failures: 1, Cooldown: 50 * time.Millisecond}}, mustParse(t, `
+rules:
+  - { id: r, by: [api_key], capacity: 1000000, refill_per_second: 1000 }
+`))
+	if d := mustCheck(t, e, Request{APIKey: "k"}); !d.Allowed || d.Degraded {
+		t.Fatalf("before failover: %+v", d)
+	}
+	if err := sn.Primary.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	degraded := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		d := mustCheck(t, e, Request{APIKey: "k"})
+		if !d.Allowed {
+			t.Fatalf("fail_open rule denied during failover: %+v", d)
+		}
+		if d.Degraded {
+			degraded++
+		} else if degraded > 0 {
+			break // whole again after the failover
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no whole decision within 30s of killing the primary (%d degraded)", degraded)
+		}
+		time.Sleep(10 * time.Millisecond) // pacing the checks; the loop waits on the outcome above
+	}
+	// The other sentinels learn of the promotion within a few seconds.
+	for {
+		p, err := sn.CurrentPrimary(ctx)
+		if err == nil && p == sn.Replicas[0].Addr() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("primary after failover: %s, %v; want the replica %s", p, err, sn.Replicas[0].Addr())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the sentinels' view
+	}
+}
+
+func TestDenialCacheSparesRedis(t *testing.T) {
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	ctx := t.Context()
+	newEngine := func(onDenied func(Denial)) (*Engine, *RedisStore) {
+		s, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return New(Config{Store: s, OnDenied: onDenied}, mustParse(t, `
+rules:
+  - { id: hot, by: [api_key], capacity: 5, refill_per_second: 0.01 }
+`)), s
+	}
+	var told []Denial
+	a, _ := newEngine(func(d Denial) { told = append(told, d) })
+	b, _ := newEngine(nil)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
+	defer admin.Close()
+	for range 5 {
+		mustCheck(t, a, Request{APIKey: "hot"})
+	}
+	if d := mustCheck(t, a, Request{APIKey: "hot"}); d.Allowed || d.Limit().Cached {
+		t.Fatalf("6th: %+v, want denied by the store", d)
+	}
+	if len(told) != 1 || told[0].Key != "gq:{hot:hot}" || told[0].Until.Before(time.Now().Add(99*time.Second)) {
+		t.Fatalf("siblings told %+v", told)
+	}
+	admin.ConfigResetStat(ctx)
+	for range 1000 {
+		d := mustCheck(t, a, Request{APIKey: "hot"})
+		if d.Allowed || !d.Limit().Cached || d.Limit().RetryAfter <= 0 {
+			t.Fatalf("flood: %+v", d)
+		}
+	}
+	// The sibling denies from what it was told, without asking Redis either.
+	b.NoteDenial(told[0])
+	if d := mustCheck(t, b, Request{APIKey: "hot"}); d.Allowed || !d.Limit().Cached {
+		t.Fatalf("sibling: %+v", d)
+	}
+	if n := commandCalls(t, admin, "evalsha"); n != 0 {
+		t.Fatalf("%d EVALSHA during a flood of cached denials", n)
+	}
+	if got := a.Stats().DenialCacheHits.Load(); got != 1000 {
+		t.Fatalf("cache hits %d", got)
+	}
+	// Another key is not affected.
+	if d := mustCheck(t, a, Request{APIKey: "cold"}); !d.Allowed {
+		t.Fatalf("another key: %+v", d)
+	}
+}
+
+func TestProgressivePenalty(t *testing.T) {
+	clock := newVirtualClock()
+	e := New(Config{Clock: clock.Now}, mustParse(t, `
+rules:
+  - { id: r, by: [api_key], capacity: 1, refill_per_second: 1, penalty: { base: 2s, max: 8s } }
+`))
+	req := Request{APIKey: "impatient"}
+	mustCheck(t, e, req)
+	if d := mustCheck(t, e, req); d.Allowed || d.Limit().RetryAfter != time.Second {
+		t.Fatalf("first denial: %+v", d.Limit())
+	}
+	// Each request sent while told to wait doubles the cooldown, up to 8s.
+	for _, want := range []time.Duration{2, 4, 8, 8} {
+		clock.AdvanceBy(100 * time.Millisecond)
+		d := mustCheck(t, e, req)
+		if d.Allowed || d.Limit().RetryAfter != want*time.Second {
+			t.Fatalf("strike: retry-after %v, want %v", d.Limit().RetryAfter, want*time.Second)
+		}
+	}
+	if e.Stats().Penalties.Load() != 4 {
+		t.Fatalf("penalties counted: %d", e.Stats().Penalties.Load())
+	}
+	// Waiting as told pays: allowed, and the slate is clean.
+	clock.AdvanceBy(8 * time.Second)
+	if d := mustCheck(t, e, req); !d.Allowed {
+		t.Fatalf("after waiting: %+v", d)
+	}
+	clock.AdvanceBy(time.Second)
+	mustCheck(t, e, req)
+	if d := mustCheck(t, e, req); d.Limit().RetryAfter != time.Second {
+		t.Fatalf("a new denial after behaving: %v", d.Limit().RetryAfter)
+	}
+}
+
+func TestLeasesServeFromMemory(t *testing.T) {
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	ctx := t.Context()
+	store, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	clock := newVirtualClock()
+	e := New(Config{Store: store, Clock: clock.Now, LeaseTTL: time.Second}, mustParse(t, `
+rules:
+  - { id: hot, by: [api_key], capacity: 100, refill_per_second: 0.001, lease: 10 }
+`))
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
+	defer admin.Close()
+	admin.ConfigResetStat(ctx)
+	for i := range 15 {
+		if d := mustCheck(t, e, Request{APIKey: "hot"}); !d.Allowed {
+			t.Fatalf("request %d: %+v", i+1, d)
+		}
+	}
+	// 1 round trip took 10, served 10; the 11th took 10 more.
+	if n := commandCalls(t, admin, "evalsha"); n != 2 {
+		t.Fatalf("%d EVALSHA for 15 requests with leases of 10", n)
+	}
+	if hits := e.Stats().LeaseHits.Load(); hits != 13 {
+		t.Fatalf("lease hits %d, want 13", hits)
+	}
+	st, err := store.Inspect(ctx, []byte("gq:{hot:hot}"), Params{Algorithm: TokenBucket, Limit: 100, Rate: 0.001})
+	if err != nil || st.Remaining != 80 {
+		t.Fatalf("Redis holds %d (%v), want 80 while 5 sit leased", st.Remaining, err)
+	}
+	// The lease ends; what is left goes back.
+	clock.AdvanceBy(time.Second)
+	if err := e.Maintain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, _ = store.Inspect(ctx, []byte("gq:{hot:hot}"), Params{Algorithm: TokenBucket, Limit: 100, Rate: 0.001})
+	if st.Remaining != 85 || e.Stats().LeaseReturned.Load() != 5 {
+		t.Fatalf("after the lease ended: Redis holds %d, returned %d; want 85 and 5", st.Remaining, e.Stats().LeaseReturned.Load())
+	}
+}
+
+// TestLeaseOverAdmissionBound hammers a leased fixed window from two
+// replicas: admitted stays within the limit plus replicas × lease.
+func TestLeaseOverAdmissionBound(t *testing.T) {
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	rules := mustParse(t, `
+rules:
+  - { id: w, by: [api_key], algorithm: fixed_window, limit: 200, window: 1h, lease: 10 }
+`)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for r := range 2 {
+		s, err := NewRedisStore(t.Context(), srv.URL(), RedisOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		e := New(Config{Store: s}, rules)
+		for range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 60 {
+					if mustCheck(t, e, Request{APIKey: "tenant"}).Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		_ = r
+	}
+	wg.Wait()
+	if n := admitted.Load(); n > 200+2*10 || n < 200-2*10 {
+		t.Fatalf("admitted %d of 1200 with limit 200 and 2 replicas leasing 10", n)
+	}
+	t.Logf("admitted %d with limit 200 (bound: 200 + 2 × 10)", admitted.Load())
+}
+
+func TestKeyCap(t *testing.T) {
+	clock := newVirtualClock()
+	e := New(Config{Clock: clock.Now}, mustParse(t, `
+rules:
+  - { id: refuse, match: { endpoint: /r }, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m, max_keys: 3 }
+  - { id: fold, match: { endpoint: /f }, by: [api_key], algorithm: fixed_window, limit: 2, window: 1m, max_keys: 2, on_key_overflow: fold }
+`))
+	for _, k := range []string{"a", "b", "c", "a"} {
+		if d := mustCheck(t, e, Request{APIKey: k, Endpoint: "/r"}); !d.Allowed {
+			t.Fatalf("tracked key %s: %+v", k, d)
+		}
+	}
+	if d := mustCheck(t, e, Request{APIKey: "d", Endpoint: "/r"}); d.Allowed || d.Code != CodeOverLimit {
+		t.Fatalf("a 4th key past max_keys 3: %+v", d)
+	}
+	if e.Stats().KeysRefused.Load() != 1 {
+		t.Fatalf("refused %d", e.Stats().KeysRefused.Load())
+	}
+	// Keys idle for a window are no longer tracked.
+	clock.AdvanceBy(2 * time.Minute)
+	if err := e.Maintain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustCheck(t, e, Request{APIKey: "d", Endpoint: "/r"}); !d.Allowed {
+		t.Fatalf("after the old keys went idle: %+v", d)
+	}
+	// Folding: keys past the cap share one counter.
+	for _, k := range []string{"a", "b"} {
+		mustCheck(t, e, Request{APIKey: k, Endpoint: "/f"})
+	}
+	for i, k := range []string{"c", "d", "e"} {
+		d := mustCheck(t, e, Request{APIKey: k, Endpoint: "/f"})
+		if d.Allowed != (i < 2) {
+			t.Fatalf("folded key %s: allowed %v; the shared counter admits 2", k, d.Allowed)
+		}
+	}
+	if e.Stats().KeysFolded.Load() != 3 {
+		t.Fatalf("folded %d", e.Stats().KeysFolded.Load())
+	}
+}
+
+func TestAdminOperations(t *testing.T) {
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	ctx := t.Context()
+	rules := mustParse(t, `
+rules:
+  - { id: r, by: [api_key], capacity: 10, refill_per_second: 0.001 }
+  - { id: w, match: { endpoint: /w }, by: [api_key], algorithm: fixed_window, limit: 3, window: 1h }
+`)
+	var engines []*Engine
+	for range 2 {
+		s, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		engines = append(engines, New(Config{Store: s}, rules))
+	}
+	e := engines[0]
+	req := Request{APIKey: "acme"}
+	for range 4 {
+		mustCheck(t, e, req)
+	}
+	st, err := e.Inspect(ctx, "r", &req)
+	if err != nil || st.Remaining != 6 || st.Limit != 10 {
+		t.Fatalf("inspect: %+v, %v", st, err)
+	}
+	if again, _ := e.Inspect(ctx, "r", &req); again.Remaining != 6 {
+		t.Fatalf("inspect changed the counter: %d", again.Remaining)
+	}
+	if st, err = e.Grant(ctx, "r", &req, 3); err != nil || st.Remaining != 9 {
+		t.Fatalf("grant 3: %+v, %v", st, err)
+	}
+	// Grant on a window admits beyond the limit for that window.
+	wreq := Request{APIKey: "acme", Endpoint: "/w"}
+	for range 3 {
+		mustCheck(t, e, wreq)
+	}
+	if st, err = e.Grant(ctx, "w", &wreq, 2); err != nil || st.Remaining != 2 {
+		t.Fatalf("grant 2 on a spent window: %+v, %v", st, err)
+	}
+	for range 2 {
+		if d := mustCheck(t, e, wreq); !d.Allowed {
+			t.Fatal("granted quota not admitted")
+		}
+	}
+	if err := e.Reset(ctx, "r", &req); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ = e.Inspect(ctx, "r", &req); st.Remaining != 10 {
+		t.Fatalf("after reset: %d", st.Remaining)
+	}
+	for _, tc := range []struct {
+		rule string
+		req  Request
+		want error
+	}{
+		{"nope", req, ErrUnknownRule},
+		{"r", Request{}, ErrInvalidRequest},
+		{"r", Request{APIKey: "acme", IP: "bad"}, ErrInvalidRequest},
+	} {
+		if _, err := e.Inspect(ctx, tc.rule, &tc.req); !errors.Is(err, tc.want) {
+			t.Errorf("Inspect(%s, %+v) = %v, want %v", tc.rule, tc.req, err, tc.want)
+		}
+	}
+	if _, err := e.Grant(ctx, "r", &req, 0); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("grant 0: %v", err)
+	}
+
+	// A runtime block on one replica reaches the other through Redis.
+	if err := e.Block(ctx, Block{Pattern: "acme*"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustCheck(t, e, req); d.Code != CodeBlocked {
+		t.Fatalf("blocked here: %+v", d)
+	}
+	other := engines[1]
+	if err := other.Maintain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustCheck(t, other, req); d.Code != CodeBlocked {
+		t.Fatalf("sibling after maintenance: %+v", d)
+	}
+	if bl := other.Blocks(); len(bl) != 1 || bl[0].Pattern != "acme*" {
+		t.Fatalf("sibling's blocks %+v", bl)
+	}
+	if err := other.Unblock(ctx, "acme*"); err != nil {
+		t.Fatal(err)
+	}
+	e.Maintain(ctx)
+	if d := mustCheck(t, e, req); d.Code == CodeBlocked {
+		t.Fatal("still blocked after unblock")
+	}
+	if err := e.Block(ctx, Block{Pattern: ""}); !errors.Is(err, ErrInvalidRequest) {
+		t.Fatalf("empty pattern: %v", err)
+	}
+	// A block with an end lapses by itself.
+	e.Block(ctx, Block{Pattern: "temp", Until: time.Now().Add(-time.Second)})
+	if d := mustCheck(t, e, Request{APIKey: "temp"}); d.Code == CodeBlocked {
+		t.Fatal("an expired block still blocks")
+	}
+}
+
+func TestViolationsStream(t *testing.T) {
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	ctx := t.Context()
+	store, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	log := NewRedisViolations(store.Client(), "us-east", 100)
+	e := New(Config{Region: "us-east", Store: store, Violations: log}, mustParse(t, `
+rules:
+  - { id: r, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h }
+block: ["bad*"]
+`))
+	mustCheck(t, e, Request{APIKey: "a"})
+	for range 5 {
+		mustCheck(t, e, Request{APIKey: "a", IP: "203.0.113.9"})
+	}
+	mustCheck(t, e, Request{APIKey: "bad1"})
+	if err := e.Maintain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	vs, err := log.Recent(ctx, 10)
+	if err != nil || len(vs) != 2 {
+		t.Fatalf("violations %+v, %v", vs, err)
+	}
+	over, blocked := vs[1], vs[0]
+	if over.Code != "RATE_LIMIT_EXCEEDED" || over.Rule != "r" || over.Count != 5 || over.Region != "us-east" || over.Limit != 1 || over.IP != "203.0.113.9" || over.RetryAfter <= 0 {
+		t.Fatalf("over-limit violation %+v", over)
+	}
+	if blocked.Code != "KEY_BLOCKED" || blocked.APIKey != "bad1" || blocked.Count != 1 {
+		t.Fatalf("block violation %+v", blocked)
+	}
+	// The stream stays bounded.
+	for i := range 1000 {
+		mustCheck(t, e, Request{APIKey: fmt.Sprintf("k%d", i)})
+		mustCheck(t, e, Request{APIKey: fmt.Sprintf("k%d", i)})
+	}
+	if err := e.Maintain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := store.Client().XLen(ctx, log.Key()).Result(); n > 300 {
+		t.Fatalf("stream holds %d entries with MAXLEN ~100", n)
+	}
+}

@@ -1,0 +1,287 @@
+package regional
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// What a replica decides on its own, without the store: the denial cache
+// (with progressive penalties), leases, and caps on tracked keys.
+
+// Denial says that a counter is over its limit until a time: what a
+// replica tells its siblings so that they deny without asking the store.
+type Denial struct {
+	Key   string // the counter's store key
+	Until time.Time
+	// Cost is the smallest cost denied; cheaper requests may still fit.
+	Cost    int64
+	Limit   int64
+	Window  time.Duration
+	ResetAt time.Time
+}
+
+type denial struct {
+	until   int64 // µs, engine clock
+	cost    int64
+	strikes int // requests sent while told to wait
+	limit   int64
+	resetAt int64 // µs, engine clock
+}
+
+// fromCache denies the request from this replica's memory if it can: a
+// limit recently found over, or a key over its rule's cap. It reports
+// whether it did; only the limits that denied are then decided.
+func (e *Engine) fromCache(sc *scratch, now int64) bool {
+	denied := false
+	cached := e.denialCount.Load() > 0
+	for i := range sc.items {
+		it := &sc.items[i]
+		if it.refused {
+			it.decided, it.refused = true, true
+			it.result = Result{ResetAt: now + it.params.WindowMicros(), RetryAfter: it.params.WindowMicros()}
+			denied = true
+			continue
+		}
+		if it.rule.Shadow || !cached {
+			continue
+		}
+		e.denials.with(it.key, func(m map[string]*denial) {
+			dn := m[string(it.key)]
+			if dn == nil {
+				return
+			}
+			if dn.until <= now {
+				delete(m, string(it.key))
+				e.denialCount.Add(-1)
+				return
+			}
+			p := it.rule.Penalty
+			if p == nil && it.cost < dn.cost {
+				return // a cheaper request may fit
+			}
+			if p != nil {
+				// Sent while told to wait: the cooldown doubles, up to its cap.
+				dn.strikes++
+				cool := p.Base
+				for k := 1; k < dn.strikes && cool < p.Max; k++ {
+					cool *= 2
+				}
+				dn.until = max(dn.until, now+min(cool, p.Max).Microseconds())
+				e.stats.Penalties.Add(1)
+			}
+			it.decided, it.cached, denied = true, true, true
+			it.result = Result{Remaining: 0, ResetAt: max(dn.resetAt, dn.until), RetryAfter: dn.until - now}
+		})
+		if it.cached {
+			e.stats.DenialCacheHits.Add(1)
+		}
+	}
+	if !denied {
+		return false
+	}
+	for i := range sc.items { // only the limits that denied speak
+		if it := &sc.items[i]; !it.cached && !it.refused {
+			it.decided = false
+		}
+	}
+	return true
+}
+
+// rememberDenial caches a limit the store found over, until the request
+// could be allowed again, and tells the siblings.
+func (e *Engine) rememberDenial(it *item, now int64) {
+	if it.cached {
+		return
+	}
+	dn := denial{until: now + it.result.RetryAfter, cost: it.cost, limit: it.params.Limit,
+		resetAt: now + (it.result.ResetAt - it.storeNow)}
+	if e.denialCount.Load() >= int64(e.cfg.MaxDenials) {
+		return
+	}
+	e.denials.with(it.key, func(m map[string]*denial) {
+		old := m[string(it.key)]
+		if old != nil && old.until > now {
+			dn.strikes = old.strikes
+		}
+		if old == nil {
+			e.denialCount.Add(1)
+		}
+		m[string(it.key)] = &dn
+	})
+	if e.cfg.OnDenied != nil {
+		e.cfg.OnDenied(Denial{Key: string(it.key), Until: time.UnixMicro(dn.until), Cost: dn.cost, Limit: dn.limit,
+			Window: time.Duration(it.params.WindowMicros()) * time.Microsecond, ResetAt: time.UnixMicro(dn.resetAt)})
+	}
+}
+
+// NoteDenial takes a denial a sibling replica found: this replica denies
+// the counter from memory until then too.
+func (e *Engine) NoteDenial(d Denial) {
+	until := d.Until.UnixMicro()
+	if until <= e.now().UnixMicro() || e.denialCount.Load() >= int64(e.cfg.MaxDenials) {
+		return
+	}
+	key := []byte(d.Key)
+	e.denials.with(key, func(m map[string]*denial) {
+		old := m[d.Key]
+		if old != nil && old.until >= until {
+			return
+		}
+		if old == nil {
+			e.denialCount.Add(1)
+		}
+		m[d.Key] = &denial{until: until, cost: max(1, d.Cost), limit: d.Limit, resetAt: d.ResetAt.UnixMicro()}
+	})
+}
+
+// lease is a batch of a limit taken from the store at once, served from
+// this replica's memory.
+type lease struct {
+	tokens   int64
+	expires  int64 // µs, engine clock
+	returns  bool  // what is left goes back when it ends (token bucket, GCRA)
+	params   Params
+	left     int64 // what the store had left when the lease was taken
+	resetAt  int64 // µs, engine clock
+	consumed int64
+}
+
+type leaseReturn struct {
+	key    string
+	params Params
+	n      int64
+}
+
+// takeLeases serves what it can of the request from leases.
+func (e *Engine) takeLeases(sc *scratch, now int64) {
+	for i := range sc.items {
+		it := &sc.items[i]
+		if it.rule.Lease == 0 {
+			continue
+		}
+		e.leases.with(it.key, func(m map[string]*lease) {
+			l := m[string(it.key)]
+			if l == nil {
+				return
+			}
+			if l.expires <= now || l.params != it.params {
+				delete(m, string(it.key))
+				e.endLease(string(it.key), l)
+				return
+			}
+			if l.tokens < it.cost {
+				return
+			}
+			l.tokens -= it.cost
+			l.consumed += it.cost
+			it.decided, it.leased, it.leaseConsumed = true, true, true
+			it.result = Result{Allowed: true, Remaining: l.left + l.tokens, ResetAt: l.resetAt, Taken: it.cost}
+		})
+		if it.leased {
+			e.stats.LeaseHits.Add(1)
+		}
+	}
+}
+
+// unconsumeLease puts back what a request took from a lease when another
+// limit denied it.
+func (e *Engine) unconsumeLease(it *item) {
+	e.leases.with(it.key, func(m map[string]*lease) {
+		if l := m[string(it.key)]; l != nil {
+			l.tokens += it.cost
+			l.consumed -= it.cost
+		}
+	})
+}
+
+// keepLease keeps what a limit took beyond the request's cost, to serve the
+// next requests from memory. A window's lease ends with its window: its
+// tokens are worth nothing after, and giving them back would over-admit.
+func (e *Engine) keepLease(it *item, now int64) {
+	extra := it.result.Taken - it.cost
+	e.stats.LeaseTaken.Add(it.result.Taken)
+	l := &lease{tokens: extra, expires: now + e.cfg.LeaseTTL.Microseconds(), params: it.params,
+		left: it.result.Remaining, resetAt: now + (it.result.ResetAt - it.storeNow), consumed: it.cost}
+	if w := it.params.Window; w > 0 {
+		end := (it.storeNow/w + 1) * w
+		l.expires = min(l.expires, now+(end-it.storeNow))
+	} else {
+		l.returns = true
+	}
+	e.leases.with(it.key, func(m map[string]*lease) {
+		old := m[string(it.key)]
+		switch {
+		case old != nil && old.expires > now && old.params == l.params:
+			// Concurrent requests found the lease empty together and each
+			// took one: they join, so no token is stranded.
+			old.tokens += l.tokens
+			old.consumed += l.consumed
+			old.expires = max(old.expires, l.expires)
+			old.left, old.resetAt = l.left, l.resetAt
+			return
+		case old != nil:
+			e.endLease(string(it.key), old)
+		}
+		m[string(it.key)] = l
+	})
+}
+
+// endLease queues what is left of a lease to go back to the store.
+func (e *Engine) endLease(key string, l *lease) {
+	if l.tokens <= 0 {
+		return
+	}
+	if !l.returns {
+		e.stats.LeaseLapsed.Add(l.tokens)
+		return
+	}
+	e.returnsMu.Lock()
+	e.returns = append(e.returns, leaseReturn{key: key, params: l.params, n: l.tokens})
+	e.returnsMu.Unlock()
+}
+
+type keyAdmission int
+
+const (
+	keyAdmitted keyAdmission = iota
+	keyFolded
+	keyRefused
+)
+
+// keyTracker counts the keys a rule tracks in this replica, and when each
+// was last seen.
+type keyTracker struct {
+	n    atomic.Int64
+	seen *shardMap[int64] // key to µs last seen
+}
+
+// admitKey applies a rule's cap on tracked keys.
+func (e *Engine) admitKey(r *Rule, key []byte, now time.Time) keyAdmission {
+	v, _ := e.trackers.LoadOrStore(r.ID, &keyTracker{seen: newShardMap[int64]()})
+	tr := v.(*keyTracker)
+	us := now.UnixMicro()
+	known := false
+	tr.seen.with(key, func(m map[string]int64) {
+		if _, ok := m[string(key)]; ok {
+			m[string(key)], known = us, true
+		}
+	})
+	if known {
+		return keyAdmitted
+	}
+	if tr.n.Load() >= int64(r.MaxKeys) {
+		if r.FoldOverflow {
+			e.stats.KeysFolded.Add(1)
+			return keyFolded
+		}
+		e.stats.KeysRefused.Add(1)
+		return keyRefused
+	}
+	tr.seen.with(key, func(m map[string]int64) {
+		if _, ok := m[string(key)]; !ok {
+			tr.n.Add(1)
+		}
+		m[string(key)] = us
+	})
+	return keyAdmitted
+}
