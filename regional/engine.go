@@ -288,14 +288,21 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 		return nil
 	}
 	us := now.UnixMicro()
+	// A lease in hand is spent before the denial cache is asked: a sibling
+	// request may have found the store empty just because this replica
+	// leased its last tokens.
+	e.takeLeases(sc, us)
 	if e.fromCache(sc, us) {
 		for i := range sc.items {
-			if it := &sc.items[i]; it.decided {
+			it := &sc.items[i]
+			if it.leaseConsumed {
+				e.unconsumeLease(it)
+			}
+			if it.decided {
 				e.violation(it, req, us)
 			}
 		}
 	} else {
-		e.takeLeases(sc, us)
 		e.decide(ctx, sc, us)
 		e.settle(sc, req, us)
 	}

@@ -42,7 +42,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 			denied = true
 			continue
 		}
-		if it.rule.Shadow || !cached {
+		if it.rule.Shadow || it.leased || !cached {
 			continue
 		}
 		e.denials.with(it.key, func(m map[string]*denial) {
@@ -81,7 +81,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 	}
 	for i := range sc.items { // only the limits that denied speak
 		if it := &sc.items[i]; !it.cached && !it.refused {
-			it.decided = false
+			it.decided, it.leased = false, false
 		}
 	}
 	return true
