@@ -1,8 +1,68 @@
-// Package regional is the enforcement engine of one region: rules and their
-// matching, the rate-limit algorithms (token bucket, sliding window log,
-// sliding window counter, fixed window, GCRA), the Redis store that runs
-// them as Lua scripts in one round trip per check, the in-memory store with
-// the same semantics, and the fallbacks used when Redis fails.
+// Package regional is the enforcement engine of one region: it decides
+// whether a request may go through, against the rules and the region's
+// store, and can be used as a library.
 //
-// Status: not built yet; see the project README.
+// # Parts
+//
+//   - Rules (LoadFile, Parse, RuleSet): the YAML of SPEC §3 and §11,
+//     validated whole (errors name the file, line, rule and field), indexed
+//     by the first path segment so that 1,000 rules match in under a
+//     microsecond.
+//   - Algorithms (Decide): token bucket, sliding window log, sliding window
+//     counter, fixed window and GCRA, as pure functions of (params, state,
+//     now, cost) in float64. Retry-after is exact: after waiting it the same
+//     request is allowed, a microsecond sooner it is not.
+//   - Stores: RedisStore runs the same algorithms as one Lua script, mirrored
+//     operation for operation, so the two stores decide alike to the bit (a
+//     differential test against a real redis-server shows it). Each check
+//     costs one EVALSHA per Cluster slot it touches — one in all on a single
+//     server or under Sentinel — with time from Redis TIME; concurrent checks
+//     share pipelines. MemoryStore serves --dev, the local_only fallback and
+//     the simulator.
+//   - Engine: rules, stores and what a replica decides alone. A request is
+//     allowed only if every limit allows, and a denied request costs nothing
+//     (what an allowing limit took is not written, or, across Cluster slots,
+//     given back). Around the store: a circuit breaker and a timeout (50ms),
+//     with fail_open, fail_closed and local_only fallbacks per rule; a
+//     denial cache shared with sibling replicas (Config.OnDenied,
+//     Engine.NoteDenial) with progressive penalties; leases for hot keys; a
+//     cap on the keys each rule tracks. Admin calls inspect, reset and grant
+//     counters and block keys at runtime; denials go to an audit log
+//     (RedisViolations: a bounded stream per region).
+//
+// # Use
+//
+//	rules, err := regional.LoadFile("rules.yaml")
+//	store, err := regional.NewRedisStore(ctx, "redis://127.0.0.1:6379/0", regional.RedisOptions{})
+//	e := regional.New(regional.Config{Region: "us-east", Store: store}, rules)
+//	go e.Run(ctx, 250*time.Millisecond) // leases, caches, audit log, blocks
+//
+//	var d regional.Decision
+//	err = e.Check(ctx, &regional.Request{APIKey: "sk_free_1", Endpoint: "/search", Method: "GET"}, &d)
+//	// err: a malformed request (ErrInvalidRequest, naming the field)
+//	// d.Allowed, d.Code, d.Limit().Remaining, d.Limit().RetryAfter, …
+//
+// The engine starts no goroutines of its own; Run (or calls to Maintain)
+// does its periodic work. A RedisStore runs its pipelines until Close.
+//
+// # Figures
+//
+// Measured on the project's 2-core machines (a shared VM whose speed varies
+// by ±25% from minute to minute); medians of several runs.
+//
+//	go test ./regional -run '^$' -bench 'CheckMemory|Decide|Match' -benchmem -cpu 1 -count 6
+//
+// A whole decision in memory — validation, matching, key, algorithm,
+// decision — allocates nothing: 470–870 ns for one limit (1.2–2.1 million a
+// second on one core, the higher figure when the VM is quiet), about 1.9 µs
+// for the three limits of the SPEC example's /search. One algorithm alone:
+// 45–95 ns. Matching against 1,000 rules: 0.8 µs.
+//
+//	go test ./regional -run '^$' -bench BenchmarkRedis -benchtime 1x -v
+//
+// Through Redis, with 50 concurrent callers on a local redis-server: about
+// 32,000–35,000 checks a second, 0.75–0.79 of what redis-benchmark reaches
+// with the same script, keys and 50 connections pipelining 16 deep
+// (43,000–44,000 a second), medians of five alternating rounds. Each check is
+// one EVALSHA (TestOneRoundTripPerCheck counts them with MONITOR).
 package regional

@@ -447,9 +447,16 @@ func (e *Engine) apply(ctx context.Context, ops []Op, results []Result, now int6
 	if !e.breaker.allow() {
 		return 0, errBreakerOpen
 	}
-	cctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
-	now, err := e.store.Apply(cctx, ops, results)
-	cancel()
+	var storeNow int64
+	var err error
+	if ts, ok := e.store.(timedStore); ok {
+		// Timeouts are real time, whatever clock the engine runs on.
+		storeNow, err = ts.applyUntil(ctx, ops, results, time.Now().Add(e.cfg.Timeout))
+	} else {
+		cctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+		storeNow, err = e.store.Apply(cctx, ops, results)
+		cancel()
+	}
 	if err != nil {
 		if ctx.Err() == nil { // the caller's own cancellation is not the store's fault
 			e.breaker.failure()
@@ -457,7 +464,7 @@ func (e *Engine) apply(ctx context.Context, ops []Op, results []Result, now int6
 		return 0, err
 	}
 	e.breaker.success()
-	return now, nil
+	return storeNow, nil
 }
 
 var errBreakerOpen = fmt.Errorf("regional: circuit breaker open")

@@ -54,6 +54,36 @@ rules:
 			t.Fatalf("%s with Redis up: %+v", ep, d)
 		}
 	}
+	// Load runs through the kill and the restart: every decision is one a
+	// fallback allows, none is an error, none hangs.
+	stop := make(chan struct{})
+	var load sync.WaitGroup
+	var loadChecks atomic.Int64
+	for g := range 8 {
+		load.Add(1)
+		go func() {
+			defer load.Done()
+			ep := []string{"/open", "/closed"}[g%2]
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var d Decision
+				if err := e.Check(ctx, &Request{APIKey: fmt.Sprintf("load%d", g), Endpoint: ep}, &d); err != nil {
+					t.Errorf("under load: %v", err)
+					return
+				}
+				if ep == "/open" && !d.Allowed || ep == "/closed" && !d.Allowed && d.Code != CodeUnavailable {
+					t.Errorf("%s under load: %+v", ep, d)
+					return
+				}
+				loadChecks.Add(1)
+			}
+		}()
+	}
+	defer func() { close(stop); load.Wait() }()
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -86,8 +116,18 @@ rules:
 	if d := mustCheck(t, e, Request{APIKey: "k", Endpoint: "/open"}); !d.Degraded {
 		t.Fatalf("before the cooldown: %+v", d)
 	}
-	clock.AdvanceBy(time.Second)
-	// The probe finds Redis back; the breaker closes; decisions are whole again.
+	// After a cooldown one call probes Redis (under this load, any of the
+	// callers'); when a probe finds it back, the breaker closes.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		clock.AdvanceBy(time.Second)
+		if !mustCheck(t, e, Request{APIKey: "k2", Endpoint: "/open"}).Degraded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still degraded 10s after Redis came back; breaker %v", e.Breaker())
+		}
+	}
 	for _, ep := range []string{"/open", "/closed", "/local"} {
 		if d := mustCheck(t, e, Request{APIKey: "k2", Endpoint: ep}); !d.Allowed || d.Degraded {
 			t.Fatalf("%s after Redis came back: %+v", ep, d)
@@ -95,6 +135,9 @@ rules:
 	}
 	if e.Breaker() != BreakerClosed {
 		t.Fatalf("breaker %v after recovery", e.Breaker())
+	}
+	if loadChecks.Load() == 0 {
+		t.Fatal("the background load made no checks")
 	}
 }
 

@@ -63,8 +63,10 @@ func (m *MemoryStore) shard(key []byte) int {
 // cannot deadlock, and returns them for unlock. shards[i] is op i's shard.
 func (m *MemoryStore) lock(shards, buf []int) []int {
 	idx := append(buf[:0], shards...)
-	slices.Sort(idx)
-	idx = slices.Compact(idx)
+	if len(idx) > 1 {
+		slices.Sort(idx)
+		idx = slices.Compact(idx)
+	}
 	for _, s := range idx {
 		m.shards[s].mu.Lock()
 	}

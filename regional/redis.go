@@ -184,12 +184,13 @@ func (s *RedisStore) Close() error {
 // caller that gives up waiting leaves nothing of its own in the worker's
 // hands.
 type redisCall struct {
-	limits  []redisLimit
-	groups  []redisGroup
-	results []Result
-	now     int64
-	err     error
-	done    chan struct{}
+	limits   []redisLimit
+	groups   []redisGroup
+	results  []Result
+	deadline time.Time
+	now      int64
+	err      error
+	done     chan struct{}
 }
 
 type redisLimit struct {
@@ -260,7 +261,16 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow, l.lease)
 }
 
-func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result) (int64, error) {
+// do runs a call and waits for it, until ctx ends or the deadline passes;
+// a zero deadline means the store's own timeout.
+func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, deadline time.Time) (int64, error) {
+	if deadline.IsZero() {
+		deadline = time.Now().Add(s.opts.Timeout)
+	}
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c.deadline = deadline
 	select {
 	case s.queue <- c:
 	case <-s.stop:
@@ -279,22 +289,27 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result) (in
 	}
 }
 
-// Apply implements Store.
+// Apply implements Store. The call is bounded by the store's timeout, or
+// ctx's deadline if sooner.
 func (s *RedisStore) Apply(ctx context.Context, ops []Op, results []Result) (int64, error) {
-	return s.do(ctx, s.newCall(ops, "check", 0), results)
+	return s.do(ctx, s.newCall(ops, "check", 0), results, time.Time{})
+}
+
+func (s *RedisStore) applyUntil(ctx context.Context, ops []Op, results []Result, deadline time.Time) (int64, error) {
+	return s.do(ctx, s.newCall(ops, "check", 0), results, deadline)
 }
 
 // Inspect implements Store.
 func (s *RedisStore) Inspect(ctx context.Context, key []byte, p Params) (Result, error) {
 	var r [1]Result
-	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "inspect", 0), r[:])
+	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "inspect", 0), r[:], time.Time{})
 	return r[0], err
 }
 
 // Grant implements Store.
 func (s *RedisStore) Grant(ctx context.Context, key []byte, p Params, n int64) (Result, error) {
 	var r [1]Result
-	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "grant", n), r[:])
+	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "grant", n), r[:], time.Time{})
 	return r[0], err
 }
 
@@ -331,8 +346,26 @@ func (s *RedisStore) worker() {
 }
 
 // run sends a batch of calls in one pipeline and hands out the results.
+// Calls whose deadline has passed while they queued fail at once; the
+// pipeline is bounded by the soonest deadline of the rest.
 func (s *RedisStore) run(batch []*redisCall) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+	now := time.Now()
+	live, deadline := batch[:0], now.Add(s.opts.Timeout)
+	for _, c := range batch {
+		if !c.deadline.After(now) {
+			c.err = fmt.Errorf("regional: redis: %w (queued past the deadline)", context.DeadlineExceeded)
+			c.done <- struct{}{}
+			continue
+		}
+		if c.deadline.Before(deadline) {
+			deadline = c.deadline
+		}
+		live = append(live, c)
+	}
+	if batch = live; len(batch) == 0 {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	err := s.exec(ctx, batch, func(g *redisGroup) bool { return true })
 	if err != nil && isNoScript(err) {

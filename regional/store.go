@@ -1,6 +1,9 @@
 package regional
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Store holds the counters of a region and applies requests to them.
 // Implementations are safe for concurrent use.
@@ -20,6 +23,13 @@ type Store interface {
 	// zero if need be, so that the window admits more than its limit); a
 	// token bucket or GCRA fills by n, at most to full.
 	Grant(ctx context.Context, key []byte, p Params, n int64) (Result, error)
+}
+
+// timedStore is a store that bounds its calls itself: the engine hands it
+// a deadline rather than a context per call, which would cost every check
+// a timer.
+type timedStore interface {
+	applyUntil(ctx context.Context, ops []Op, results []Result, deadline time.Time) (int64, error)
 }
 
 // Op is one limit of a request, for a store to apply.

@@ -14,26 +14,32 @@
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
 -- retry_after, taken}.
 --
--- Every number sent to Redis is formatted with %.17g: Lua's own conversion
--- keeps 14 digits, and a time in microseconds has 16.
+-- A counter's state is one string of up to three numbers (see State in
+-- algorithm.go). Every number sent to Redis is formatted with %.17g: Lua's
+-- own conversion keeps 14 digits, and a time in microseconds has 16.
+--
+-- The script runs for every check, and Redis runs its whole body each
+-- time, creating every function it defines: so the common algorithms are
+-- written out in the main loop, and the rest (the log, grants, the waits
+-- of denied requests) are made only when a request needs them.
 
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local format, match, tonumber, call = string.format, string.match, tonumber, redis.call
 local TOKEN_BUCKET, LOG, COUNTER, FIXED, GCRA = 1, 2, 3, 4, 5
 local TB_EXPIRY_MARGIN = 1000
-
-local function fmt(x) return string.format('%.17g', x) end
 
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
 else
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local min_ttl = tonumber(ARGV[2]) or 0
 local mode = ARGV[3]
 local grant_n = tonumber(ARGV[4]) or 0
 
+-- settle is settle() in algorithm.go: the exact wait after which allows holds.
 local function settle(t0, wait, allows)
   wait = max(1, ceil(wait))
   local i = 0
@@ -43,307 +49,289 @@ local function settle(t0, wait, allows)
   return wait
 end
 
-local function load(key)
-  local v = redis.call('GET', key)
-  if not v then return nil end
-  local s = {}
-  for x in string.gmatch(v, '%S+') do s[#s + 1] = tonumber(x) end
-  return s
+local function tb_tokens(limit, rate, ex, a, b, t)
+  if not ex then return limit end
+  local elapsed = max(0, t - b)
+  return min(limit, a + elapsed * rate / 1e6)
 end
 
--- Token bucket: s = {tokens, last}.
-local function tb_tokens(limit, rate, s, t)
-  if not s then return limit end
-  local elapsed = max(0, t - s[2])
-  return min(limit, s[1] + elapsed * rate / 1e6)
-end
-
-local function token_bucket(l, s, cost)
-  local limit, rate = l.limit, l.rate
-  local tokens = tb_tokens(limit, rate, s, now)
-  local allowed, retry, ns = false, 0, nil
-  if tokens >= cost then
-    allowed = true
-    tokens = tokens - cost
-    ns = {tokens, now}
+-- ttl_ms mirrors ttl() in algorithm.go, in µs, then rounds up to the
+-- milliseconds Redis keeps: the key lives a little longer, which changes
+-- nothing. newest is the log's newest entry.
+local function ttl_ms(alg, limit, rate, window, a, newest)
+  local until_us
+  if alg == TOKEN_BUCKET then
+    until_us = now + ceil((limit - a) * 1e6 / rate) + TB_EXPIRY_MARGIN
+  elseif alg == GCRA then
+    until_us = ceil(a)
+  elseif alg == FIXED then
+    until_us = a + window
+  elseif alg == COUNTER then
+    until_us = a + 2 * window
   else
-    retry = settle(now, (cost - tokens) * 1e6 / rate, function(t) return tb_tokens(limit, rate, s, t) >= cost end)
+    until_us = newest + window
   end
-  local st = ns or s
-  local reset = now
-  if tokens < limit then
-    reset = reset + settle(now, (limit - tokens) * 1e6 / rate, function(t) return tb_tokens(limit, rate, st, t) >= limit end)
-  end
-  return allowed, floor(tokens), reset, retry, ns
+  return format('%d', max(min_ttl, floor(max(1, until_us - now) / 1000) + 1))
 end
 
--- GCRA: s = {tat}.
-local function gcra(l, s, cost)
-  local interval = 1e6 / l.rate
-  local tolerance = l.limit * interval
-  local function arrival(t)
-    if s then return max(s[1], t) end
-    return t
-  end
-  local tat = arrival(now)
-  local nxt = tat + cost * interval
-  local allowed, retry, ns = false, 0, nil
-  if now >= nxt - tolerance then
-    allowed = true
-    tat = nxt
-    ns = {nxt}
-  else
-    retry = settle(now, nxt - tolerance - now, function(t) return t >= arrival(t) + cost * interval - tolerance end)
-  end
-  return allowed, floor((tolerance - (tat - now)) / interval), ceil(tat), retry, ns
-end
-
--- Fixed window: s = {start, count}.
-local function fw_count(window, s, t)
-  local start = floor(t / window) * window
-  if s and s[1] == start then return start, s[2] end
-  return start, 0
-end
-
-local function fixed_window(l, s, cost)
-  local limit, window = l.limit, l.window
-  local start, n = fw_count(window, s, now)
-  local allowed, retry, ns = false, 0, nil
-  if n + cost <= limit then
-    allowed = true
-    n = n + cost
-    ns = {start, n}
-  else
-    retry = settle(now, start + window - now, function(t)
-      local _, m = fw_count(window, s, t)
-      return m + cost <= limit
-    end)
-  end
-  return allowed, limit - n, start + window, retry, ns
-end
-
--- Sliding window counter: s = {start, current, previous}.
-local function swc_counts(window, s, t)
-  local start = floor(t / window) * window
-  local cur, prev = 0, 0
-  if s then
-    if s[1] == start then
-      cur, prev = s[2], s[3]
-    elseif s[1] == start - window then
-      prev = s[2]
-    end
-  end
-  return start, cur, prev
-end
-
-local function swc_estimate(window, start, cur, prev, t)
-  return prev * ((window - (t - start)) / window) + cur
-end
-
-local function sliding_counter(l, s, cost)
-  local limit, window = l.limit, l.window
-  local start, cur, prev = swc_counts(window, s, now)
-  local allowed, retry, ns = false, 0, nil
-  if swc_estimate(window, start, cur, prev, now) + cost <= limit then
-    allowed = true
-    cur = cur + cost
-    ns = {start, cur, prev}
-  else
-    local at
-    if cur + cost <= limit then
-      at = start + (window - (limit - cur - cost) * window / prev)
+-- The sliding window log, and grants: made only when a request needs them.
+local log_helpers
+local function logs()
+  if log_helpers then return log_helpers end
+  local function member_cost(m) return tonumber(match(m, ':(.+)$')) end
+  -- decide: allowed, remaining, reset_at, retry_after, sum, seq.
+  local function decide(limit, window, ex, a, b, logkey, cost)
+    local cut = now - window
+    local sum, seq = 0, 0
+    if ex then sum, seq = a, b end
+    local expired = call('ZRANGEBYSCORE', logkey, '-inf', format('%.17g', cut))
+    for i = 1, #expired do sum = sum - member_cost(expired[i]) end
+    local allowed, retry, newest = false, 0, nil
+    if sum + cost <= limit then
+      allowed = true
+      if cost > 0 then
+        sum = sum + cost
+        seq = seq + 1
+        newest = now
+      end
     else
-      at = start + window + max(0, window - (limit - cost) * window / cur)
-    end
-    retry = settle(now, at - now, function(t)
-      local st, c, p = swc_counts(window, s, t)
-      return swc_estimate(window, st, c, p, t) + cost <= limit
-    end)
-  end
-  local reset = now
-  if cur > 0 then
-    reset = start + 2 * window
-  elseif prev > 0 then
-    reset = start + window
-  end
-  return allowed, floor(limit - swc_estimate(window, start, cur, prev, now)), reset, retry, ns
-end
-
--- Sliding window log: s = {sum, seq}; the log key holds the entries.
-local function member_cost(m) return tonumber(string.match(m, ':(.+)$')) end
-
-local function sliding_log(l, s, cost)
-  local limit, window = l.limit, l.window
-  local cut = now - window
-  local sum, seq = 0, 0
-  if s then sum, seq = s[1], s[2] end
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', l.logkey, '-inf', fmt(cut))) do
-    sum = sum - member_cost(m)
-  end
-  local allowed, retry, ns = false, 0, nil
-  local newest = nil
-  if sum + cost <= limit then
-    allowed = true
-    if cost > 0 then
-      sum = sum + cost
-      ns = {sum, seq + 1}
-      newest = now
-    end
-  else
-    local live = redis.call('ZRANGEBYSCORE', l.logkey, '(' .. fmt(cut), '+inf', 'WITHSCORES')
-    local freed = 0
-    for i = 1, #live, 2 do
-      freed = freed + member_cost(live[i])
-      if sum - freed + cost <= limit then
-        retry = tonumber(live[i + 1]) + window - now
-        break
+      local live = call('ZRANGEBYSCORE', logkey, '(' .. format('%.17g', cut), '+inf', 'WITHSCORES')
+      local freed = 0
+      for i = 1, #live, 2 do
+        freed = freed + member_cost(live[i])
+        if sum - freed + cost <= limit then
+          retry = tonumber(live[i + 1]) + window - now
+          break
+        end
       end
     end
+    if not newest then
+      local last = call('ZREVRANGEBYSCORE', logkey, '+inf', '(' .. format('%.17g', cut), 'WITHSCORES', 'LIMIT', 0, 1)
+      if #last > 0 then newest = tonumber(last[2]) end
+    end
+    local reset = now
+    if newest then reset = newest + window end
+    return allowed, limit - sum, reset, retry, sum, seq
   end
-  if not newest then
-    local last = redis.call('ZREVRANGEBYSCORE', l.logkey, '+inf', '(' .. fmt(cut), 'WITHSCORES', 'LIMIT', 0, 1)
-    if #last > 0 then newest = tonumber(last[2]) end
+  -- forget: the log forgets its newest n units, at most what the window
+  -- holds; returns sum, seq.
+  local function forget(window, ex, b, logkey, n)
+    call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
+    local live = call('ZREVRANGEBYSCORE', logkey, '+inf', '-inf', 'WITHSCORES')
+    local sum = 0
+    for i = 1, #live, 2 do sum = sum + member_cost(live[i]) end
+    for i = 1, #live, 2 do
+      if n <= 0 then break end
+      local m, at = live[i], live[i + 1]
+      local cm = member_cost(m)
+      local take = min(n, cm)
+      call('ZREM', logkey, m)
+      if cm - take > 0 then
+        call('ZADD', logkey, at, match(m, '^(.-):') .. ':' .. format('%.17g', cm - take))
+      end
+      sum, n = sum - take, n - take
+    end
+    local seq = 0
+    if ex then seq = b end
+    return sum, seq
   end
-  local reset = now
-  if newest then reset = newest + window end
-  return allowed, limit - sum, reset, retry, ns
-end
-
-local decide = {[TOKEN_BUCKET] = token_bucket, [GCRA] = gcra, [FIXED] = fixed_window,
-  [COUNTER] = sliding_counter, [LOG] = sliding_log}
-
--- ttl mirrors ttl() in algorithm.go, in µs; Redis keeps milliseconds, so
--- the key lives a little longer, which changes nothing.
-local function ttl_ms(l, ns)
-  local until_us
-  if l.algorithm == TOKEN_BUCKET then
-    until_us = now + ceil((l.limit - ns[1]) * 1e6 / l.rate) + TB_EXPIRY_MARGIN
-  elseif l.algorithm == GCRA then
-    until_us = ceil(ns[1])
-  elseif l.algorithm == FIXED then
-    until_us = ns[1] + l.window
-  elseif l.algorithm == COUNTER then
-    until_us = ns[1] + 2 * l.window
-  else
-    until_us = l.newest + l.window
-  end
-  return max(min_ttl, floor(max(1, until_us - now) / 1000) + 1)
-end
-
-local function store(l, ns)
-  local parts = {}
-  for i, x in ipairs(ns) do parts[i] = fmt(x) end
-  redis.call('SET', l.key, table.concat(parts, ' '), 'PX', fmt(ttl_ms(l, ns)))
+  log_helpers = {decide = decide, forget = forget}
+  return log_helpers
 end
 
 -- Grant mirrors grant() in memory.go: the state after giving n back.
-local function granted(l, s, n)
-  local a = l.algorithm
-  if a == TOKEN_BUCKET then
-    return {min(l.limit, tb_tokens(l.limit, l.rate, s, now) + n), now}
-  elseif a == GCRA then
+local function granted(alg, limit, rate, window, ex, a, b, c, logkey, n)
+  if alg == TOKEN_BUCKET then
+    return min(limit, tb_tokens(limit, rate, ex, a, b, now) + n), now, 0
+  elseif alg == GCRA then
     local tat = now
-    if s then tat = max(s[1], now) end
-    return {max(now, tat - n * (1e6 / l.rate))}
-  elseif a == FIXED then
-    local start, count = fw_count(l.window, s, now)
-    return {start, count - n}
-  elseif a == COUNTER then
-    local start, cur, prev = swc_counts(l.window, s, now)
-    return {start, cur - n, prev}
-  end
-  -- The log forgets its newest n units, at most what the window holds.
-  local cut = now - l.window
-  redis.call('ZREMRANGEBYSCORE', l.logkey, '-inf', fmt(cut))
-  local live = redis.call('ZREVRANGEBYSCORE', l.logkey, '+inf', '-inf', 'WITHSCORES')
-  local sum = 0
-  for i = 1, #live, 2 do sum = sum + member_cost(live[i]) end
-  for i = 1, #live, 2 do
-    if n <= 0 then break end
-    local m, at = live[i], live[i + 1]
-    local c = member_cost(m)
-    local take = min(n, c)
-    redis.call('ZREM', l.logkey, m)
-    if c - take > 0 then
-      redis.call('ZADD', l.logkey, at, string.match(m, '^(.-):') .. ':' .. fmt(c - take))
+    if ex then tat = max(a, now) end
+    return max(now, tat - n * (1e6 / rate)), 0, 0
+  elseif alg == FIXED then
+    local start = floor(now / window) * window
+    local count = 0
+    if ex and a == start then count = b end
+    return start, count - n, 0
+  elseif alg == COUNTER then
+    local start = floor(now / window) * window
+    local cur, prev = 0, 0
+    if ex then
+      if a == start then cur, prev = b, c elseif a == start - window then prev = b end
     end
-    sum, n = sum - take, n - take
+    return start, cur - n, prev
   end
-  local seq = 0
-  if s then seq = s[2] end
-  return {sum, seq}
+  local sum, seq = logs().forget(window, ex, b, logkey, n)
+  return sum, seq, 0
 end
 
--- Read the limits.
-local limits, k = {}, 1
-local i = 5
+-- Decide every limit, changing nothing yet; pending lists, flattened ten
+-- values a limit, what to store if the request goes ahead.
+local out, commit, pending, np = {now}, true, {}, 0
+local k, i = 1, 5
 while i + 6 <= #ARGV do
-  local l = {algorithm = tonumber(ARGV[i]), limit = tonumber(ARGV[i + 1]), rate = tonumber(ARGV[i + 2]),
-    window = tonumber(ARGV[i + 3]), cost = tonumber(ARGV[i + 4]), shadow = ARGV[i + 5] == '1',
-    lease = tonumber(ARGV[i + 6]), key = KEYS[k]}
+  local alg, limit, rate, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local cost, shadow, lease = tonumber(ARGV[i + 4]), ARGV[i + 5] == '1', tonumber(ARGV[i + 6])
+  local key, logkey = KEYS[k], nil
   k = k + 1
-  if l.algorithm == LOG then
-    l.logkey = KEYS[k]
+  if alg == LOG then
+    logkey = KEYS[k]
     k = k + 1
   end
-  limits[#limits + 1] = l
+  local ex, a, b, c = false, 0, 0, 0
+  local v = call('GET', key)
+  if v then
+    local x, y, z = match(v, '^(%S+) ?(%S*) ?(%S*)$')
+    ex, a, b, c = true, tonumber(x), tonumber(y) or 0, tonumber(z) or 0
+  end
+  if mode == 'grant' then
+    a, b, c = granted(alg, limit, rate, window, ex, a, b, c, logkey, grant_n)
+    ex = true
+    if alg == LOG then
+      if a == 0 and call('ZCARD', logkey) == 0 then
+        call('DEL', key)
+        ex = false
+      else
+        call('SET', key, format('%.17g %.17g', a, b), 'PX', ttl_ms(alg, limit, rate, window, a, now))
+        call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, now))
+      end
+    elseif alg == GCRA then
+      call('SET', key, format('%.17g', a), 'PX', ttl_ms(alg, limit, rate, window, a, now))
+    else
+      call('SET', key, format('%.17g %.17g %.17g', a, b, c), 'PX', ttl_ms(alg, limit, rate, window, a, now))
+    end
+    cost = 0
+  elseif mode == 'inspect' then
+    cost = 0
+  end
+  local take = mode == 'check' and lease > 0
+  local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
+
+  if alg == TOKEN_BUCKET then
+    local tokens = tb_tokens(limit, rate, ex, a, b, now)
+    if take then cost = max(cost, min(lease, floor(tokens))) end
+    if tokens >= cost then
+      allowed = true
+      tokens = tokens - cost
+      ex, a, b = true, tokens, now
+    else
+      retry = settle(now, (cost - tokens) * 1e6 / rate, function(t) return tb_tokens(limit, rate, ex, a, b, t) >= cost end)
+    end
+    if tokens < limit then
+      -- settle, written out: every allowed request comes this way.
+      local wait = max(1, ceil((limit - tokens) * 1e6 / rate))
+      local j = 0
+      while j < 16 and wait > 1 and tb_tokens(limit, rate, ex, a, b, now + wait - 1) >= limit do wait = wait - 1; j = j + 1 end
+      j = 0
+      while j < 16 and not (tb_tokens(limit, rate, ex, a, b, now + wait) >= limit) do wait = wait + 1; j = j + 1 end
+      reset = now + wait
+    end
+    remaining, na, nb = floor(tokens), a, b
+
+  elseif alg == FIXED then
+    local start = floor(now / window) * window
+    local n = 0
+    if ex and a == start then n = b end
+    if take then cost = max(cost, min(lease, limit - n)) end
+    if n + cost <= limit then
+      allowed = true
+      n = n + cost
+    else
+      retry = settle(now, start + window - now, function(t)
+        local st = floor(t / window) * window
+        local m = 0
+        if ex and a == st then m = b end
+        return m + cost <= limit
+      end)
+    end
+    remaining, reset, na, nb = limit - n, start + window, start, n
+
+  elseif alg == GCRA then
+    local interval = 1e6 / rate
+    local tolerance = limit * interval
+    local tat = now
+    if ex then tat = max(a, now) end
+    if take then cost = max(cost, min(lease, floor((tolerance - (tat - now)) / interval))) end
+    local nxt = tat + cost * interval
+    if now >= nxt - tolerance then
+      allowed = true
+      tat = nxt
+    else
+      retry = settle(now, nxt - tolerance - now, function(t)
+        local at = t
+        if ex then at = max(a, t) end
+        return t >= at + cost * interval - tolerance
+      end)
+    end
+    remaining, reset, na = floor((tolerance - (tat - now)) / interval), ceil(tat), nxt
+
+  elseif alg == COUNTER then
+    local start = floor(now / window) * window
+    local cur, prev = 0, 0
+    if ex then
+      if a == start then cur, prev = b, c elseif a == start - window then prev = b end
+    end
+    local est = prev * ((window - (now - start)) / window) + cur
+    if take then cost = max(cost, min(lease, floor(limit - est))) end
+    if est + cost <= limit then
+      allowed = true
+      cur = cur + cost
+    else
+      local at
+      if cur + cost <= limit then
+        at = start + (window - (limit - cur - cost) * window / prev)
+      else
+        at = start + window + max(0, window - (limit - cost) * window / cur)
+      end
+      retry = settle(now, at - now, function(t)
+        local st = floor(t / window) * window
+        local cu, pr = 0, 0
+        if ex then
+          if a == st then cu, pr = b, c elseif a == st - window then pr = b end
+        end
+        return pr * ((window - (t - st)) / window) + cu + cost <= limit
+      end)
+    end
+    if cur > 0 then
+      reset = start + 2 * window
+    elseif prev > 0 then
+      reset = start + window
+    end
+    remaining = floor(limit - (prev * ((window - (now - start)) / window) + cur))
+    na, nb, nc = start, cur, prev
+
+  else
+    allowed, remaining, reset, retry, na, nb = logs().decide(limit, window, ex, a, b, logkey, cost)
+  end
+
+  if not allowed and not shadow then commit = false end
+  if allowed and mode == 'check' and (alg ~= LOG or cost > 0) then
+    pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
+    pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
+    np = np + 10
+  end
+  local o = #out
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry
+  out[o + 5] = allowed and cost or 0
   i = i + 7
 end
 
-if mode == 'grant' then
-  for _, l in ipairs(limits) do
-    local ns = granted(l, load(l.key), grant_n)
-    if l.algorithm == LOG then
-      if ns[1] == 0 and redis.call('ZCARD', l.logkey) == 0 then
-        redis.call('DEL', l.key)
-      else
-        l.newest = now
-        store(l, ns)
-        redis.call('PEXPIRE', l.logkey, fmt(ttl_ms(l, ns)))
-      end
-    else
-      store(l, ns)
-    end
-    l.cost = 0
-  end
-  mode = 'inspect'
-end
-
--- Decide every limit, changing nothing yet.
-local out, commit, decided = {now}, true, {}
-for _, l in ipairs(limits) do
-  local s = load(l.key)
-  local cost = l.cost
-  if mode == 'inspect' then
-    cost = 0
-  elseif l.lease > 0 then
-    local _, avail = decide[l.algorithm](l, s, 0)
-    cost = max(l.cost, min(l.lease, avail))
-  end
-  l.cost = cost
-  local allowed, remaining, reset, retry, ns = decide[l.algorithm](l, s, cost)
-  decided[#decided + 1] = {allowed, ns}
-  if not allowed and not l.shadow then commit = false end
-  out[#out + 1] = allowed and 1 or 0
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  out[#out + 1] = allowed and cost or 0
-end
-
 -- Then, if the request goes ahead, take its cost from every limit that allowed.
-if mode == 'check' and commit then
-  for j, l in ipairs(limits) do
-    local allowed, ns = decided[j][1], decided[j][2]
-    if allowed and ns then
-      if l.algorithm == LOG then
-        local cut = now - l.window
-        redis.call('ZREMRANGEBYSCORE', l.logkey, '-inf', fmt(cut))
-        redis.call('ZADD', l.logkey, fmt(now), string.format('%d:%d', ns[2], l.cost))
-        l.newest = now
-        redis.call('PEXPIRE', l.logkey, fmt(ttl_ms(l, ns)))
-      end
-      store(l, ns)
+if commit then
+  for j = 1, np, 10 do
+    local key, alg, limit, rate, window = pending[j], pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4]
+    local cost, a, b, c, logkey = pending[j + 5], pending[j + 6], pending[j + 7], pending[j + 8], pending[j + 9]
+    local ttl = ttl_ms(alg, limit, rate, window, a, now)
+    if alg == TOKEN_BUCKET or alg == FIXED or alg == LOG then
+      call('SET', key, format('%.17g %.17g', a, b), 'PX', ttl)
+    elseif alg == GCRA then
+      call('SET', key, format('%.17g', a), 'PX', ttl)
+    else
+      call('SET', key, format('%.17g %.17g %.17g', a, b, c), 'PX', ttl)
+    end
+    if alg == LOG then
+      call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
+      call('ZADD', logkey, format('%.17g', now), format('%d:%d', b, cost))
+      call('PEXPIRE', logkey, ttl)
     end
   end
 end
