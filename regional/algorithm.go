@@ -90,7 +90,7 @@ func cloneLog(s State) State {
 // whole number of microseconds after which allows holds. allows is monotone
 // in time, and the estimate is off by rounding only, so a few steps do.
 func settle(now, wait float64, allows func(t float64) bool) int64 {
-	wait = math.Max(1, math.Ceil(wait))
+	wait = fmax(1, math.Ceil(wait))
 	for i := 0; i < 16 && wait > 1 && allows(now+wait-1); i++ {
 		wait--
 	}
@@ -98,6 +98,23 @@ func settle(now, wait float64, allows func(t float64) bool) int64 {
 		wait++
 	}
 	return int64(wait)
+}
+
+// fmax and fmin are Lua 5.1's math.max and math.min for two numbers: the
+// first unless the second is greater (smaller). They inline, where
+// math.Max and math.Min do not, and they are what the script computes.
+func fmax(a, b float64) float64 {
+	if b > a {
+		return b
+	}
+	return a
+}
+
+func fmin(a, b float64) float64 {
+	if b < a {
+		return b
+	}
+	return a
 }
 
 // tbExpiryMargin keeps a token bucket's key past the moment it is full, so
@@ -110,8 +127,8 @@ func tbTokens(p *Params, s *State, t float64) float64 {
 	if !s.Exists {
 		return limit
 	}
-	elapsed := math.Max(0, t-s.B)
-	return math.Min(limit, s.A+elapsed*p.Rate/1e6)
+	elapsed := fmax(0, t-s.B)
+	return fmin(limit, s.A+elapsed*p.Rate/1e6)
 }
 
 func tokenBucket(p *Params, s *State, now, cost float64, r *Result) {
@@ -136,7 +153,7 @@ func gcra(p *Params, s *State, now, cost float64, r *Result) {
 	tolerance := float64(p.Limit) * interval
 	arrival := func(t float64) float64 {
 		if s.Exists {
-			return math.Max(s.A, t)
+			return fmax(s.A, t)
 		}
 		return t
 	}
@@ -214,7 +231,7 @@ func slidingCounter(p *Params, s *State, now, cost float64, r *Result) {
 		if cur+cost <= limit {
 			at = start + (window - (limit-cur-cost)*window/prev)
 		} else {
-			at = start + window + math.Max(0, window-(limit-cost)*window/cur)
+			at = start + window + fmax(0, window-(limit-cost)*window/cur)
 		}
 		r.RetryAfter = settle(now, at-now, func(t float64) bool {
 			start, cur, prev := swcCounts(p, s, t)

@@ -204,15 +204,21 @@ type LimitStatus struct {
 
 // Stats are the engine's counters since it started. Safe to read at any time.
 type Stats struct {
-	Checks, Allowed, Denied, Blocked, Unavailable, Bypassed atomic.Int64
-	Degraded                                                atomic.Int64 // decisions made without the shared store
-	StoreErrors                                             atomic.Int64
-	DenialCacheHits, LeaseHits                              atomic.Int64
-	LeaseTaken, LeaseReturned, LeaseLapsed                  atomic.Int64 // tokens
-	KeysRefused, KeysFolded                                 atomic.Int64
-	Penalties                                               atomic.Int64
-	RuleReloads, RuleReloadErrors                           atomic.Int64
-	ViolationsDropped                                       atomic.Int64
+	Allowed, Denied, Blocked, Unavailable, Bypassed atomic.Int64
+	Degraded                                        atomic.Int64 // decisions made without the shared store
+	StoreErrors                                     atomic.Int64
+	DenialCacheHits, LeaseHits                      atomic.Int64
+	LeaseTaken, LeaseReturned, LeaseLapsed          atomic.Int64 // tokens
+	KeysRefused, KeysFolded                         atomic.Int64
+	Penalties                                       atomic.Int64
+	RuleReloads, RuleReloadErrors                   atomic.Int64
+	ViolationsDropped                               atomic.Int64
+}
+
+// Checks returns the number of requests decided (not those refused as
+// malformed): the sum of the outcomes.
+func (s *Stats) Checks() int64 {
+	return s.Allowed.Load() + s.Denied.Load() + s.Blocked.Load() + s.Unavailable.Load() + s.Bypassed.Load()
 }
 
 // Stats returns the engine's counters.
@@ -262,13 +268,11 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	d.Time = now
 	if rs.Allowed(req.APIKey) {
 		d.Allowed, d.Bypassed = true, true
-		e.stats.Checks.Add(1)
 		e.stats.Bypassed.Add(1)
 		return nil
 	}
 	if rs.Blocked(req.APIKey) || e.blockedAt(req.APIKey, now) {
 		d.Code = CodeBlocked
-		e.stats.Checks.Add(1)
 		e.stats.Blocked.Add(1)
 		e.violations.add(e, CodeBlocked, []byte(req.APIKey), func() Violation {
 			return Violation{Time: now, APIKey: req.APIKey, IP: req.IP, Endpoint: req.Endpoint}
@@ -281,7 +285,6 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	if err := e.collect(sc, rs, req, addr, now); err != nil {
 		return err
 	}
-	e.stats.Checks.Add(1)
 	if len(sc.items) == 0 {
 		d.Allowed = true
 		e.stats.Allowed.Add(1)
@@ -328,7 +331,8 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 		if !r.matches(req, tier, addr) {
 			continue
 		}
-		it := item{rule: r, start: len(sc.keys)}
+		sc.items = append(sc.items, item{rule: r, start: len(sc.keys)})
+		it := &sc.items[len(sc.items)-1]
 		sc.keys = append(append(append(sc.keys, "gq:{"...), r.ID...), ':')
 		ks := len(sc.keys)
 		sc.keys = r.appendKey(sc.keys, req, tier)
@@ -361,7 +365,6 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 		if it.cost > it.params.Limit {
 			return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than rule %q can ever allow (%d)", it.cost, r.ID, it.params.Limit)}
 		}
-		sc.items = append(sc.items, it)
 	}
 	for i := range sc.items {
 		sc.items[i].key = sc.keys[sc.items[i].start:sc.items[i].end]

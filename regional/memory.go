@@ -3,7 +3,6 @@ package regional
 import (
 	"context"
 	"hash/maphash"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -123,10 +122,22 @@ func (m *MemoryStore) Apply(_ context.Context, ops []Op, results []Result) (int6
 
 // apply is Apply at a time the caller read already.
 func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
-	// Room for requests of up to 8 limits without allocating.
-	var shardBuf, lockBuf [8]int
-	var stateBuf [8]State
-	var entryBuf [8]*memEntry
+	if len(ops) == 1 { // most requests meet one limit: no buffers, no ordering
+		op, sh := &ops[0], &m.shards[m.shard(ops[0].Key)]
+		sh.mu.Lock()
+		e, s := m.get(sh, op.Key, now)
+		decideOp(op, &s, now, &results[0])
+		if results[0].Allowed {
+			m.put(sh, e, op.Key, &op.Params, &s, now)
+		}
+		m.sweep(sh, now)
+		sh.mu.Unlock()
+		return
+	}
+	// Room for requests of up to 3 limits without allocating; more is rare.
+	var shardBuf, lockBuf [3]int
+	var stateBuf [3]State
+	var entryBuf [3]*memEntry
 	shards, next, entries := shardBuf[:0], stateBuf[:0], entryBuf[:0]
 	for i := range ops {
 		shards = append(shards, m.shard(ops[i].Key))
@@ -195,13 +206,13 @@ func grant(p Params, s State, now, n int64) State {
 	t, c := float64(now), float64(n)
 	switch p.Algorithm {
 	case TokenBucket:
-		return State{Exists: true, A: math.Min(float64(p.Limit), tbTokens(&p, &s, t)+c), B: t}
+		return State{Exists: true, A: fmin(float64(p.Limit), tbTokens(&p, &s, t)+c), B: t}
 	case GCRA:
 		tat := t
 		if s.Exists {
-			tat = math.Max(s.A, t)
+			tat = fmax(s.A, t)
 		}
-		return State{Exists: true, A: math.Max(t, tat-float64(c*(1e6/p.Rate)))}
+		return State{Exists: true, A: fmax(t, tat-float64(c*(1e6/p.Rate)))}
 	case FixedWindow:
 		start, count := fwCount(&p, &s, t)
 		return State{Exists: true, A: start, B: count - c}
@@ -214,7 +225,7 @@ func grant(p Params, s State, now, n int64) State {
 		log = slices.Clone(log)
 		for c > 0 && len(log) > 0 {
 			last := &log[len(log)-1]
-			take := math.Min(c, last.Cost)
+			take := fmin(c, last.Cost)
 			last.Cost -= take
 			sum -= take
 			c -= take

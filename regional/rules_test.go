@@ -3,6 +3,7 @@ package regional
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -329,3 +330,23 @@ func BenchmarkMatch1000Rules(b *testing.B) {
 }
 
 func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o644) }
+
+func TestParseIPAgreesWithNetip(t *testing.T) {
+	for _, s := range []string{"203.0.113.7", "0.0.0.0", "255.255.255.255", "1.2.3.4"} {
+		if a, ok := parseIP(s); !ok || a != netip.MustParseAddr(s) {
+			t.Errorf("parseIP(%q) = %v, %v", s, a, ok)
+		}
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		s := rapid.OneOf(
+			rapid.StringMatching(`[0-9]{1,4}(\.[0-9]{1,4}){0,4}\.?`),
+			rapid.StringMatching(`[0-9a-f:.]{0,20}`),
+			rapid.String(),
+		).Draw(t, "s")
+		want, err := netip.ParseAddr(s)
+		got, ok := parseIP(s)
+		if ok != (err == nil) || (ok && got != want.Unmap()) {
+			t.Fatalf("parseIP(%q) = %v, %v; netip: %v, %v", s, got, ok, want, err)
+		}
+	})
+}

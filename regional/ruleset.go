@@ -173,34 +173,43 @@ func (req *Request) Value(name string) (string, bool) {
 // ipAddr returns the request's IP, or the zero Addr if it has none or it
 // does not parse.
 func (req *Request) ipAddr() netip.Addr {
-	if req.IP == "" {
-		return netip.Addr{} // ParseAddr would allocate its error
+	addr, _ := parseIP(req.IP)
+	return addr
+}
+
+// parseIP parses an IP address as netip.ParseAddr does, unmapping IPv4 in
+// IPv6; an empty string is no address.
+func parseIP(s string) (netip.Addr, bool) {
+	if s == "" {
+		return netip.Addr{}, false // ParseAddr would allocate its error
 	}
-	addr, _ := netip.ParseAddr(req.IP)
-	return addr.Unmap()
+	addr, err := netip.ParseAddr(s)
+	return addr.Unmap(), err == nil
 }
 
 // validate checks what can be checked without the rules' limits: value
 // lengths, the IP, the endpoint, descriptor names. It returns the parsed IP.
 func (rs *RuleSet) validate(req *Request) (netip.Addr, error) {
 	var addr netip.Addr
-	for _, f := range [...]struct{ name, value string }{
-		{"api_key", req.APIKey}, {"endpoint", req.Endpoint}, {"method", req.Method},
-		{"ip", req.IP}, {"tier", req.Tier}, {"domain", req.Domain},
-	} {
-		if len(f.value) > MaxValueLen {
-			return addr, &RequestError{Field: f.name, Msg: fmt.Sprintf("%d bytes, more than %d", len(f.value), MaxValueLen)}
+	if len(req.APIKey) > MaxValueLen || len(req.Endpoint) > MaxValueLen || len(req.Method) > MaxValueLen ||
+		len(req.IP) > MaxValueLen || len(req.Tier) > MaxValueLen || len(req.Domain) > MaxValueLen {
+		for _, f := range [...]struct{ name, value string }{
+			{"api_key", req.APIKey}, {"endpoint", req.Endpoint}, {"method", req.Method},
+			{"ip", req.IP}, {"tier", req.Tier}, {"domain", req.Domain},
+		} {
+			if len(f.value) > MaxValueLen {
+				return addr, &RequestError{Field: f.name, Msg: fmt.Sprintf("%d bytes, more than %d", len(f.value), MaxValueLen)}
+			}
 		}
 	}
 	if req.Endpoint != "" && req.Endpoint[0] != '/' {
 		return addr, &RequestError{Field: "endpoint", Msg: "a path starts with /"}
 	}
 	if req.IP != "" {
-		var err error
-		if addr, err = netip.ParseAddr(req.IP); err != nil {
+		var ok bool
+		if addr, ok = parseIP(req.IP); !ok {
 			return addr, &RequestError{Field: "ip", Msg: fmt.Sprintf("%q is not an IP address", req.IP)}
 		}
-		addr = addr.Unmap()
 	}
 	if req.Cost < 0 {
 		return addr, &RequestError{Field: "cost", Msg: "must be positive"}
