@@ -49,6 +49,36 @@ func (e *Engine) status(r *Rule, p Params, res Result, now time.Time) LimitStatu
 		Window: time.Duration(p.WindowMicros()) * time.Microsecond, ResetAt: time.UnixMicro(res.ResetAt)}
 }
 
+// Usage is where a counter stands, as operators ask for it.
+type Usage struct {
+	LimitStatus
+	// Key is the counter key: the rule's descriptor values, joined by |.
+	Key       string
+	Algorithm Algorithm
+	// WindowStart is the start of the current window, for window
+	// algorithms; zero otherwise.
+	WindowStart time.Time
+}
+
+// Usage reports where rule's counter for req stands, changing nothing.
+func (e *Engine) Usage(ctx context.Context, rule string, req *Request) (Usage, error) {
+	r, key, p, err := e.counter(rule, req)
+	if err != nil {
+		return Usage{}, err
+	}
+	res, err := e.store.Inspect(ctx, key, p)
+	if err != nil {
+		return Usage{}, err
+	}
+	u := Usage{LimitStatus: e.status(r, p, res, e.now()), Algorithm: p.Algorithm,
+		Key: string(key[len("gq:{")+len(rule)+1 : len(key)-1])}
+	if p.Window > 0 {
+		now := e.now().UnixMicro()
+		u.WindowStart = time.UnixMicro(now / p.Window * p.Window)
+	}
+	return u, nil
+}
+
 // Inspect returns where a counter stands, changing nothing.
 func (e *Engine) Inspect(ctx context.Context, rule string, req *Request) (LimitStatus, error) {
 	r, key, p, err := e.counter(rule, req)
@@ -68,7 +98,7 @@ func (e *Engine) Reset(ctx context.Context, rule string, req *Request) error {
 	if err != nil {
 		return err
 	}
-	e.forget(key)
+	e.forget(key, false)
 	return e.store.Reset(ctx, key, p)
 }
 
@@ -81,7 +111,7 @@ func (e *Engine) Grant(ctx context.Context, rule string, req *Request, n int64) 
 	if err != nil {
 		return LimitStatus{}, err
 	}
-	e.forget(key)
+	e.forget(key, true)
 	res, err := e.store.Grant(ctx, key, p, n)
 	if err != nil {
 		return LimitStatus{}, err
@@ -89,15 +119,24 @@ func (e *Engine) Grant(ctx context.Context, rule string, req *Request, n int64) 
 	return e.status(r, p, res, e.now()), nil
 }
 
-// forget drops what this replica remembers of a counter.
-func (e *Engine) forget(key []byte) {
+// forget drops what this replica remembers of a counter. What is left of
+// its lease goes back if giveBack is set; after a reset nothing is owed,
+// and giving it back would put the new count below zero.
+func (e *Engine) forget(key []byte, giveBack bool) {
 	e.denials.with(key, func(m map[string]*denial) {
 		if _, ok := m[string(key)]; ok {
 			delete(m, string(key))
 			e.denialCount.Add(-1)
 		}
 	})
-	e.leases.with(key, func(m map[string]*lease) { delete(m, string(key)) })
+	e.leases.with(key, func(m map[string]*lease) {
+		if l := m[string(key)]; l != nil {
+			delete(m, string(key))
+			if giveBack {
+				e.endLease(string(key), l)
+			}
+		}
+	})
 }
 
 // Block is a runtime block: API keys matching Pattern are denied with
@@ -224,12 +263,23 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	e.returns = nil
 	e.returnsMu.Unlock()
 	var errs []error
+	var retry []leaseReturn
 	for _, r := range returns {
-		if _, err := e.store.Grant(ctx, []byte(r.key), r.params, r.n); err != nil {
+		given, err := e.store.Refund(ctx, []byte(r.key), r.params, r.n, r.takenAt)
+		if err != nil {
+			if r.tries++; r.tries < 5 { // the store may be back next time
+				retry = append(retry, r)
+			}
 			errs = append(errs, err)
 			continue
 		}
-		e.stats.LeaseReturned.Add(r.n)
+		e.stats.LeaseReturned.Add(given)
+		e.stats.LeaseLapsed.Add(r.n - given)
+	}
+	if len(retry) > 0 {
+		e.returnsMu.Lock()
+		e.returns = append(e.returns, retry...)
+		e.returnsMu.Unlock()
 	}
 	e.denials.sweep(func(_ string, d *denial) bool {
 		if d.until <= us {

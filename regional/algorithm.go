@@ -6,7 +6,8 @@ import "math"
 // algorithm; times are microseconds since the Unix epoch:
 //
 //	token bucket            A tokens, B time of the last update
-//	GCRA                    A theoretical arrival time
+//	GCRA                    A debt: the cost the meter holds, draining at the
+//	                        rate, B time of the last update
 //	fixed window            A window start, B count
 //	sliding window counter  A window start, B current count, C previous count
 //	sliding window log      A sum of logged costs, B entries ever logged; Log the entries
@@ -15,7 +16,9 @@ import "math"
 //
 // The arithmetic is float64 and mirrors the Lua scripts of the Redis store
 // operation for operation, so that both stores decide alike to the bit.
-// Counts and times are whole numbers far below 2^53 and exact.
+// Counts and times are whole numbers far below 2^53 and exact; what is not
+// a whole number (tokens, GCRA's lag) is kept small, relative to the time
+// of its last update, so that it keeps its precision.
 type State struct {
 	Exists  bool
 	A, B, C float64
@@ -88,16 +91,45 @@ func cloneLog(s State) State {
 
 // settle turns a first estimate of a wait into the exact one: the shortest
 // whole number of microseconds after which allows holds. allows is monotone
-// in time, and the estimate is off by rounding only, so a few steps do.
+// in time. The estimate is usually right, and settle then asks allows twice;
+// when rounding has put it off, it searches outward by doubling steps and
+// then bisects, so the answer is exact however far off the estimate was.
 func settle(now, wait float64, allows func(t float64) bool) int64 {
-	wait = fmax(1, math.Ceil(wait))
-	for i := 0; i < 16 && wait > 1 && allows(now+wait-1); i++ {
-		wait--
+	w := fmax(1, math.Ceil(wait))
+	var lo, hi float64 // allows(now+lo) is false (or lo is 0), allows(now+hi) true
+	if allows(now + w) {
+		if w == 1 || !allows(now+w-1) {
+			return int64(w)
+		}
+		hi = w - 1
+		step := 1.0
+		for i := 0; i < 64; i++ {
+			lo = fmax(0, hi-step)
+			if lo == 0 || !allows(now+lo) {
+				break
+			}
+			hi, step = lo, step*2
+		}
+	} else {
+		lo = w
+		step := 1.0
+		for i := 0; i < 64; i++ {
+			hi = lo + step
+			if allows(now + hi) {
+				break
+			}
+			lo, step = hi, step*2
+		}
 	}
-	for i := 0; i < 16 && !allows(now+wait); i++ {
-		wait++
+	for hi-lo > 1 {
+		mid := lo + math.Floor((hi-lo)/2)
+		if allows(now + mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
 	}
-	return int64(wait)
+	return int64(hi)
 }
 
 // fmax and fmin are Lua 5.1's math.max and math.min for two numbers: the
@@ -148,28 +180,46 @@ func tokenBucket(p *Params, s *State, now, cost float64, r *Result) {
 	}
 }
 
+// gcraDebt is what the meter holds at t, in units of cost: it drains at the
+// rate. Counting in units of cost rather than of time keeps whole costs
+// exact, however high the rate. (GCRA is the token bucket seen from the
+// other side: tokens are the burst less the debt.)
+func gcraDebt(p *Params, s *State, t float64) float64 {
+	if !s.Exists {
+		return 0
+	}
+	elapsed := fmax(0, t-s.B)
+	return fmax(0, s.A-elapsed*p.Rate/1e6)
+}
+
+// gcraFits is how many more units of cost fit a meter holding debt: the
+// largest n with debt + n within the burst, as decisions test it.
+func gcraFits(debt, burst float64) int64 {
+	n := math.Floor(burst - debt)
+	for i := 0; i < 2 && debt+(n+1) <= burst; i++ {
+		n++
+	}
+	for i := 0; i < 2 && n > 0 && debt+n > burst; i++ {
+		n--
+	}
+	return int64(n)
+}
+
 func gcra(p *Params, s *State, now, cost float64, r *Result) {
-	interval := 1e6 / p.Rate
-	tolerance := float64(p.Limit) * interval
-	arrival := func(t float64) float64 {
-		if s.Exists {
-			return fmax(s.A, t)
-		}
-		return t
-	}
-	tat := arrival(now)
-	next := tat + float64(cost*interval)
-	if now >= next-tolerance {
+	burst := float64(p.Limit)
+	debt := gcraDebt(p, s, now)
+	if next := debt + cost; next <= burst {
 		r.Allowed = true
-		tat = next
-		*s = State{Exists: true, A: next}
+		debt = next
+		*s = State{Exists: true, A: next, B: now}
 	} else {
-		r.RetryAfter = settle(now, next-tolerance-now, func(t float64) bool {
-			return t >= arrival(t)+float64(cost*interval)-tolerance
-		})
+		r.RetryAfter = settle(now, (next-burst)*1e6/p.Rate, func(t float64) bool { return gcraDebt(p, s, t)+cost <= burst })
 	}
-	r.Remaining = int64(math.Floor((tolerance - (tat - now)) / interval))
-	r.ResetAt = int64(math.Ceil(tat))
+	r.Remaining = gcraFits(debt, burst)
+	r.ResetAt = int64(now)
+	if debt > 0 {
+		r.ResetAt += settle(now, debt*1e6/p.Rate, func(t float64) bool { return gcraDebt(p, s, t) <= 0 })
+	}
 }
 
 func fwCount(p *Params, s *State, t float64) (start, n float64) {
@@ -295,7 +345,7 @@ func ttl(p *Params, s *State, now int64) int64 {
 	case TokenBucket:
 		until = t + math.Ceil((float64(p.Limit)-s.A)*1e6/p.Rate) + tbExpiryMargin
 	case GCRA:
-		until = math.Ceil(s.A)
+		until = s.B + math.Ceil(s.A*1e6/p.Rate) + tbExpiryMargin
 	case FixedWindow:
 		until = s.A + float64(p.Window)
 	case SlidingWindowCounter:

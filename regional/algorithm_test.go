@@ -10,15 +10,36 @@ import (
 
 var algorithms = []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindowCounter, SlidingWindowLog}
 
-// genParams draws a limit of any algorithm, with numbers small enough to
-// reach the edges often.
+// genParams draws a limit of any algorithm: mostly with numbers small
+// enough to reach the edges often, sometimes at the far ends of what rules
+// allow (limits to 2^40, rates to a million a second, periods and windows
+// from a millisecond to a year).
 func genParams() *rapid.Generator[Params] {
 	return rapid.Custom(func(t *rapid.T) Params {
-		p := Params{Algorithm: rapid.SampledFrom(algorithms).Draw(t, "algorithm"), Limit: rapid.Int64Range(1, 20).Draw(t, "limit")}
+		p := Params{Algorithm: rapid.SampledFrom(algorithms).Draw(t, "algorithm")}
+		wide := rapid.IntRange(0, 3).Draw(t, "wide") == 0
+		if !wide {
+			p.Limit = rapid.Int64Range(1, 20).Draw(t, "limit")
+			if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
+				p.Rate = rapid.SampledFrom([]float64{0.5, 1, 3, 7.25, 1000, 1.0 / 3}).Draw(t, "rate")
+			} else {
+				p.Window = rapid.SampledFrom([]int64{1000, 7777, 1e6, 60e6}).Draw(t, "window")
+			}
+			return p
+		}
+		p.Limit = rapid.SampledFrom([]int64{1, 3, 1000, 99_999, 1_000_000, 123_456_789, 1 << 40}).Draw(t, "wide limit")
+		if p.Algorithm == SlidingWindowLog {
+			p.Limit = min(p.Limit, 50) // a log of 2^40 entries is not a test
+		}
 		if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
-			p.Rate = rapid.SampledFrom([]float64{0.5, 1, 3, 7.25, 1000, 1.0 / 3}).Draw(t, "rate")
+			period := rapid.SampledFrom([]float64{0.001, 0.0013, 1, 7.7, 3600, 366 * 86400}).Draw(t, "period")
+			p.Rate = float64(p.Limit) / period
+			if rapid.Bool().Draw(t, "thirds") {
+				p.Rate /= 3
+			}
+			p.Rate = fmin(fmax(p.Rate, float64(p.Limit)/(366*86400)), fmin(1e6, float64(p.Limit)/0.001))
 		} else {
-			p.Window = rapid.SampledFrom([]int64{1000, 7777, 1e6, 60e6}).Draw(t, "window")
+			p.Window = rapid.SampledFrom([]int64{1000, 1001, 7777, 60e6, 86400e6, 366 * 86400e6}).Draw(t, "wide window")
 		}
 		return p
 	})
@@ -34,19 +55,28 @@ func genHistory(t *rapid.T, p Params) (State, int64) {
 	for range rapid.IntRange(0, 30).Draw(t, "requests") {
 		now += rapid.SampledFrom([]int64{0, 0, 1, 999, 1000, 12345, 1e6}).Draw(t, "advance")
 		var r Result
-		r, s2 := Decide(p, s, now, rapid.Int64Range(1, p.Limit).Draw(t, "cost"))
+		r, s2 := Decide(p, s, now, genCost(t, p))
 		if r.Allowed {
 			s = s2
 		}
+		if rapid.IntRange(0, 9).Draw(t, "give back") == 0 {
+			s, _ = giveBack(p, s, now, genCost(t, p), rapid.SampledFrom([]int64{-1, now}).Draw(t, "at"))
+		}
 	}
 	return s, now
+}
+
+// genCost draws a cost for a limit: small ones, and the edges near it.
+func genCost(t *rapid.T, p Params) int64 {
+	c := rapid.SampledFrom([]int64{1, 2, 3, p.Limit, p.Limit - 1, p.Limit / 2, p.Limit / 3}).Draw(t, "cost")
+	return max(1, min(c, p.Limit))
 }
 
 func TestRetryAfterIsExact(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		p := genParams().Draw(t, "params")
 		s, now := genHistory(t, p)
-		cost := rapid.Int64Range(1, p.Limit).Draw(t, "cost")
+		cost := genCost(t, p)
 		r, _ := Decide(p, cloneLog(s), now, cost)
 		if r.Allowed {
 			if r.RetryAfter != 0 {
@@ -91,7 +121,7 @@ func TestExpiredStateIsNoState(t *testing.T) {
 			return
 		}
 		at := now + ttl(&p, &s, now) + rapid.Int64Range(0, 1e6).Draw(t, "later")
-		cost := rapid.Int64Range(1, p.Limit).Draw(t, "cost")
+		cost := genCost(t, p)
 		got, _ := Decide(p, cloneLog(s), at, cost)
 		want, _ := Decide(p, State{}, at, cost)
 		if got != want {

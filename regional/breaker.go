@@ -59,31 +59,43 @@ func newBreaker(cfg BreakerConfig, now func() time.Time) *breaker {
 // State returns the breaker's state.
 func (b *breaker) State() BreakerState { return BreakerState(b.state.Load()) }
 
-// allow reports whether a call may go to the store. In half-open state it
-// lets exactly one probe through.
-func (b *breaker) allow() bool {
+// allow reports whether a call may go to the store, and whether it is the
+// probe of a half-open breaker: the one call let through, which must end
+// in success, failure or release.
+func (b *breaker) allow() (ok, probe bool) {
 	if BreakerState(b.state.Load()) == BreakerClosed {
-		return true
+		return true, false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch BreakerState(b.state.Load()) {
 	case BreakerClosed:
-		return true
+		return true, false
 	case BreakerOpen:
 		if b.now().Sub(b.openedAt) < b.cfg.Cooldown {
-			return false
+			return false, false
 		}
 		b.state.Store(int32(BreakerHalfOpen))
 		b.probing = true
-		return true
+		return true, true
 	default: // half-open
 		if b.probing {
-			return false
+			return false, false
 		}
 		b.probing = true
-		return true
+		return true, true
 	}
+}
+
+// release ends a call that told nothing about the store (its caller gave
+// up first): a probe's place goes to the next call.
+func (b *breaker) release(probe bool) {
+	if !probe {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
 }
 
 // success records a call that worked: the breaker closes.

@@ -2,6 +2,7 @@ package regional
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -189,8 +190,7 @@ func (d *Decision) Limit() *LimitStatus {
 
 // LimitStatus is where one limit stands after a request.
 type LimitStatus struct {
-	Rule *Rule
-	// Key is the counter's store key; Decision.KeyOf gives the counter key.
+	Rule    *Rule
 	Allowed bool
 	Shadow  bool
 	// How the limit was decided, when not by the shared store.
@@ -324,6 +324,39 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	return nil
 }
 
+// Validate checks a request as Check would, without deciding or counting
+// anything: an error wraps ErrInvalidRequest and names the field.
+func (e *Engine) Validate(req *Request) error {
+	rs := e.rules.Load()
+	addr, err := rs.validate(req)
+	if err != nil {
+		return err
+	}
+	tier := rs.Tier(req)
+	var buf [128]byte
+	for _, r := range rs.candidates(req.Endpoint) {
+		if !r.matches(req, tier, addr) {
+			continue
+		}
+		p := r.params(r.appendKey(buf[:0], req, tier), tier)
+		if err := costError(r, p, req.Cost); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// costError says why a request's cost is wrong for rule r, or nil.
+func costError(r *Rule, p Params, cost int64) error {
+	if cost == 0 {
+		cost = r.Cost
+	}
+	if cost > p.Limit {
+		return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than rule %q can ever allow (%d)", cost, r.ID, p.Limit)}
+	}
+	return nil
+}
+
 // collect finds the limits that apply, their keys, numbers and costs.
 func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr, now time.Time) error {
 	tier := rs.Tier(req)
@@ -337,6 +370,13 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 		ks := len(sc.keys)
 		sc.keys = r.appendKey(sc.keys, req, tier)
 		it.params = r.params(sc.keys[ks:], tier)
+		it.cost = req.Cost
+		if it.cost == 0 {
+			it.cost = r.Cost
+		}
+		if it.cost > it.params.Limit { // before the key cap: a bad request tracks no key
+			return costError(r, it.params, req.Cost)
+		}
 		folded := false
 		if r.MaxKeys > 0 {
 			switch e.admitKey(r, sc.keys[ks:], now) {
@@ -358,12 +398,8 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 			sc.keys = append(sc.keys, '}')
 		}
 		it.end = len(sc.keys)
-		it.cost = req.Cost
-		if it.cost == 0 {
-			it.cost = r.Cost
-		}
-		if it.cost > it.params.Limit {
-			return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than rule %q can ever allow (%d)", it.cost, r.ID, it.params.Limit)}
+		if it.cost > it.params.Limit { // folded into a smaller limit
+			return costError(r, it.params, req.Cost)
 		}
 	}
 	for i := range sc.items {
@@ -447,27 +483,36 @@ func (e *Engine) apply(ctx context.Context, ops []Op, results []Result, now int6
 		e.local.apply(ops, results, now)
 		return now, nil
 	}
-	if !e.breaker.allow() {
+	ok, probe := e.breaker.allow()
+	if !ok {
 		return 0, errBreakerOpen
+	}
+	// Timeouts are real time, whatever clock the engine runs on.
+	deadline := time.Now().Add(e.cfg.Timeout)
+	callerFirst := false // the caller's deadline comes before ours
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		callerFirst = true
 	}
 	var storeNow int64
 	var err error
 	if ts, ok := e.store.(timedStore); ok {
-		// Timeouts are real time, whatever clock the engine runs on.
-		storeNow, err = ts.applyUntil(ctx, ops, results, time.Now().Add(e.cfg.Timeout))
+		storeNow, err = ts.applyUntil(ctx, ops, results, deadline)
 	} else {
-		cctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+		cctx, cancel := context.WithDeadline(ctx, deadline)
 		storeNow, err = e.store.Apply(cctx, ops, results)
 		cancel()
 	}
-	if err != nil {
-		if ctx.Err() == nil { // the caller's own cancellation is not the store's fault
-			e.breaker.failure()
-		}
-		return 0, err
+	switch {
+	case err == nil:
+		e.breaker.success()
+	case ctx.Err() != nil, callerFirst && errors.Is(err, context.DeadlineExceeded):
+		// The caller gave up, or its deadline was the shorter: that says
+		// nothing about the store.
+		e.breaker.release(probe)
+	default:
+		e.breaker.failure()
 	}
-	e.breaker.success()
-	return storeNow, nil
+	return storeNow, err
 }
 
 var errBreakerOpen = fmt.Errorf("regional: circuit breaker open")
@@ -537,12 +582,13 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 		}
 	}
 	if len(d.Limits) > 1 {
-		slices.SortStableFunc(d.Limits, func(a, b LimitStatus) int { return speaksBefore(a, b, d.Allowed) })
+		slices.SortStableFunc(d.Limits, func(a, b LimitStatus) int { return SpeaksBefore(a, b, d.Allowed) })
 	}
 }
 
-// speaksBefore orders limits as Decision.Limits says.
-func speaksBefore(a, b LimitStatus, allowed bool) int {
+// SpeaksBefore orders limits as Decision.Limits says, for a decision
+// allowed or not: the one that speaks for it first (SPEC §12).
+func SpeaksBefore(a, b LimitStatus, allowed bool) int {
 	if a.Shadow != b.Shadow {
 		if a.Shadow {
 			return 1

@@ -37,9 +37,11 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 	for i := range sc.items {
 		it := &sc.items[i]
 		if it.refused {
-			it.decided, it.refused = true, true
+			// A key beyond the rule's cap is refused; a shadow rule only
+			// says it would have refused it.
+			it.decided = true
 			it.result = Result{ResetAt: now + it.params.WindowMicros(), RetryAfter: it.params.WindowMicros()}
-			denied = true
+			denied = denied || !it.rule.Shadow
 			continue
 		}
 		if it.rule.Shadow || it.leased || !cached {
@@ -139,7 +141,7 @@ func (e *Engine) NoteDenial(d Denial) {
 type lease struct {
 	tokens   int64
 	expires  int64 // µs, engine clock
-	returns  bool  // what is left goes back when it ends (token bucket, GCRA)
+	takenAt  int64 // µs, store clock: where what is left goes back to
 	params   Params
 	left     int64 // what the store had left when the lease was taken
 	resetAt  int64 // µs, engine clock
@@ -147,9 +149,11 @@ type lease struct {
 }
 
 type leaseReturn struct {
-	key    string
-	params Params
-	n      int64
+	key     string
+	params  Params
+	n       int64
+	takenAt int64
+	tries   int
 }
 
 // takeLeases serves what it can of the request from leases.
@@ -200,13 +204,11 @@ func (e *Engine) unconsumeLease(it *item) {
 func (e *Engine) keepLease(it *item, now int64) {
 	extra := it.result.Taken - it.cost
 	e.stats.LeaseTaken.Add(it.result.Taken)
-	l := &lease{tokens: extra, expires: now + e.cfg.LeaseTTL.Microseconds(), params: it.params,
+	l := &lease{tokens: extra, expires: now + e.cfg.LeaseTTL.Microseconds(), takenAt: it.storeNow, params: it.params,
 		left: it.result.Remaining, resetAt: now + (it.result.ResetAt - it.storeNow), consumed: it.cost}
-	if w := it.params.Window; w > 0 {
+	if w := it.params.Window; w > 0 { // a window's tokens are worth nothing after it
 		end := (it.storeNow/w + 1) * w
 		l.expires = min(l.expires, now+(end-it.storeNow))
-	} else {
-		l.returns = true
 	}
 	e.leases.with(it.key, func(m map[string]*lease) {
 		old := m[string(it.key)]
@@ -226,17 +228,14 @@ func (e *Engine) keepLease(it *item, now int64) {
 	})
 }
 
-// endLease queues what is left of a lease to go back to the store.
+// endLease queues what is left of a lease to go back to the store, into
+// the window it was taken from (if that window has passed, it lapses).
 func (e *Engine) endLease(key string, l *lease) {
 	if l.tokens <= 0 {
 		return
 	}
-	if !l.returns {
-		e.stats.LeaseLapsed.Add(l.tokens)
-		return
-	}
 	e.returnsMu.Lock()
-	e.returns = append(e.returns, leaseReturn{key: key, params: l.params, n: l.tokens})
+	e.returns = append(e.returns, leaseReturn{key: key, params: l.params, n: l.tokens, takenAt: l.takenAt})
 	e.returnsMu.Unlock()
 }
 

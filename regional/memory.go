@@ -38,7 +38,8 @@ type memShard struct {
 
 type memEntry struct {
 	s       State
-	expires int64 // µs
+	alg     Algorithm // state written by another algorithm is no state
+	expires int64     // µs
 }
 
 // NewMemoryStore returns an empty store that reads time from clock; nil
@@ -78,11 +79,11 @@ func (m *MemoryStore) unlock(idx []int) {
 	}
 }
 
-// get returns key's entry, or nil, and its live state; the caller holds
-// its shard's lock.
-func (m *MemoryStore) get(sh *memShard, key []byte, now int64) (*memEntry, State) {
+// get returns key's entry, or nil, and its live state for algorithm alg;
+// the caller holds its shard's lock.
+func (m *MemoryStore) get(sh *memShard, key []byte, alg Algorithm, now int64) (*memEntry, State) {
 	e := sh.entries[string(key)]
-	if e != nil && e.expires > now {
+	if e != nil && e.expires > now && e.alg == alg {
 		return e, e.s
 	}
 	return e, State{}
@@ -95,7 +96,7 @@ func (m *MemoryStore) put(sh *memShard, e *memEntry, key []byte, p *Params, s *S
 		e = &memEntry{}
 		sh.entries[string(key)] = e
 	}
-	e.s, e.expires = *s, now+ttl(p, s, now)
+	e.s, e.alg, e.expires = *s, p.Algorithm, now+ttl(p, s, now)
 }
 
 func (m *MemoryStore) sweep(sh *memShard, now int64) {
@@ -125,7 +126,7 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 	if len(ops) == 1 { // most requests meet one limit: no buffers, no ordering
 		op, sh := &ops[0], &m.shards[m.shard(ops[0].Key)]
 		sh.mu.Lock()
-		e, s := m.get(sh, op.Key, now)
+		e, s := m.get(sh, op.Key, op.Params.Algorithm, now)
 		decideOp(op, &s, now, &results[0])
 		if results[0].Allowed {
 			m.put(sh, e, op.Key, &op.Params, &s, now)
@@ -146,7 +147,7 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 	defer m.unlock(idx)
 	for i := range ops {
 		op := &ops[i]
-		e, cur := m.get(&m.shards[shards[i]], op.Key, now)
+		e, cur := m.get(&m.shards[shards[i]], op.Key, op.Params.Algorithm, now)
 		next, entries = append(next, cur), append(entries, e)
 		decideOp(op, &next[i], now, &results[i])
 	}
@@ -168,7 +169,7 @@ func (m *MemoryStore) Inspect(_ context.Context, key []byte, p Params) (Result, 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := m.now()
-	_, cur := m.get(sh, key, now)
+	_, cur := m.get(sh, key, p.Algorithm, now)
 	return inspect(p, cloneLog(cur), now), nil
 }
 
@@ -190,52 +191,76 @@ func (m *MemoryStore) Reset(_ context.Context, key []byte, _ Params) error {
 
 // Grant implements Store.
 func (m *MemoryStore) Grant(_ context.Context, key []byte, p Params, n int64) (Result, error) {
+	r, _ := m.giveBack(key, p, n, -1)
+	return r, nil
+}
+
+// Refund implements Store.
+func (m *MemoryStore) Refund(_ context.Context, key []byte, p Params, n, at int64) (int64, error) {
+	_, applied := m.giveBack(key, p, n, at)
+	return applied, nil
+}
+
+func (m *MemoryStore) giveBack(key []byte, p Params, n, at int64) (Result, int64) {
 	sh := &m.shards[m.shard(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := m.now()
-	e, cur := m.get(sh, key, now)
-	s := grant(p, cur, now, n)
-	m.put(sh, e, key, &p, &s, now)
-	return inspect(p, cloneLog(s), now), nil
+	e, cur := m.get(sh, key, p.Algorithm, now)
+	s, applied := giveBack(p, cur, now, n, at)
+	if applied > 0 {
+		m.put(sh, e, key, &p, &s, now)
+	}
+	return inspect(p, cloneLog(s), now), applied
 }
 
-// grant returns the state after giving n back to the counter, as the
-// Store.Grant contract says.
-func grant(p Params, s State, now, n int64) State {
+// giveBack returns a counter's state after n is given back to it, and how
+// much was: a grant (at < 0), to the counter as it stands, or a refund of
+// n taken at time at, which only counts in the window at was in — given to
+// a later window it would admit more than the limit. A token bucket or GCRA
+// fills by n, at most to full; a window's count goes down by n, below zero
+// if need be; a log forgets n units, the newest (a grant) or those logged at
+// at (a refund).
+func giveBack(p Params, s State, now, n, at int64) (State, int64) {
 	t, c := float64(now), float64(n)
 	switch p.Algorithm {
 	case TokenBucket:
-		return State{Exists: true, A: fmin(float64(p.Limit), tbTokens(&p, &s, t)+c), B: t}
+		return State{Exists: true, A: fmin(float64(p.Limit), tbTokens(&p, &s, t)+c), B: t}, n
 	case GCRA:
-		tat := t
-		if s.Exists {
-			tat = fmax(s.A, t)
-		}
-		return State{Exists: true, A: fmax(t, tat-float64(c*(1e6/p.Rate)))}
+		return State{Exists: true, A: fmax(0, gcraDebt(&p, &s, t)-c), B: t}, n
 	case FixedWindow:
 		start, count := fwCount(&p, &s, t)
-		return State{Exists: true, A: start, B: count - c}
+		if at >= 0 && float64(at/p.Window*p.Window) != start {
+			return s, 0
+		}
+		return State{Exists: true, A: start, B: count - c}, n
 	case SlidingWindowCounter:
 		start, cur, prev := swcCounts(&p, &s, t)
-		return State{Exists: true, A: start, B: cur - c, C: prev}
+		switch window := float64(at / p.Window * p.Window); {
+		case at < 0 || window == start:
+			cur -= c
+		case window == start-float64(p.Window):
+			prev -= c
+		default:
+			return s, 0
+		}
+		return State{Exists: true, A: start, B: cur, C: prev}, n
 	case SlidingWindowLog:
-		// Forget the newest n units logged: at most what the window holds.
 		sum, log := trimLog(&p, &s, t)
 		log = slices.Clone(log)
-		for c > 0 && len(log) > 0 {
-			last := &log[len(log)-1]
-			take := fmin(c, last.Cost)
-			last.Cost -= take
-			sum -= take
-			c -= take
-			if last.Cost == 0 {
-				log = log[:len(log)-1]
+		given := 0.0
+		for i := len(log) - 1; i >= 0 && given < c; i-- {
+			if at >= 0 && log[i].At != float64(at) {
+				continue
 			}
+			take := fmin(c-given, log[i].Cost)
+			log[i].Cost -= take
+			given += take
 		}
-		return State{Exists: len(log) > 0, A: sum, B: s.B, Log: log}
+		log = slices.DeleteFunc(log, func(e LogEntry) bool { return e.Cost == 0 })
+		return State{Exists: len(log) > 0, A: sum - given, B: s.B, Log: log}, int64(given)
 	}
-	return s
+	return s, 0
 }
 
 // Len returns the number of live counters, for tests and metrics.

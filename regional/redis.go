@@ -39,6 +39,10 @@ type RedisOptions struct {
 	// Timeout bounds one pipeline's round trip; 0 means 50ms. Callers
 	// usually bound their own wait with a shorter context.
 	Timeout time.Duration
+	// Observe, if set, hears of every pipeline: how long it took, how many
+	// scripts it ran, and its error. It is called on the store's own
+	// goroutines and must not block (a metrics histogram, say).
+	Observe func(took time.Duration, scripts int, err error)
 }
 
 func (o RedisOptions) withDefaults() RedisOptions {
@@ -211,7 +215,7 @@ type redisGroup struct {
 	cmd    *redis.Cmd
 }
 
-func (s *RedisStore) newCall(ops []Op, mode string, grant int64) *redisCall {
+func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c := s.calls.Get().(*redisCall)
 	c.limits, c.groups, c.err, c.now = c.limits[:0], c.groups[:0], nil, 0
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
@@ -228,7 +232,7 @@ func (s *RedisStore) newCall(ops []Op, mode string, grant int64) *redisCall {
 			g++
 		}
 		if g == len(c.groups) {
-			c.groups = append(c.groups, redisGroup{slot: slot, args: s.argsHead(mode, grant)})
+			c.groups = append(c.groups, redisGroup{slot: slot, args: s.argsHead(mode, n, at)})
 		}
 		grp := &c.groups[g]
 		grp.limits = append(grp.limits, i)
@@ -237,7 +241,9 @@ func (s *RedisStore) newCall(ops []Op, mode string, grant int64) *redisCall {
 	return c
 }
 
-func (s *RedisStore) argsHead(mode string, grant int64) []any {
+// argsHead is the script's first arguments: the time (tests), the minimum
+// TTL (tests), the mode, and the amount given back and when it was taken.
+func (s *RedisStore) argsHead(mode string, n, at int64) []any {
 	now, minTTL := "", ""
 	if s.testNow != nil {
 		now = strconv.FormatInt(s.testNow(), 10)
@@ -245,7 +251,7 @@ func (s *RedisStore) argsHead(mode string, grant int64) []any {
 	if s.testMinTTL > 0 {
 		minTTL = strconv.FormatInt(s.testMinTTL, 10)
 	}
-	return []any{now, minTTL, mode, grant}
+	return []any{now, minTTL, mode, n, at}
 }
 
 func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
@@ -262,7 +268,8 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 }
 
 // do runs a call and waits for it, until ctx ends or the deadline passes;
-// a zero deadline means the store's own timeout.
+// a zero deadline means the store's own timeout. A call given up on is
+// the worker's to finish and is not reused.
 func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, deadline time.Time) (int64, error) {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(s.opts.Timeout)
@@ -271,12 +278,16 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 		deadline = d
 	}
 	c.deadline = deadline
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
 	select {
 	case s.queue <- c:
 	case <-s.stop:
 		return 0, ErrStoreClosed
 	case <-ctx.Done():
 		return 0, ctx.Err()
+	case <-timer.C:
+		return 0, fmt.Errorf("regional: redis: %w (no pipeline free)", context.DeadlineExceeded)
 	}
 	select {
 	case <-c.done:
@@ -285,32 +296,55 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 		s.calls.Put(c)
 		return now, err
 	case <-ctx.Done():
-		return 0, ctx.Err() // the call is the worker's to finish, and is not reused
+		return 0, ctx.Err()
+	case <-timer.C:
+		return 0, fmt.Errorf("regional: redis: %w", context.DeadlineExceeded)
+	case <-s.stop:
+		return 0, ErrStoreClosed
 	}
 }
 
 // Apply implements Store. The call is bounded by the store's timeout, or
 // ctx's deadline if sooner.
 func (s *RedisStore) Apply(ctx context.Context, ops []Op, results []Result) (int64, error) {
-	return s.do(ctx, s.newCall(ops, "check", 0), results, time.Time{})
+	return s.do(ctx, s.newCall(ops, "check", 0, -1), results, time.Time{})
 }
 
 func (s *RedisStore) applyUntil(ctx context.Context, ops []Op, results []Result, deadline time.Time) (int64, error) {
-	return s.do(ctx, s.newCall(ops, "check", 0), results, deadline)
+	return s.do(ctx, s.newCall(ops, "check", 0, -1), results, deadline)
 }
 
 // Inspect implements Store.
 func (s *RedisStore) Inspect(ctx context.Context, key []byte, p Params) (Result, error) {
 	var r [1]Result
-	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "inspect", 0), r[:], time.Time{})
+	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "inspect", 0, -1), r[:], time.Time{})
 	return r[0], err
 }
 
 // Grant implements Store.
 func (s *RedisStore) Grant(ctx context.Context, key []byte, p Params, n int64) (Result, error) {
 	var r [1]Result
-	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "grant", n), r[:], time.Time{})
+	_, err := s.do(ctx, s.newCall([]Op{{Key: key, Params: p}}, "grant", n, -1), r[:], time.Time{})
 	return r[0], err
+}
+
+// Refund implements Store.
+func (s *RedisStore) Refund(ctx context.Context, key []byte, p Params, n, at int64) (int64, error) {
+	l := redisLimit{key: string(key), params: p}
+	keys, args := l.appendArgs(nil, s.argsHead("refund", n, at))
+	vals, err := s.client.EvalSha(ctx, limitsSHA, keys, args...).Int64Slice()
+	if err != nil && isNoScript(err) {
+		if err = s.loadScripts(ctx); err == nil {
+			vals, err = s.client.EvalSha(ctx, limitsSHA, keys, args...).Int64Slice()
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("regional: redis: refund: %w", err)
+	}
+	if len(vals) != 2 {
+		return 0, fmt.Errorf("regional: redis: unexpected refund reply %v", vals)
+	}
+	return vals[1], nil
 }
 
 // Reset implements Store.
@@ -367,6 +401,7 @@ func (s *RedisStore) run(batch []*redisCall) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	start := time.Now()
 	err := s.exec(ctx, batch, func(g *redisGroup) bool { return true })
 	if err != nil && isNoScript(err) {
 		// The server lost its scripts (a restart, SCRIPT FLUSH): load and
@@ -375,29 +410,49 @@ func (s *RedisStore) run(batch []*redisCall) {
 			err = s.exec(ctx, batch, func(g *redisGroup) bool { return g.cmd.Err() != nil && isNoScript(g.cmd.Err()) })
 		}
 	}
-	var refunds []redisLimit
+	var refunds []refund
 	for _, c := range batch {
 		c.err = nil
+		ok := make([]bool, len(c.groups))
 		for gi := range c.groups {
-			if gerr := c.groups[gi].cmd.Err(); gerr != nil {
-				c.err = fmt.Errorf("regional: redis: %w", gerr)
-				break
+			err := c.groups[gi].cmd.Err()
+			if err != nil {
+				err = fmt.Errorf("regional: redis: %w", err)
+			} else {
+				err = c.read(&c.groups[gi])
 			}
-			if err := c.read(&c.groups[gi]); err != nil {
+			if err != nil && c.err == nil {
 				c.err = err
-				break
 			}
+			ok[gi] = err == nil
 		}
-		if c.err == nil && len(c.groups) > 1 {
-			refunds = c.refunds(refunds)
+		if len(c.groups) > 1 {
+			refunds = c.refunds(refunds, ok)
 		}
 	}
 	if len(refunds) > 0 {
-		s.refund(ctx, refunds)
+		s.refund(refunds)
+	}
+	if s.opts.Observe != nil { // before the callers have their calls back
+		scripts := 0
+		for _, c := range batch {
+			scripts += len(c.groups)
+		}
+		s.opts.Observe(time.Since(start), scripts, batchError(batch))
 	}
 	for _, c := range batch {
 		c.done <- struct{}{}
 	}
+}
+
+// batchError is the first error of a batch's calls, for observers.
+func batchError(batch []*redisCall) error {
+	for _, c := range batch {
+		if c.err != nil {
+			return c.err
+		}
+	}
+	return nil
 }
 
 func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, want func(*redisGroup) bool) error {
@@ -440,9 +495,16 @@ func (c *redisCall) read(g *redisGroup) error {
 	return nil
 }
 
+// refund is a limit's cost to give back, taken at the store's time at.
+type refund struct {
+	redisLimit
+	at int64
+}
+
 // refunds lists what to give back when the limits of one request were split
-// over slots, and one slot denied while another took its cost.
-func (c *redisCall) refunds(dst []redisLimit) []redisLimit {
+// over slots and the request did not go ahead (a slot denied, or failed)
+// while another slot took its cost. ok[g] says group g answered.
+func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 	denied := func(limits []int) bool {
 		for _, i := range limits {
 			if !c.limits[i].shadow && !c.results[i].Allowed {
@@ -451,20 +513,22 @@ func (c *redisCall) refunds(dst []redisLimit) []redisLimit {
 		}
 		return false
 	}
-	all := make([]int, len(c.limits))
-	for i := range all {
-		all[i] = i
+	failed := false
+	for gi := range c.groups {
+		if !ok[gi] || denied(c.groups[gi].limits) {
+			failed = true
+		}
 	}
-	if !denied(all) {
+	if !failed {
 		return dst
 	}
 	for gi := range c.groups {
-		if g := &c.groups[gi]; !denied(g.limits) {
+		if g := &c.groups[gi]; ok[gi] && !denied(g.limits) {
 			for _, i := range g.limits {
 				if r := c.results[i]; r.Allowed {
 					l := c.limits[i]
 					l.cost, l.lease = r.Taken, 0
-					dst = append(dst, l)
+					dst = append(dst, refund{redisLimit: l, at: c.now})
 				}
 			}
 		}
@@ -472,16 +536,20 @@ func (c *redisCall) refunds(dst []redisLimit) []redisLimit {
 	return dst
 }
 
-func (s *RedisStore) refund(ctx context.Context, limits []redisLimit) {
+// refund gives back what split requests took, on a deadline of its own:
+// the batch's may be spent. Best effort: a lost refund leaves a limit
+// stricter, never looser.
+func (s *RedisStore) refund(refunds []refund) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+	defer cancel()
 	pipe := s.client.Pipeline()
-	for i := range limits {
-		l := limits[i]
-		n := l.cost
-		l.cost = 0
-		keys, args := l.appendArgs(nil, s.argsHead("grant", n))
+	for _, r := range refunds {
+		n := r.cost
+		r.cost = 0
+		keys, args := r.appendArgs(nil, s.argsHead("refund", n, r.at))
 		pipe.EvalSha(ctx, limitsSHA, keys, args...)
 	}
-	pipe.Exec(ctx) // best effort: a lost refund leaves a limit stricter, never looser
+	pipe.Exec(ctx)
 }
 
 const blocksKey = "gq:blocks"

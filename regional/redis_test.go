@@ -64,7 +64,7 @@ func TestStoresDecideAlike(t *testing.T) {
 				if rapid.IntRange(0, 3).Draw(t, "use") > 0 {
 					op := Op{
 						Key:    []byte(fmt.Sprintf("gq:{diff%d:%d}", run, i)),
-						Params: p, Cost: rapid.Int64Range(1, p.Limit).Draw(t, "cost"), Shadow: shadow[i],
+						Params: p, Cost: genCost(t, p), Shadow: shadow[i],
 					}
 					if p.Algorithm != SlidingWindowLog && rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
 						op.Lease = rapid.Int64Range(1, p.Limit).Draw(t, "lease")
@@ -75,12 +75,24 @@ func TestStoresDecideAlike(t *testing.T) {
 			if len(ops) == 0 {
 				continue
 			}
-			if rapid.IntRange(0, 9).Draw(t, "grant") == 0 {
+			switch rapid.IntRange(0, 9).Draw(t, "give back") {
+			case 0:
 				n := rapid.Int64Range(1, 5).Draw(t, "n")
 				gm, err1 := mem.Grant(ctx, ops[0].Key, ops[0].Params, n)
 				gr, err2 := rs.Grant(ctx, ops[0].Key, ops[0].Params, n)
 				if err1 != nil || err2 != nil || gm != gr {
 					t.Fatalf("grant %d on %v: memory %+v (%v), redis %+v (%v)", n, ops[0].Params, gm, err1, gr, err2)
+				}
+				continue
+			case 1:
+				// A refund of what was taken at some recent time, in this
+				// window or an earlier one.
+				n := rapid.Int64Range(1, 5).Draw(t, "n")
+				at := clock.micros() - rapid.SampledFrom([]int64{0, 1, 999, 61e6}).Draw(t, "taken ago")
+				gm, err1 := mem.Refund(ctx, ops[0].Key, ops[0].Params, n, at)
+				gr, err2 := rs.Refund(ctx, ops[0].Key, ops[0].Params, n, at)
+				if err1 != nil || err2 != nil || gm != gr {
+					t.Fatalf("refund %d taken at now-%d on %v: memory %d (%v), redis %d (%v)", n, clock.micros()-at, ops[0].Params, gm, err1, gr, err2)
 				}
 				continue
 			}

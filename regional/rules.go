@@ -116,6 +116,8 @@ const (
 	// maxLimit keeps every count exact in the float arithmetic that the Lua
 	// scripts and their Go twins share.
 	maxLimit = 1 << 40
+	// maxRate bounds token-bucket and GCRA rates, per second.
+	maxRate = 1e9
 	// minWindow and maxWindow bound windows and token-bucket periods.
 	minWindow = time.Millisecond
 	maxWindow = 366 * 24 * time.Hour
@@ -141,7 +143,12 @@ func Parse(name string, src []byte) (*RuleSet, error) {
 	if err := dec.Decode(&spec); err != nil && !errors.Is(err, io.EOF) {
 		return nil, yamlError(name, src, err)
 	}
-	return compile(name, spec, ruleLines(src))
+	rs, err := compile(name, spec, ruleLines(src))
+	if err != nil {
+		return nil, err
+	}
+	rs.yaml = bytes.Clone(src)
+	return rs, nil
 }
 
 // yamlError turns a decoding error into a RuleError naming the rule whose
@@ -256,6 +263,14 @@ func compile(name string, spec fileSpec, spans []ruleSpan) (*RuleSet, error) {
 		r, err := compileRule(s, i)
 		if err != nil {
 			err.File, err.Line = name, lineOf(i)
+			if i < len(spans) {
+				field, _, _ := strings.Cut(err.Field, "[")
+				for line, f := range spans[i].fields {
+					if f == field {
+						err.Line = line // the field's own line
+					}
+				}
+			}
 			if err.Rule == "" {
 				err.Rule = fmt.Sprintf("#%d", i+1)
 			}
@@ -287,8 +302,9 @@ func compileRule(s ruleSpec, index int) (*Rule, *RuleError) {
 	if s.ID == "" {
 		return nil, fail("id", "required")
 	}
-	if len(s.ID) > 128 || strings.ContainsAny(s.ID, "{}|\\ \t\n") {
-		return nil, fail("id", "must be at most 128 characters, without spaces, braces, | or \\")
+	if len(s.ID) > 128 || strings.ContainsAny(s.ID, "{}|\\: \t\n") {
+		// The id begins every counter's key, ended by a colon.
+		return nil, fail("id", "must be at most 128 characters, without spaces, braces, colons, | or \\")
 	}
 	r := &Rule{ID: s.ID, index: index, Domain: s.Domain, By: s.By, Shadow: s.Shadow, CarryDebt: s.CarryDebt, Cost: 1}
 	if err := r.compileMatch(s.Match); err != nil {
@@ -427,8 +443,8 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 		if v == nil {
 			return 0, fail(name, "required")
 		}
-		if !(*v > 0) || math.IsInf(*v, 0) || *v > 1e9 {
-			return 0, fail(name, "must be a positive number of at most 1e9")
+		if !(*v > 0) || math.IsInf(*v, 0) || *v > maxRate {
+			return 0, fail(name, "must be a positive number of at most %g", maxRate)
 		}
 		return *v, nil
 	}
@@ -490,6 +506,23 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 			return fail("overrides", "key %q: limit %d must be between 1 and %d", key, n, limitMax)
 		}
 	}
+	if s.Tiers != nil && len(s.Tiers) == 0 {
+		return fail("tiers", "empty: list the tiers and their limits, or leave tiers out")
+	}
+	if s.Match.Tier != "" && s.Tiers != nil {
+		if _, ok := s.Tiers[s.Match.Tier]; !ok {
+			return fail("match.tier", "%q is not among the rule's tiers, so the rule would never apply", s.Match.Tier)
+		}
+	}
+	// Tiers and overrides scale a rate with the limit (see Params.scaled):
+	// the scaled rate must stay within bounds too.
+	if p.Rate > 0 {
+		for _, n := range slices.Concat(slices.Collect(maps.Values(s.Tiers)), slices.Collect(maps.Values(s.Overrides))) {
+			if scaled := p.scaled(n); scaled.Rate > maxRate {
+				return fail("tiers", "a limit of %d scales the rate to %.3g a second, above %g", n, scaled.Rate, maxRate)
+			}
+		}
+	}
 	r.Tiers, r.Overrides = s.Tiers, s.Overrides
 	if p.Limit == 0 {
 		// Tiers alone: the tiers' limits scale the numbers given.
@@ -535,6 +568,9 @@ func (r *Rule) compileMatch(m matchSpec) *RuleError {
 				return fail("ip", "%q: want a CIDR such as 203.0.113.0/24 or an address", m.IP)
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 { // request addresses are unmapped: so is the rule's
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 		}
 		r.match.ip = p.Masked()
 	}

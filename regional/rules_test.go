@@ -16,7 +16,7 @@ import (
 
 func loadSpecExample(t testing.TB) *RuleSet {
 	t.Helper()
-	rs, err := LoadFile("testdata/spec-example.yaml")
+	rs, err := Parse("example-rules.yaml", ExampleRules)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestRuleErrorsNameFileRuleAndField(t *testing.T) {
 		{"duration as a number", base + "  - id: bad\n    algorithm: fixed_window\n    limit: 5\n    window: 60\n", []string{`rule "bad"`, "window"}},
 		{"missing id", base + "  - by: [api_key]\n    capacity: 1\n    refill_per_second: 1\n", []string{`rule "#2"`, "id: required"}},
 		{"duplicate id", base + "  - id: ok\n    capacity: 1\n    refill_per_second: 1\n", []string{`rule "ok"`, "id: used by another rule"}},
-		{"zero refill", "rules:\n  - id: z\n    capacity: 10\n    refill_per_second: 0\n", []string{"rules.yaml:2", `rule "z"`, "refill_per_second"}},
+		{"zero refill, at its own line", "rules:\n  - id: z\n    capacity: 10\n    refill_per_second: 0\n", []string{"rules.yaml:4", `rule "z"`, "refill_per_second"}},
 		{"missing capacity", "rules:\n  - id: z\n    refill_per_second: 1\n", []string{`rule "z"`, "capacity: required"}},
 		{"unknown algorithm", "rules:\n  - id: a\n    algorithm: leaky\n", []string{`rule "a"`, "algorithm", "leaky"}},
 		{"field of another algorithm", "rules:\n  - id: a\n    capacity: 5\n    refill_per_second: 1\n    window: 1m\n", []string{`rule "a"`, "window: does not apply to"}},

@@ -12,6 +12,7 @@ import (
 type RuleSet struct {
 	// Source names where the rules came from (a file), for messages.
 	Source string
+	yaml   []byte
 
 	rules       []*Rule
 	byID        map[string]*Rule
@@ -31,6 +32,9 @@ type tierOf struct {
 	apiKey glob
 	tier   string
 }
+
+// YAML returns the rules file the set was compiled from.
+func (rs *RuleSet) YAML() []byte { return rs.yaml }
 
 // Rules returns the rules in file order.
 func (rs *RuleSet) Rules() []*Rule { return rs.rules }

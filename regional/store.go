@@ -21,8 +21,14 @@ type Store interface {
 	Reset(ctx context.Context, key []byte, p Params) error
 	// Grant gives a counter n more: a window's count goes down by n (below
 	// zero if need be, so that the window admits more than its limit); a
-	// token bucket or GCRA fills by n, at most to full.
+	// token bucket or GCRA fills by n, at most to full; a log forgets its
+	// newest n units.
 	Grant(ctx context.Context, key []byte, p Params, n int64) (Result, error)
+	// Refund gives back n that a request took at time at (µs, the store's
+	// time): only into the window it was taken in, so that what a window
+	// did not use cannot be spent in the next one. It returns how much it
+	// gave back.
+	Refund(ctx context.Context, key []byte, p Params, n, at int64) (int64, error)
 }
 
 // timedStore is a store that bounds its calls itself: the engine hands it

@@ -6,22 +6,25 @@
 --       key (a sorted set of "seq:cost" members scored by time).
 -- ARGV[1]: now in microseconds (tests only), or '' to use the server's TIME
 -- ARGV[2]: minimum TTL in milliseconds (tests only), or ''
--- ARGV[3]: mode: 'check', 'inspect' or 'grant'
--- ARGV[4]: grant amount ('grant' only)
--- ARGV[5...]: per limit 7 values: algorithm, limit, rate, window, cost,
+-- ARGV[3]: mode: 'check', 'inspect', 'grant' or 'refund'
+-- ARGV[4]: the amount to give back ('grant', 'refund')
+-- ARGV[5]: when the refunded amount was taken, µs ('refund')
+-- ARGV[6...]: per limit 7 values: algorithm, limit, rate, window, cost,
 --            shadow, lease (0: none; else take up to lease, at least cost)
 --
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
--- retry_after, taken}.
+-- retry_after, taken}; for 'refund', {now, then per limit the amount given
+-- back}.
 --
--- A counter's state is one string of up to three numbers (see State in
--- algorithm.go). Every number sent to Redis is formatted with %.17g: Lua's
--- own conversion keeps 14 digits, and a time in microseconds has 16.
+-- A counter's state is one string: its algorithm, then up to three numbers
+-- (see State in algorithm.go); state of another algorithm is no state.
+-- Every number sent to Redis is formatted with %.17g: Lua's own conversion
+-- keeps 14 digits, and a time in microseconds has 16.
 --
 -- The script runs for every check, and Redis runs its whole body each
 -- time, creating every function it defines: so the common algorithms are
--- written out in the main loop, and the rest (the log, grants, the waits
--- of denied requests) are made only when a request needs them.
+-- written out in the main loop, and the rest (the log, giving back) are
+-- made only when a request needs them.
 
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local format, match, tonumber, call = string.format, string.match, tonumber, redis.call
@@ -37,16 +40,38 @@ else
 end
 local min_ttl = tonumber(ARGV[2]) or 0
 local mode = ARGV[3]
-local grant_n = tonumber(ARGV[4]) or 0
+local give_n = tonumber(ARGV[4]) or 0
+local give_at = tonumber(ARGV[5]) or -1
 
--- settle is settle() in algorithm.go: the exact wait after which allows holds.
-local function settle(t0, wait, allows)
-  wait = max(1, ceil(wait))
-  local i = 0
-  while i < 16 and wait > 1 and allows(t0 + wait - 1) do wait = wait - 1; i = i + 1 end
-  i = 0
-  while i < 16 and not allows(t0 + wait) do wait = wait + 1; i = i + 1 end
-  return wait
+-- settle is settle() in algorithm.go: the shortest whole wait after which
+-- allows(t, ...) holds, found exactly however far off the estimate is. The
+-- predicate's own arguments follow it, so that no closure is made for it.
+local function settle(t0, wait, allows, ...)
+  local w = max(1, ceil(wait))
+  local lo, hi = 0, 0
+  if allows(t0 + w, ...) then
+    if w == 1 or not allows(t0 + w - 1, ...) then return w end
+    hi = w - 1
+    local step = 1
+    for _ = 1, 64 do
+      lo = max(0, hi - step)
+      if lo == 0 or not allows(t0 + lo, ...) then break end
+      hi, step = lo, step * 2
+    end
+  else
+    lo = w
+    local step = 1
+    for _ = 1, 64 do
+      hi = lo + step
+      if allows(t0 + hi, ...) then break end
+      lo, step = hi, step * 2
+    end
+  end
+  while hi - lo > 1 do
+    local mid = lo + floor((hi - lo) / 2)
+    if allows(t0 + mid, ...) then hi = mid else lo = mid end
+  end
+  return hi
 end
 
 local function tb_tokens(limit, rate, ex, a, b, t)
@@ -55,15 +80,40 @@ local function tb_tokens(limit, rate, ex, a, b, t)
   return min(limit, a + elapsed * rate / 1e6)
 end
 
+-- tb_has: whether the bucket holds need at t (settle's predicate).
+local function tb_has(t, limit, rate, ex, a, b, need)
+  return tb_tokens(limit, rate, ex, a, b, t) >= need
+end
+
+local function gcra_debt(rate, ex, a, b, t)
+  if not ex then return 0 end
+  local elapsed = max(0, t - b)
+  return max(0, a - elapsed * rate / 1e6)
+end
+
+-- gcra_fits is gcraFits() in algorithm.go.
+local function gcra_fits(debt, burst)
+  local n = floor(burst - debt)
+  for _ = 1, 2 do if debt + (n + 1) <= burst then n = n + 1 end end
+  for _ = 1, 2 do if n > 0 and debt + n > burst then n = n - 1 end end
+  return n
+end
+
+-- gcra_within: whether the meter at t takes cost within the burst
+-- (settle's predicate); with cost and burst 0, whether it is empty.
+local function gcra_within(t, rate, ex, a, b, cost, burst)
+  return gcra_debt(rate, ex, a, b, t) + cost <= burst
+end
+
 -- ttl_ms mirrors ttl() in algorithm.go, in µs, then rounds up to the
 -- milliseconds Redis keeps: the key lives a little longer, which changes
 -- nothing. newest is the log's newest entry.
-local function ttl_ms(alg, limit, rate, window, a, newest)
+local function ttl_ms(alg, limit, rate, window, a, b, newest)
   local until_us
   if alg == TOKEN_BUCKET then
     until_us = now + ceil((limit - a) * 1e6 / rate) + TB_EXPIRY_MARGIN
   elseif alg == GCRA then
-    until_us = ceil(a)
+    until_us = b + ceil(a * 1e6 / rate) + TB_EXPIRY_MARGIN
   elseif alg == FIXED then
     until_us = a + window
   elseif alg == COUNTER then
@@ -74,7 +124,11 @@ local function ttl_ms(alg, limit, rate, window, a, newest)
   return format('%d', max(min_ttl, floor(max(1, until_us - now) / 1000) + 1))
 end
 
--- The sliding window log, and grants: made only when a request needs them.
+local function store(key, alg, limit, rate, window, a, b, c, newest)
+  call('SET', key, format('%d %.17g %.17g %.17g', alg, a, b, c), 'PX', ttl_ms(alg, limit, rate, window, a, b, newest))
+end
+
+-- The sliding window log: made only when a request needs it.
 local log_helpers
 local function logs()
   if log_helpers then return log_helpers end
@@ -113,61 +167,71 @@ local function logs()
     if newest then reset = newest + window end
     return allowed, limit - sum, reset, retry, sum, seq
   end
-  -- forget: the log forgets its newest n units, at most what the window
-  -- holds; returns sum, seq.
-  local function forget(window, ex, b, logkey, n)
+  -- forget: the log forgets n units, the newest (at < 0) or those logged
+  -- at at; returns the sum left, and what it forgot.
+  local function forget(window, ex, logkey, n, at)
     call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
     local live = call('ZREVRANGEBYSCORE', logkey, '+inf', '-inf', 'WITHSCORES')
-    local sum = 0
+    local sum, given = 0, 0
     for i = 1, #live, 2 do sum = sum + member_cost(live[i]) end
     for i = 1, #live, 2 do
-      if n <= 0 then break end
-      local m, at = live[i], live[i + 1]
-      local cm = member_cost(m)
-      local take = min(n, cm)
-      call('ZREM', logkey, m)
-      if cm - take > 0 then
-        call('ZADD', logkey, at, match(m, '^(.-):') .. ':' .. format('%.17g', cm - take))
+      if given >= n then break end
+      local m, t = live[i], tonumber(live[i + 1])
+      if at < 0 or t == at then
+        local cm = member_cost(m)
+        local take = min(n - given, cm)
+        call('ZREM', logkey, m)
+        if cm - take > 0 then
+          call('ZADD', logkey, live[i + 1], match(m, '^(.-):') .. ':' .. format('%.17g', cm - take))
+        end
+        given = given + take
       end
-      sum, n = sum - take, n - take
     end
-    local seq = 0
-    if ex then seq = b end
-    return sum, seq
+    return sum - given, given
   end
   log_helpers = {decide = decide, forget = forget}
   return log_helpers
 end
 
--- Grant mirrors grant() in memory.go: the state after giving n back.
-local function granted(alg, limit, rate, window, ex, a, b, c, logkey, n)
+-- give_back mirrors giveBack() in memory.go: the state after n is given
+-- back (at < 0: a grant; else a refund of n taken at at), and how much was.
+local function give_back(alg, limit, rate, window, ex, a, b, c, logkey, n, at)
   if alg == TOKEN_BUCKET then
-    return min(limit, tb_tokens(limit, rate, ex, a, b, now) + n), now, 0
+    return min(limit, tb_tokens(limit, rate, ex, a, b, now) + n), now, 0, n
   elseif alg == GCRA then
-    local tat = now
-    if ex then tat = max(a, now) end
-    return max(now, tat - n * (1e6 / rate)), 0, 0
+    return max(0, gcra_debt(rate, ex, a, b, now) - n), now, 0, n
   elseif alg == FIXED then
     local start = floor(now / window) * window
     local count = 0
     if ex and a == start then count = b end
-    return start, count - n, 0
+    if at >= 0 and floor(at / window) * window ~= start then return a, b, c, 0 end
+    return start, count - n, 0, n
   elseif alg == COUNTER then
     local start = floor(now / window) * window
     local cur, prev = 0, 0
     if ex then
       if a == start then cur, prev = b, c elseif a == start - window then prev = b end
     end
-    return start, cur - n, prev
+    local w = floor(at / window) * window
+    if at < 0 or w == start then
+      cur = cur - n
+    elseif w == start - window then
+      prev = prev - n
+    else
+      return a, b, c, 0
+    end
+    return start, cur, prev, n
   end
-  local sum, seq = logs().forget(window, ex, b, logkey, n)
-  return sum, seq, 0
+  local sum, given = logs().forget(window, ex, logkey, n, at)
+  local seq = 0
+  if ex then seq = b end
+  return sum, seq, 0, given
 end
 
 -- Decide every limit, changing nothing yet; pending lists, flattened ten
 -- values a limit, what to store if the request goes ahead.
 local out, commit, pending, np = {now}, true, {}, 0
-local k, i = 1, 5
+local k, i = 1, 6
 while i + 6 <= #ARGV do
   local alg, limit, rate, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local cost, shadow, lease = tonumber(ARGV[i + 4]), ARGV[i + 5] == '1', tonumber(ARGV[i + 6])
@@ -180,138 +244,139 @@ while i + 6 <= #ARGV do
   local ex, a, b, c = false, 0, 0, 0
   local v = call('GET', key)
   if v then
-    local x, y, z = match(v, '^(%S+) ?(%S*) ?(%S*)$')
-    ex, a, b, c = true, tonumber(x), tonumber(y) or 0, tonumber(z) or 0
+    local sa, x, y, z = match(v, '^(%d+) (%S+) (%S+) (%S+)$')
+    if tonumber(sa) == alg then
+      ex, a, b, c = true, tonumber(x), tonumber(y), tonumber(z)
+    end
   end
-  if mode == 'grant' then
-    a, b, c = granted(alg, limit, rate, window, ex, a, b, c, logkey, grant_n)
-    ex = true
+  if mode == 'grant' or mode == 'refund' then
+    local given
+    a, b, c, given = give_back(alg, limit, rate, window, ex, a, b, c, logkey, give_n, give_at)
     if alg == LOG then
+      -- give_back trimmed the log's expired entries: its sum is stored
+      -- whether or not anything was given back.
       if a == 0 and call('ZCARD', logkey) == 0 then
         call('DEL', key)
         ex = false
       else
-        call('SET', key, format('%.17g %.17g', a, b), 'PX', ttl_ms(alg, limit, rate, window, a, now))
-        call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, now))
+        store(key, alg, limit, rate, window, a, b, c, now)
+        call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
+        ex = true
       end
-    elseif alg == GCRA then
-      call('SET', key, format('%.17g', a), 'PX', ttl_ms(alg, limit, rate, window, a, now))
-    else
-      call('SET', key, format('%.17g %.17g %.17g', a, b, c), 'PX', ttl_ms(alg, limit, rate, window, a, now))
+    elseif given > 0 then
+      store(key, alg, limit, rate, window, a, b, c, now)
+      ex = true
     end
     cost = 0
+    if mode == 'refund' then out[#out + 1] = given end
   elseif mode == 'inspect' then
     cost = 0
   end
-  local take = mode == 'check' and lease > 0
-  local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
+  if mode ~= 'refund' then
+    local take = mode == 'check' and lease > 0
+    local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
 
-  if alg == TOKEN_BUCKET then
-    local tokens = tb_tokens(limit, rate, ex, a, b, now)
-    if take then cost = max(cost, min(lease, floor(tokens))) end
-    if tokens >= cost then
-      allowed = true
-      tokens = tokens - cost
-      ex, a, b = true, tokens, now
-    else
-      retry = settle(now, (cost - tokens) * 1e6 / rate, function(t) return tb_tokens(limit, rate, ex, a, b, t) >= cost end)
-    end
-    if tokens < limit then
-      -- settle, written out: every allowed request comes this way.
-      local wait = max(1, ceil((limit - tokens) * 1e6 / rate))
-      local j = 0
-      while j < 16 and wait > 1 and tb_tokens(limit, rate, ex, a, b, now + wait - 1) >= limit do wait = wait - 1; j = j + 1 end
-      j = 0
-      while j < 16 and not (tb_tokens(limit, rate, ex, a, b, now + wait) >= limit) do wait = wait + 1; j = j + 1 end
-      reset = now + wait
-    end
-    remaining, na, nb = floor(tokens), a, b
-
-  elseif alg == FIXED then
-    local start = floor(now / window) * window
-    local n = 0
-    if ex and a == start then n = b end
-    if take then cost = max(cost, min(lease, limit - n)) end
-    if n + cost <= limit then
-      allowed = true
-      n = n + cost
-    else
-      retry = settle(now, start + window - now, function(t)
-        local st = floor(t / window) * window
-        local m = 0
-        if ex and a == st then m = b end
-        return m + cost <= limit
-      end)
-    end
-    remaining, reset, na, nb = limit - n, start + window, start, n
-
-  elseif alg == GCRA then
-    local interval = 1e6 / rate
-    local tolerance = limit * interval
-    local tat = now
-    if ex then tat = max(a, now) end
-    if take then cost = max(cost, min(lease, floor((tolerance - (tat - now)) / interval))) end
-    local nxt = tat + cost * interval
-    if now >= nxt - tolerance then
-      allowed = true
-      tat = nxt
-    else
-      retry = settle(now, nxt - tolerance - now, function(t)
-        local at = t
-        if ex then at = max(a, t) end
-        return t >= at + cost * interval - tolerance
-      end)
-    end
-    remaining, reset, na = floor((tolerance - (tat - now)) / interval), ceil(tat), nxt
-
-  elseif alg == COUNTER then
-    local start = floor(now / window) * window
-    local cur, prev = 0, 0
-    if ex then
-      if a == start then cur, prev = b, c elseif a == start - window then prev = b end
-    end
-    local est = prev * ((window - (now - start)) / window) + cur
-    if take then cost = max(cost, min(lease, floor(limit - est))) end
-    if est + cost <= limit then
-      allowed = true
-      cur = cur + cost
-    else
-      local at
-      if cur + cost <= limit then
-        at = start + (window - (limit - cur - cost) * window / prev)
+    if alg == TOKEN_BUCKET then
+      local tokens = tb_tokens(limit, rate, ex, a, b, now)
+      if take then cost = max(cost, min(lease, floor(tokens))) end
+      if tokens >= cost then
+        allowed = true
+        tokens = tokens - cost
+        ex, a, b = true, tokens, now
       else
-        at = start + window + max(0, window - (limit - cost) * window / cur)
+        retry = settle(now, (cost - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, cost)
       end
-      retry = settle(now, at - now, function(t)
-        local st = floor(t / window) * window
-        local cu, pr = 0, 0
-        if ex then
-          if a == st then cu, pr = b, c elseif a == st - window then pr = b end
+      if tokens < limit then
+        reset = now + settle(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, limit)
+      end
+      remaining, na, nb = floor(tokens), a, b
+
+    elseif alg == FIXED then
+      local start = floor(now / window) * window
+      local n = 0
+      if ex and a == start then n = b end
+      if take then cost = max(cost, min(lease, limit - n)) end
+      if n + cost <= limit then
+        allowed = true
+        n = n + cost
+      else
+        retry = settle(now, start + window - now, function(t)
+          local st = floor(t / window) * window
+          local m = 0
+          if ex and a == st then m = b end
+          return m + cost <= limit
+        end)
+      end
+      remaining, reset, na, nb = limit - n, start + window, start, n
+
+    elseif alg == GCRA then
+      local burst = limit
+      local debt = gcra_debt(rate, ex, a, b, now)
+      if take then cost = max(cost, min(lease, gcra_fits(debt, burst))) end
+      local nxt = debt + cost
+      if nxt <= burst then
+        allowed = true
+        debt = nxt
+      else
+        retry = settle(now, (nxt - burst) * 1e6 / rate, gcra_within, rate, ex, a, b, cost, burst)
+      end
+      remaining, na, nb = gcra_fits(debt, burst), nxt, now
+      if debt > 0 then
+        -- The meter as it stands after the request: taken, or as it was.
+        local sx, sa, sb = ex, a, b
+        if allowed then sx, sa, sb = true, nxt, now end
+        reset = now + settle(now, debt * 1e6 / rate, gcra_within, rate, sx, sa, sb, 0, 0)
+      end
+
+    elseif alg == COUNTER then
+      local start = floor(now / window) * window
+      local cur, prev = 0, 0
+      if ex then
+        if a == start then cur, prev = b, c elseif a == start - window then prev = b end
+      end
+      local est = prev * ((window - (now - start)) / window) + cur
+      if take then cost = max(cost, min(lease, floor(limit - est))) end
+      if est + cost <= limit then
+        allowed = true
+        cur = cur + cost
+      else
+        local at
+        if cur + cost <= limit then
+          at = start + (window - (limit - cur - cost) * window / prev)
+        else
+          at = start + window + max(0, window - (limit - cost) * window / cur)
         end
-        return pr * ((window - (t - st)) / window) + cu + cost <= limit
-      end)
-    end
-    if cur > 0 then
-      reset = start + 2 * window
-    elseif prev > 0 then
-      reset = start + window
-    end
-    remaining = floor(limit - (prev * ((window - (now - start)) / window) + cur))
-    na, nb, nc = start, cur, prev
+        retry = settle(now, at - now, function(t)
+          local st = floor(t / window) * window
+          local cu, pr = 0, 0
+          if ex then
+            if a == st then cu, pr = b, c elseif a == st - window then pr = b end
+          end
+          return pr * ((window - (t - st)) / window) + cu + cost <= limit
+        end)
+      end
+      if cur > 0 then
+        reset = start + 2 * window
+      elseif prev > 0 then
+        reset = start + window
+      end
+      remaining = floor(limit - (prev * ((window - (now - start)) / window) + cur))
+      na, nb, nc = start, cur, prev
 
-  else
-    allowed, remaining, reset, retry, na, nb = logs().decide(limit, window, ex, a, b, logkey, cost)
-  end
+    else
+      allowed, remaining, reset, retry, na, nb = logs().decide(limit, window, ex, a, b, logkey, cost)
+    end
 
-  if not allowed and not shadow then commit = false end
-  if allowed and mode == 'check' and (alg ~= LOG or cost > 0) then
-    pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
-    pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
-    np = np + 10
+    if not allowed and not shadow then commit = false end
+    if allowed and mode == 'check' and (alg ~= LOG or cost > 0) then
+      pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
+      pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
+      np = np + 10
+    end
+    local o = #out
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry
+    out[o + 5] = allowed and cost or 0
   end
-  local o = #out
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry
-  out[o + 5] = allowed and cost or 0
   i = i + 7
 end
 
@@ -320,18 +385,11 @@ if commit then
   for j = 1, np, 10 do
     local key, alg, limit, rate, window = pending[j], pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4]
     local cost, a, b, c, logkey = pending[j + 5], pending[j + 6], pending[j + 7], pending[j + 8], pending[j + 9]
-    local ttl = ttl_ms(alg, limit, rate, window, a, now)
-    if alg == TOKEN_BUCKET or alg == FIXED or alg == LOG then
-      call('SET', key, format('%.17g %.17g', a, b), 'PX', ttl)
-    elseif alg == GCRA then
-      call('SET', key, format('%.17g', a), 'PX', ttl)
-    else
-      call('SET', key, format('%.17g %.17g %.17g', a, b, c), 'PX', ttl)
-    end
+    store(key, alg, limit, rate, window, a, b, c, now)
     if alg == LOG then
       call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
       call('ZADD', logkey, format('%.17g', now), format('%d:%d', b, cost))
-      call('PEXPIRE', logkey, ttl)
+      call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
     end
   end
 end
