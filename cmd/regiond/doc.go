@@ -1,7 +1,28 @@
 // Command regiond is the region daemon: it answers "may this request go
-// through?" for the gateways of one region, over Envoy's RateLimitService,
-// geoquota's gRPC API, HTTP, or as a reverse proxy, against the region's
-// Redis, and takes part in the global limits through NATS.
+// through?" for the gateways of one region — over Envoy's RateLimitService
+// v3 and geoquota's gRPC API (one port), over HTTP, or as a reverse proxy —
+// against the region's Redis.
 //
-// Status: not built yet; see the project README.
+//	regiond --region us-east --redis redis://127.0.0.1:6379/0 --nats nats://127.0.0.1:4222 \
+//	        --rules rules.yaml --grpc-addr 127.0.0.1:8081 --http-addr 127.0.0.1:8080 \
+//	        [--admin-token T] [--regions us-east,eu-west,ap-south] \
+//	        [--peers host:port,...] [--memberlist-addr 127.0.0.1:7946] \
+//	        [--proxy-upstream http://127.0.0.1:9000] [--dev]
+//
+// --dev needs nothing else: an embedded NATS, an in-memory store and the
+// example rules of SPEC §11. Every flag may also be given as an
+// environment variable GEOQUOTA_<FLAG> (GEOQUOTA_REDIS, GEOQUOTA_ADMIN_TOKEN,
+// …); the command line wins. More: --tls-cert/--tls-key (both APIs),
+// --timeout (Redis, default 50ms), --log-format text|json, --log-level,
+// --shutdown-timeout. regiond -h lists them all.
+//
+// The rules file is watched (its directory, so that editors and Kubernetes
+// ConfigMaps are followed) and reloaded on change and on SIGHUP; an invalid
+// file is rejected whole, logged and counted, and the last good rules stay.
+// On SIGTERM or SIGINT health turns NOT_SERVING, in-flight requests finish,
+// and pending audit entries are written.
+//
+// --nats, --regions, --peers and --memberlist-addr are accepted for the
+// global limits, which are not built yet: today each region enforces its
+// rules alone.
 package main

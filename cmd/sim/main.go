@@ -1,11 +1,54 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
+const usage = `usage: sim <command> [flags]
+
+commands:
+  load   generate load against a regiond API and report throughput and latency
+  run    run a partition simulation (not built yet)
+  live   run a scenario against a local deployment (not built yet)
+
+Run "sim <command> -h" for a command's flags.
+`
+
 func main() {
-	fmt.Fprintln(os.Stderr, "sim: not built yet; see the status list in README.md")
-	os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "load":
+		cfg, err := parseLoadFlags(args[1:])
+		if err != nil {
+			fmt.Fprintln(stderr, "sim load:", err)
+			return 2
+		}
+		rep, err := runLoad(ctx, cfg, stderr)
+		if err != nil {
+			fmt.Fprintln(stderr, "sim load:", err)
+			return 1
+		}
+		rep.print(stdout, cfg)
+		return 0
+	case "run", "live":
+		fmt.Fprintf(stderr, "sim %s: not built yet; see the status list in README.md\n", args[0])
+		return 2
+	default:
+		fmt.Fprintf(stderr, "sim: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
 }

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// config is regiond's configuration: the flags of SPEC §11 and a few more,
+// each also settable as GEOQUOTA_<NAME> (upper case, - as _). A flag on the
+// command line wins over its variable.
+type config struct {
+	region         string
+	redis          string
+	nats           string
+	rules          string
+	grpcAddr       string
+	httpAddr       string
+	adminToken     string
+	regions        string
+	peers          string
+	memberlistAddr string
+	proxyUpstream  string
+	dev            bool
+
+	tlsCert, tlsKey  string
+	logFormat        string
+	logLevel         string
+	timeout          time.Duration
+	shutdownTimeout  time.Duration
+	maintainEvery    time.Duration
+	violationsMaxLen int64
+	reloadDebounce   time.Duration
+	debugAddr        string
+	proxyUpstreamURL *url.URL
+}
+
+func parseFlags(args []string, getenv func(string) string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("regiond", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.region, "region", "local", "name of this region")
+	fs.StringVar(&c.redis, "redis", "", "the region's Redis: redis://host:port/db, rediss://…, redis-sentinel://host:port,…/mastername, or host:port,host:port for a Cluster")
+	fs.StringVar(&c.nats, "nats", "", "NATS URL(s) for gossip with the other regions and globalsync")
+	fs.StringVar(&c.rules, "rules", "", "rules file (YAML); watched and reloaded when it changes, and on SIGHUP")
+	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:8081", "address of the gRPC API (geoquota.v1 and Envoy RLS v3)")
+	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:8080", "address of the HTTP API, metrics and health")
+	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token for admin calls; without one they are refused")
+	fs.StringVar(&c.regions, "regions", "", "every region, comma-separated, this one included")
+	fs.StringVar(&c.peers, "peers", "", "host:port of sibling replicas in this region, comma-separated")
+	fs.StringVar(&c.memberlistAddr, "memberlist-addr", "", "address for membership among this region's replicas")
+	fs.StringVar(&c.proxyUpstream, "proxy-upstream", "", "make the HTTP API a reverse proxy to this URL for every other path")
+	fs.BoolVar(&c.dev, "dev", false, "run with nothing else: embedded NATS, in-memory store, the example rules")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "TLS certificate file for the gRPC and HTTP APIs")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "TLS key file for the gRPC and HTTP APIs")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.DurationVar(&c.timeout, "timeout", 50*time.Millisecond, "bound on each call to Redis; slower calls count as failures")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on shutdown")
+	fs.DurationVar(&c.maintainEvery, "maintain-every", 250*time.Millisecond, "how often leases, caches, blocks and the audit log are tended")
+	fs.Int64Var(&c.violationsMaxLen, "violations-maxlen", 10000, "about how many violations the audit stream keeps")
+	fs.DurationVar(&c.reloadDebounce, "reload-debounce", 100*time.Millisecond, "wait after a change to the rules file before reloading it")
+	fs.StringVar(&c.debugAddr, "debug-addr", "", "serve Go's profiler (net/http/pprof) on this address; off by default")
+
+	// Variables first, so that the command line wins.
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "GEOQUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(name); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %v", name, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			var b strings.Builder
+			fs.SetOutput(&b)
+			fs.PrintDefaults()
+			return c, fmt.Errorf("usage: regiond [flags]\n%s", b.String())
+		}
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return c, c.check()
+}
+
+func (c *config) check() error {
+	if !c.dev && c.redis == "" {
+		return errors.New("--redis is required (or --dev, for an in-memory store)")
+	}
+	if !c.dev && c.rules == "" {
+		return errors.New("--rules is required (or --dev, for the example rules)")
+	}
+	if (c.tlsCert == "") != (c.tlsKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	if c.proxyUpstream != "" {
+		u, err := url.Parse(c.proxyUpstream)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--proxy-upstream %q: want an http:// or https:// URL", c.proxyUpstream)
+		}
+		c.proxyUpstreamURL = u
+	}
+	switch c.logFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("--log-format %q: want text or json", c.logFormat)
+	}
+	if c.timeout <= 0 || c.shutdownTimeout <= 0 || c.maintainEvery <= 0 || c.reloadDebounce < 0 {
+		return errors.New("--timeout, --shutdown-timeout and --maintain-every must be positive")
+	}
+	return nil
+}

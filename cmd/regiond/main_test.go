@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/deploy/local/harness"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "regiond-test-*")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "regiond")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building regiond: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// daemon is a regiond process started by a test.
+type daemon struct {
+	t          *testing.T
+	cmd        *exec.Cmd
+	http, grpc string
+	mu         sync.Mutex
+	log        bytes.Buffer
+	exited     chan struct{}
+}
+
+// startRegiond runs regiond with args on ports of its choosing and waits
+// until it serves; its addresses come from its log.
+func startRegiond(t *testing.T, env []string, args ...string) *daemon {
+	t.Helper()
+	args = append([]string{"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
+	d := &daemon{t: t, cmd: exec.Command(binary, args...), exited: make(chan struct{})}
+	d.cmd.Env = append(os.Environ(), env...)
+	stderr, err := d.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	serving := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Bytes()
+			d.mu.Lock()
+			d.log.Write(line)
+			d.log.WriteByte('\n')
+			d.mu.Unlock()
+			var rec struct{ Msg, HTTP, GRPC string }
+			if json.Unmarshal(line, &rec) == nil && rec.Msg == "regiond serving" {
+				d.http, d.grpc = "http://"+rec.HTTP, rec.GRPC
+				close(serving)
+			}
+		}
+	}()
+	go func() { d.cmd.Wait(); close(d.exited) }()
+	t.Cleanup(func() { d.stop() })
+	select {
+	case <-serving:
+	case <-d.exited:
+		t.Fatalf("regiond exited before serving:\n%s", d.logs())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("regiond not serving after 30s:\n%s", d.logs())
+	}
+	return d
+}
+
+func (d *daemon) logs() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.log.String()
+}
+
+// stop sends SIGTERM and waits for the process to exit.
+func (d *daemon) stop() {
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(20 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exited
+		d.t.Errorf("regiond did not stop on SIGTERM:\n%s", d.logs())
+	}
+}
+
+func (d *daemon) check(apiKey, endpoint string) *http.Response {
+	d.t.Helper()
+	resp, err := http.Post(d.http+"/v1/check", "application/json",
+		strings.NewReader(`{"descriptors":{"api_key":"`+apiKey+`","endpoint":"`+endpoint+`","method":"GET"}}`))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+// TestDevQuickstart is the README's: regiond --dev, then 200s and a 429.
+func TestDevQuickstart(t *testing.T) {
+	d := startRegiond(t, nil, "--dev")
+	for i := range 30 {
+		if resp := d.check("sk_free_1", "/search"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %s", i+1, resp.Status)
+		}
+	}
+	resp := d.check("sk_free_1", "/search")
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "2" ||
+		resp.Header.Get("X-RateLimit-Limit") != "30" || !strings.Contains(resp.Header.Get("RateLimit-Policy"), `"search";q=30;w=60`) {
+		t.Fatalf("31st: %s %v", resp.Status, resp.Header)
+	}
+	if !strings.Contains(d.logs(), "embedded NATS started") {
+		t.Fatalf("no embedded NATS:\n%s", d.logs())
+	}
+}
+
+func writeRules(t *testing.T, path string, limit int) {
+	t.Helper()
+	// Write and rename, as an editor does.
+	tmp := path + ".tmp"
+	text := fmt.Sprintf("rules:\n  - { id: r, match: { endpoint: /r }, by: [api_key], algorithm: fixed_window, limit: %d, window: 1h }\n", limit)
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// limitOf is the limit a fresh key meets.
+func limitOf(d *daemon, key string) string { return d.check(key, "/r").Header.Get("X-RateLimit-Limit") }
+
+func TestRulesReloadWithoutRestart(t *testing.T) {
+	redis := harness.NewRedis(t, harness.RedisOptions{})
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	writeRules(t, path, 5)
+	d := startRegiond(t, nil, "--redis", redis.URL(), "--rules", path, "--region", "us-east")
+	if got := limitOf(d, "a"); got != "5" {
+		t.Fatalf("limit %q at start", got)
+	}
+	// Edited on disk: in force within 2 s.
+	start := time.Now()
+	writeRules(t, path, 7)
+	n := 0
+	for limitOf(d, fmt.Sprintf("k%d", n)) != "7" {
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("new limit not in force 2s after the edit:\n%s", d.logs())
+		}
+		n++
+		time.Sleep(20 * time.Millisecond) // polling the condition, within the 2s it must meet
+	}
+	t.Logf("new rules in force %v after the file changed", time.Since(start).Round(time.Millisecond))
+	// A bad file: the last good rules stay, and the log says why.
+	if err := os.WriteFile(path, []byte("rules:\n  - { id: r, capacitty: 1 }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(d.logs(), "capacitty") {
+		if time.Now().After(deadline) {
+			t.Fatalf("a bad rules file was not reported:\n%s", d.logs())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the log
+	}
+	if got := limitOf(d, "after-bad"); got != "7" {
+		t.Fatalf("limit %q after a bad file, want the last good 7", got)
+	}
+	// SIGHUP reloads too.
+	writeRules(t, path, 9)
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	deadline = time.Now().Add(2 * time.Second)
+	for limitOf(d, "hup") != "9" {
+		if time.Now().After(deadline) {
+			t.Fatalf("SIGHUP did not reload:\n%s", d.logs())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the condition
+	}
+}
+
+func TestFlagsFromEnvironment(t *testing.T) {
+	redis := harness.NewRedis(t, harness.RedisOptions{})
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	writeRules(t, path, 5)
+	d := startRegiond(t, []string{"GEOQUOTA_REDIS=" + redis.URL(), "GEOQUOTA_RULES=" + path, "GEOQUOTA_REGION=from-env",
+		"GEOQUOTA_ADMIN_TOKEN=tok"}, "--region", "from-flag")
+	d.check("a", "/r")
+	resp, err := http.Get(d.http + "/v1/usage?rule=r&api_key=a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var u struct {
+		Regions []struct{ Region string }
+		Used    int
+	}
+	json.NewDecoder(resp.Body).Decode(&u)
+	if len(u.Regions) != 1 || u.Regions[0].Region != "from-flag" || u.Used != 1 {
+		t.Fatalf("usage %+v: the flag must win over GEOQUOTA_REGION", u)
+	}
+	req, _ := http.NewRequest(http.MethodGet, d.http+"/v1/admin/rules", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("admin token from GEOQUOTA_ADMIN_TOKEN: %v %v", resp.Status, err)
+	}
+}
+
+func TestGracefulShutdown(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+		w.Write([]byte("done"))
+	}))
+	defer upstream.Close()
+	d := startRegiond(t, nil, "--dev", "--proxy-upstream", upstream.URL)
+	// A request in flight through the proxy when SIGTERM arrives finishes.
+	result := make(chan string, 1)
+	go func() {
+		resp, err := http.Get(d.http + "/slow")
+		if err != nil {
+			result <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		result <- resp.Status + " " + string(b)
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not reach the upstream")
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(d.logs(), "shutting down") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no shutdown logged:\n%s", d.logs())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the log
+	}
+	close(release)
+	if got := <-result; got != "200 OK done" {
+		t.Fatalf("in-flight request: %s", got)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatal("regiond did not exit")
+	}
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, d.logs())
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, "--redis is required"},
+		{[]string{"--redis", "redis://x:1"}, nil, "--rules is required"},
+		{[]string{"--dev", "--log-format", "xml"}, nil, "--log-format"},
+		{[]string{"--dev", "--proxy-upstream", "ftp://x"}, nil, "--proxy-upstream"},
+		{[]string{"--dev", "--tls-cert", "c.pem"}, nil, "--tls-key"},
+		{[]string{"--dev", "stray"}, nil, "unexpected arguments"},
+		{[]string{"--dev"}, map[string]string{"GEOQUOTA_TIMEOUT": "soon"}, "GEOQUOTA_TIMEOUT"},
+	} {
+		_, err := parseFlags(tc.args, func(k string) string { return tc.env[k] })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: %v, want an error about %s", tc.args, tc.env, err, tc.want)
+		}
+	}
+	out, err := exec.Command(binary, "--redis", "redis://127.0.0.1:1/0", "--rules", "/nonexistent.yaml").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "nonexistent.yaml") {
+		t.Fatalf("a missing rules file: %v: %s", err, out)
+	}
+}

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport"
+)
+
+// run serves until ctx ends, then shuts down gracefully: health reports
+// not serving, in-flight requests finish, the audit log is flushed.
+func run(ctx context.Context, c config, logw io.Writer) error {
+	log := newLogger(c, logw)
+	metrics := transport.NewMetrics(nil)
+	// The rules first: a mistake in them is reported before anything connects.
+	rules, err := loadRules(c)
+	metrics.RuleReload(err)
+	if err != nil {
+		return err
+	}
+
+	var store regional.Store
+	var violations regional.ViolationLog
+	if c.redis != "" {
+		rs, err := regional.NewRedisStore(ctx, c.redis, regional.RedisOptions{Timeout: c.timeout, Observe: metrics.ObserveRedis})
+		if err != nil {
+			return err
+		}
+		defer rs.Close()
+		store = rs
+		violations = regional.NewRedisViolations(rs.Client(), c.region, c.violationsMaxLen)
+	} else {
+		violations = regional.NewMemoryViolations(int(c.violationsMaxLen))
+	}
+
+	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log}, rules)
+	metrics.Attach(engine)
+
+	if c.dev && c.nats == "" {
+		ns, err := startEmbeddedNATS()
+		if err != nil {
+			return err
+		}
+		defer ns.Shutdown()
+		log.Info("embedded NATS started", "url", ns.ClientURL())
+	}
+
+	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken,
+		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, Metrics: metrics, Logger: log})
+	grpcLis, err := net.Listen("tcp", c.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	httpLis, err := net.Listen("tcp", c.httpAddr)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	var gopts []grpc.ServerOption
+	if c.tlsCert != "" {
+		creds, err := credentials.NewServerTLSFromFile(c.tlsCert, c.tlsKey)
+		if err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		gopts = append(gopts, grpc.Creds(creds))
+	}
+	if c.debugAddr != "" {
+		dbg, err := net.Listen("tcp", c.debugAddr)
+		if err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			return fmt.Errorf("--debug-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		ds := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go ds.Serve(dbg)
+		defer ds.Close()
+		log.Info("profiler serving", "addr", dbg.Addr().String())
+	}
+	// A pool of stream workers: goroutines whose stacks have grown, instead
+	// of a new goroutine, and its stack growth, for every call.
+	gopts = append(gopts, grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
+	g := grpc.NewServer(gopts...)
+	srv.RegisterGRPC(g)
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+
+	bg, stopBG := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	serveErr := make(chan error, 2)
+	spawn := func(f func()) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	spawn(func() { engine.Run(bg, c.maintainEvery) })
+	if c.rules != "" {
+		reload := func(why string) {
+			err := engine.LoadRules(c.rules)
+			metrics.RuleReload(err)
+			if err == nil {
+				log.Info("rules reloaded", "why", why)
+			}
+		}
+		spawn(func() { watchRules(bg, c.rules, c.reloadDebounce, engine, reload, log) })
+		spawn(func() { onSIGHUP(bg, func() { reload("SIGHUP") }) })
+	}
+	spawn(func() {
+		if err := g.Serve(grpcLis); err != nil {
+			serveErr <- fmt.Errorf("gRPC: %w", err)
+		}
+	})
+	spawn(func() {
+		var err error
+		if c.tlsCert != "" {
+			err = hs.ServeTLS(httpLis, c.tlsCert, c.tlsKey)
+		} else {
+			err = hs.Serve(httpLis)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			serveErr <- fmt.Errorf("HTTP: %w", err)
+		}
+	})
+	srv.SetServing(true)
+	log.Info("regiond serving", "region", c.region, "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String(),
+		"store", storeName(c), "rules", rules.Source, "admin", c.adminToken != "", "proxy", c.proxyUpstream)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-serveErr:
+	}
+	log.Info("shutting down", "grace", c.shutdownTimeout)
+	srv.SetServing(false)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	hs.Shutdown(shutdownCtx)
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-shutdownCtx.Done():
+		g.Stop()
+		<-stopped
+	}
+	stopBG()
+	wg.Wait()
+	if err := engine.Maintain(shutdownCtx); err != nil { // the last violations, leases back
+		log.Warn("final maintenance", "error", err)
+	}
+	return runErr
+}
+
+func newLogger(c config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func storeName(c config) string {
+	if c.redis == "" {
+		return "memory"
+	}
+	return "redis"
+}
+
+func loadRules(c config) (*regional.RuleSet, error) {
+	if c.rules == "" {
+		return regional.Parse("example-rules.yaml", regional.ExampleRules)
+	}
+	return regional.LoadFile(c.rules)
+}
+
+// watchRules reloads the rules file when it changes. It watches the
+// directory, not the file: editors replace files, and Kubernetes swaps a
+// ConfigMap's symlink. Any event in the directory leads, after a short
+// wait, to reading the file; only a change of content reloads.
+func watchRules(ctx context.Context, path string, debounce time.Duration, e *regional.Engine, reload func(string), log *slog.Logger) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		log.Error("cannot watch the rules file; reload with SIGHUP", "error", err)
+		return
+	}
+	defer w.Close()
+	if err := w.Add(filepath.Dir(path)); err != nil {
+		log.Error("cannot watch the rules file; reload with SIGHUP", "dir", filepath.Dir(path), "error", err)
+		return
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case err := <-w.Errors:
+			log.Warn("watching the rules file", "error", err)
+		case <-w.Events:
+			timer.Reset(debounce)
+		case <-timer.C:
+			b, err := os.ReadFile(path)
+			if err != nil {
+				log.Warn("rules file unreadable; the last good rules stay", "file", path, "error", err)
+				continue
+			}
+			if !bytes.Equal(b, e.Rules().YAML()) {
+				reload("file changed")
+			}
+		}
+	}
+}
+
+func onSIGHUP(ctx context.Context, f func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			f()
+		}
+	}
+}
+
+// startEmbeddedNATS runs a NATS server with JetStream in this process, on
+// a free loopback port, for --dev.
+func startEmbeddedNATS() (*natsserver.Server, error) {
+	dir, err := os.MkdirTemp("", "regiond-dev-nats-*")
+	if err != nil {
+		return nil, err
+	}
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: dir, NoSigs: true, NoLog: true})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, errors.New("embedded NATS did not start")
+	}
+	return ns, nil
+}

@@ -1,0 +1,291 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/geoquota/geoquota/regional"
+	pb "github.com/geoquota/geoquota/transport/geoquotav1"
+)
+
+// maxBatch bounds the requests of one Check call.
+const maxBatch = 1000
+
+// RegisterGRPC registers, on g, geoquota.v1 (RateLimiter and Admin),
+// Envoy's RateLimitService v3, the standard health service and reflection.
+func (s *Server) RegisterGRPC(g *grpc.Server) {
+	pb.RegisterRateLimiterServer(g, rateLimiter{Server: s})
+	pb.RegisterAdminServer(g, adminServer{Server: s})
+	rlsv3.RegisterRateLimitServiceServer(g, rlsServer{Server: s})
+	healthpb.RegisterHealthServer(g, s.health)
+	reflection.Register(g)
+}
+
+// grpcError turns an error into a gRPC status: InvalidArgument naming the
+// field (with a BadRequest detail) for bad input, NotFound for an unknown
+// rule, Unavailable otherwise.
+func grpcError(err error) error {
+	if field, ok := invalidField(err); ok {
+		st := status.New(codes.InvalidArgument, err.Error())
+		if d, derr := st.WithDetails(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+			{Field: field, Description: err.Error()}}}); derr == nil {
+			st = d
+		}
+		return st.Err()
+	}
+	switch {
+	case errors.Is(err, regional.ErrUnknownRule):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, regional.ErrInvalidRules):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
+
+type rateLimiter struct {
+	*Server
+	pb.UnimplementedRateLimiterServer
+}
+
+func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckResponse, error) {
+	if len(in.Requests) == 0 || len(in.Requests) > maxBatch {
+		return nil, grpcError(&FieldError{Field: "requests", Msg: fmt.Sprintf("want 1 to %d requests, not %d", maxBatch, len(in.Requests))})
+	}
+	// Check the whole batch first: a malformed request counts nothing.
+	reqs := make([]regional.Request, len(in.Requests))
+	for i, r := range in.Requests {
+		prefix := fmt.Sprintf("requests[%d]", i)
+		req, err := requestFrom(r.Domain, r.Descriptors, r.Cost, "descriptors")
+		if err == nil {
+			err = s.engine.Validate(&req)
+		}
+		if err != nil {
+			return nil, grpcError(fieldPath(prefix, err))
+		}
+		reqs[i] = req
+	}
+	out := &pb.CheckResponse{Decisions: make([]*pb.Decision, len(reqs))}
+	var d regional.Decision
+	for i := range reqs {
+		start := time.Now()
+		if err := s.engine.Check(ctx, &reqs[i], &d); err != nil {
+			return nil, grpcError(fieldPath(fmt.Sprintf("requests[%d]", i), err))
+		}
+		s.opts.Metrics.observe("grpc", &d, time.Since(start))
+		out.Decisions[i] = decisionProto(&d)
+	}
+	return out, nil
+}
+
+func decisionProto(d *regional.Decision) *pb.Decision {
+	out := &pb.Decision{Allowed: d.Allowed, Degraded: d.Degraded, Bypassed: d.Bypassed,
+		Code: [...]pb.Code{pb.Code_OK, pb.Code_RATE_LIMIT_EXCEEDED, pb.Code_KEY_BLOCKED, pb.Code_RATE_LIMITER_UNAVAILABLE}[d.Code]}
+	for i := range d.Limits {
+		out.Limits = append(out.Limits, limitProto(&d.Limits[i]))
+	}
+	return out
+}
+
+func limitProto(l *regional.LimitStatus) *pb.LimitStatus {
+	return &pb.LimitStatus{Rule: l.Rule.ID, Allowed: l.Allowed, Shadow: l.Shadow, Limit: l.Limit, Remaining: l.Remaining,
+		WindowMs: l.Window.Milliseconds(), ResetAtUnixMs: l.ResetAt.UnixMilli(), RetryAfterMs: ceilMillis(l.RetryAfter),
+		Degraded: l.Degraded}
+}
+
+func ceilMillis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// counterRequest reads the counter an RPC names.
+func counterRequest(rule string, r *pb.Request) (regional.Request, error) {
+	if rule == "" {
+		return regional.Request{}, &FieldError{Field: "rule", Msg: "required"}
+	}
+	if r == nil {
+		return regional.Request{}, &FieldError{Field: "request", Msg: "required"}
+	}
+	req, err := requestFrom(r.Domain, r.Descriptors, 0, "request.descriptors")
+	if err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+func (s rateLimiter) GetUsage(ctx context.Context, in *pb.GetUsageRequest) (*pb.GetUsageResponse, error) {
+	req, err := counterRequest(in.Rule, in.Request)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	u, err := s.engine.Usage(ctx, in.Rule, &req)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	b := s.usageBody(in.Rule, u)
+	out := &pb.GetUsageResponse{Rule: b.Rule, Key: b.Key, Algorithm: b.Algorithm, Limit: b.Limit, Remaining: b.Remaining,
+		Used: b.Used, WindowMs: u.Window.Milliseconds(), ResetAtUnixMs: u.ResetAt.UnixMilli(), GlobalUsed: b.GlobalUsed,
+		Region: s.opts.Region}
+	if !u.WindowStart.IsZero() {
+		out.WindowStartUnixMs = u.WindowStart.UnixMilli()
+	}
+	for _, r := range b.Regions {
+		out.Regions = append(out.Regions, &pb.RegionUsage{Region: r.Region, Used: r.Used, Share: r.Share, LastHeardMs: r.LastHeardMS, Stale: r.Stale})
+	}
+	return out, nil
+}
+
+type adminServer struct {
+	*Server
+	pb.UnimplementedAdminServer
+}
+
+// authorize checks the bearer token in the call's metadata.
+func (s adminServer) authorize(ctx context.Context) error {
+	var auth string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("authorization"); len(v) > 0 {
+			auth = v[0]
+		}
+	}
+	switch s.checkAdmin(auth) {
+	case adminDisabled:
+		return status.Error(codes.PermissionDenied, "admin calls are disabled: start regiond with --admin-token")
+	case adminDenied:
+		return status.Error(codes.Unauthenticated, "admin calls need metadata authorization: Bearer <admin token>")
+	}
+	return nil
+}
+
+func (s adminServer) ResetKey(ctx context.Context, in *pb.ResetKeyRequest) (*pb.ResetKeyResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	req, err := counterRequest(in.Rule, in.Request)
+	if err == nil {
+		err = s.engine.Reset(ctx, in.Rule, &req)
+	}
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	s.log.Info("counter reset", "rule", in.Rule, "descriptors", in.Request.Descriptors)
+	return &pb.ResetKeyResponse{}, nil
+}
+
+func (s adminServer) Grant(ctx context.Context, in *pb.GrantRequest) (*pb.GrantResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	req, err := counterRequest(in.Rule, in.Request)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	st, err := s.engine.Grant(ctx, in.Rule, &req, in.Amount)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	s.log.Info("quota granted", "rule", in.Rule, "descriptors", in.Request.Descriptors, "amount", in.Amount)
+	return &pb.GrantResponse{Status: limitProto(&st)}, nil
+}
+
+func (s adminServer) Block(ctx context.Context, in *pb.BlockRequest) (*pb.BlockResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	b := regional.Block{Pattern: in.Pattern}
+	if in.UntilUnixMs < 0 {
+		return nil, grpcError(&FieldError{Field: "until_unix_ms", Msg: "must not be negative"})
+	}
+	if in.UntilUnixMs > 0 {
+		b.Until = time.UnixMilli(in.UntilUnixMs)
+	}
+	if err := s.engine.Block(ctx, b); err != nil {
+		return nil, grpcError(err)
+	}
+	s.log.Info("key pattern blocked", "pattern", in.Pattern, "until", b.Until)
+	return &pb.BlockResponse{}, nil
+}
+
+func (s adminServer) Unblock(ctx context.Context, in *pb.UnblockRequest) (*pb.UnblockResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	if in.Pattern == "" {
+		return nil, grpcError(&FieldError{Field: "pattern", Msg: "required"})
+	}
+	if err := s.engine.Unblock(ctx, in.Pattern); err != nil {
+		return nil, grpcError(err)
+	}
+	s.log.Info("key pattern unblocked", "pattern", in.Pattern)
+	return &pb.UnblockResponse{}, nil
+}
+
+func (s adminServer) ListBlocks(ctx context.Context, _ *pb.ListBlocksRequest) (*pb.ListBlocksResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	out := &pb.ListBlocksResponse{}
+	for _, b := range s.engine.Blocks() {
+		var until int64
+		if !b.Until.IsZero() {
+			until = b.Until.UnixMilli()
+		}
+		out.Blocks = append(out.Blocks, &pb.BlockRequest{Pattern: b.Pattern, UntilUnixMs: until})
+	}
+	return out, nil
+}
+
+func (s adminServer) PutRules(ctx context.Context, in *pb.PutRulesRequest) (*pb.PutRulesResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	n, err := s.putRules([]byte(in.Yaml))
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return &pb.PutRulesResponse{Rules: int32(n)}, nil
+}
+
+func (s adminServer) GetRules(ctx context.Context, _ *pb.GetRulesRequest) (*pb.GetRulesResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	rs := s.engine.Rules()
+	return &pb.GetRulesResponse{Yaml: string(rs.YAML()), Source: rs.Source}, nil
+}
+
+func (s adminServer) ListViolations(ctx context.Context, in *pb.ListViolationsRequest) (*pb.ListViolationsResponse, error) {
+	if err := s.authorize(ctx); err != nil {
+		return nil, err
+	}
+	n := int(in.Limit)
+	if n == 0 {
+		n = 100
+	}
+	if n < 0 || n > 10_000 {
+		return nil, grpcError(&FieldError{Field: "limit", Msg: "want 0 to 10000"})
+	}
+	vs, err := s.recentViolations(ctx, n)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	out := &pb.ListViolationsResponse{}
+	for _, v := range vs {
+		out.Violations = append(out.Violations, &pb.Violation{Id: v.ID, TimeUnixMs: v.Time.UnixMilli(), Region: v.Region,
+			Rule: v.Rule, Key: v.Key, Code: v.Code, ApiKey: v.APIKey, Ip: v.IP, Endpoint: v.Endpoint, Limit: v.Limit,
+			Cost: v.Cost, RetryAfterMs: v.RetryAfter.Milliseconds(), Count: v.Count})
+	}
+	return out, nil
+}

@@ -1,0 +1,211 @@
+package transport
+
+import (
+	"slices"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	pb "github.com/geoquota/geoquota/transport/geoquotav1"
+)
+
+func descriptors(kv ...string) map[string]string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return m
+}
+
+// wantInvalid checks an error is InvalidArgument naming field.
+func wantInvalid(t *testing.T, err error, field string) {
+	t.Helper()
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.InvalidArgument {
+		t.Fatalf("error %v, want InvalidArgument", err)
+	}
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.FieldViolations) > 0 && br.FieldViolations[0].Field == field {
+			return
+		}
+	}
+	t.Fatalf("error %v does not name field %s", err, field)
+}
+
+func TestGRPCCheck(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	c := pb.NewRateLimiterClient(v.conn)
+	ctx := t.Context()
+	batch := &pb.CheckRequest{Requests: []*pb.Request{
+		{Descriptors: descriptors("api_key", "acme", "endpoint", "/minute")},
+		{Descriptors: descriptors("api_key", "acme", "endpoint", "/minute")},
+		{Descriptors: descriptors("api_key", "acme", "endpoint", "/minute")},
+		{Descriptors: descriptors("api_key", "revoked_x", "endpoint", "/minute")},
+		{Descriptors: descriptors("api_key", "internal_x", "endpoint", "/minute")},
+	}}
+	resp, err := c.Check(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := resp.Decisions
+	if len(d) != 5 || !d[0].Allowed || !d[1].Allowed || d[2].Allowed || d[2].Code != pb.Code_RATE_LIMIT_EXCEEDED ||
+		d[3].Code != pb.Code_KEY_BLOCKED || !d[4].Bypassed {
+		t.Fatalf("decisions %v", d)
+	}
+	l := d[2].Limits[0]
+	if l.Rule != "minute" || l.Limit != 2 || l.Remaining != 0 || l.WindowMs != 60_000 || l.RetryAfterMs <= 0 || l.ResetAtUnixMs == 0 {
+		t.Fatalf("denying limit %v", l)
+	}
+	// One bad request fails the batch, and nothing is counted.
+	before := v.dbsize()
+	_, err = c.Check(ctx, &pb.CheckRequest{Requests: []*pb.Request{
+		{Descriptors: descriptors("api_key", "fresh", "endpoint", "/minute")},
+		{Descriptors: descriptors("api_key", "fresh", "endpoint", "/minute"), Cost: 5},
+	}})
+	wantInvalid(t, err, "requests[1].cost")
+	if after := v.dbsize(); after != before {
+		t.Fatalf("a rejected batch counted: %d keys, then %d", before, after)
+	}
+	for _, tc := range []struct {
+		req   *pb.CheckRequest
+		field string
+	}{
+		{&pb.CheckRequest{}, "requests"},
+		{&pb.CheckRequest{Requests: []*pb.Request{{Descriptors: descriptors("api_key", "")}}}, "requests[0].descriptors.api_key"},
+		{&pb.CheckRequest{Requests: []*pb.Request{{Descriptors: descriptors("api_key", "a", "colour", "red")}}}, "requests[0].descriptors.colour"},
+		{&pb.CheckRequest{Requests: []*pb.Request{{Descriptors: descriptors("api_key", string(make([]byte, 513)))}}}, "requests[0].api_key"},
+		{&pb.CheckRequest{Requests: []*pb.Request{{Descriptors: descriptors("api_key", "a"), Cost: -1}}}, "requests[0].cost"},
+	} {
+		_, err := c.Check(ctx, tc.req)
+		wantInvalid(t, err, tc.field)
+	}
+
+	u, err := c.GetUsage(ctx, &pb.GetUsageRequest{Rule: "minute", Request: &pb.Request{Descriptors: descriptors("api_key", "acme")}})
+	if err != nil || u.Used != 2 || u.Limit != 2 || u.Key != "acme" || u.Region != "test-region" || len(u.Regions) != 1 || u.WindowStartUnixMs%60_000 != 0 {
+		t.Fatalf("usage %v, %v", u, err)
+	}
+	if _, err := c.GetUsage(ctx, &pb.GetUsageRequest{Rule: "nope", Request: &pb.Request{}}); status.Code(err) != codes.NotFound {
+		t.Fatalf("usage of an unknown rule: %v", err)
+	}
+}
+
+func TestEnvoyRLS(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	c := rlsv3.NewRateLimitServiceClient(v.conn)
+	ctx := t.Context()
+	entries := func(kv ...string) *ratelimitv3.RateLimitDescriptor {
+		d := &ratelimitv3.RateLimitDescriptor{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		return d
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		entries("api_key", "envoy-a", "endpoint", "/minute"),
+		entries("api_key", "envoy-a", "endpoint", "/search"),
+	}}
+	resp, err := c.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.Statuses) != 2 {
+		t.Fatalf("first: %v", resp)
+	}
+	st := resp.Statuses[0]
+	if st.CurrentLimit.Name != "minute" || st.CurrentLimit.RequestsPerUnit != 2 || st.CurrentLimit.Unit != rlsv3.RateLimitResponse_RateLimit_MINUTE ||
+		st.LimitRemaining != 1 || st.DurationUntilReset.AsDuration() <= 0 {
+		t.Fatalf("status of the first descriptor: %v", st)
+	}
+	if s2 := resp.Statuses[1]; s2.CurrentLimit.Name != "search" || s2.LimitRemaining != 29 {
+		t.Fatalf("statuses in request order: %v", resp.Statuses)
+	}
+	headers := map[string]string{}
+	for _, h := range resp.ResponseHeadersToAdd {
+		headers[h.Key] = h.Value
+	}
+	if headers["RateLimit-Policy"] != `"minute";q=2;w=60, "search";q=30;w=60` || headers["X-RateLimit-Limit"] != "2" {
+		t.Fatalf("headers %v", headers)
+	}
+	// hits_addend is the cost: 2 more spend the minute limit.
+	req.HitsAddend = 1
+	req.Descriptors[0].HitsAddend = wrapperspb.UInt64(1)
+	c.ShouldRateLimit(ctx, req)
+	resp, err = c.ShouldRateLimit(ctx, req)
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		resp.Statuses[1].Code != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("over the limit: %v, %v", resp, err)
+	}
+	if !slices.ContainsFunc(resp.ResponseHeadersToAdd, func(h *corev3.HeaderValue) bool { return h.Key == "Retry-After" }) {
+		t.Fatalf("no Retry-After in %v", resp.ResponseHeadersToAdd)
+	}
+	// remote_address is the ip.
+	resp, err = c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		entries("remote_address", "203.0.113.9", "plan", "gold")}})
+	if err != nil || resp.Statuses[0].CurrentLimit.Name != "plan" {
+		t.Fatalf("remote_address and a custom descriptor: %v, %v", resp, err)
+	}
+	// Bad input: InvalidArgument, nothing counted.
+	before := v.dbsize()
+	for _, tc := range []struct {
+		req   *rlsv3.RateLimitRequest
+		field string
+	}{
+		{&rlsv3.RateLimitRequest{}, "descriptors"},
+		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{{}}}, "descriptors[0].entries"},
+		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "a", "colour", "red")}}, "descriptors[0].entries.colour"},
+		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "a", "api_key", "b")}}, "descriptors[0].entries[1]"},
+		{&rlsv3.RateLimitRequest{HitsAddend: 3, Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "z", "endpoint", "/minute")}}, "descriptors[0].cost"},
+	} {
+		_, err := c.ShouldRateLimit(ctx, tc.req)
+		wantInvalid(t, err, tc.field)
+	}
+	if after := v.dbsize(); after != before {
+		t.Fatalf("rejected requests counted: %d keys, then %d", before, after)
+	}
+}
+
+func TestGRPCHealthAndReflection(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	ctx := t.Context()
+	h := healthpb.NewHealthClient(v.conn)
+	for _, svc := range []string{"", "geoquota.v1.RateLimiter", "envoy.service.ratelimit.v3.RateLimitService"} {
+		r, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health of %q: %v, %v", svc, r, err)
+		}
+	}
+	v.srv.SetServing(false)
+	if r, _ := h.Check(ctx, &healthpb.HealthCheckRequest{}); r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health while shutting down: %v", r)
+	}
+	// What grpcurl does: list the services through reflection.
+	stream, err := reflectionpb.NewServerReflectionClient(v.conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.CloseSend()
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range r.GetListServicesResponse().GetService() {
+		names = append(names, s.Name)
+	}
+	for _, want := range []string{"geoquota.v1.RateLimiter", "geoquota.v1.Admin", "envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("reflection lists %v, without %s", names, want)
+		}
+	}
+}

@@ -1,0 +1,208 @@
+package transport
+
+import (
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHTTPAllowedThenLimited(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	for i := range 2 {
+		resp := v.check("acme", "/minute")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %s", i+1, resp.Status)
+		}
+		b := decodeBody(t, resp)
+		if b["allowed"] != true || b["rule"] != "minute" || b["limit"] != 2.0 || b["remaining"] != float64(1-i) ||
+			b["degraded"] != false || b["retry_after_seconds"] != 0.0 {
+			t.Fatalf("request %d body %v", i+1, b)
+		}
+		if _, err := time.Parse(time.RFC3339, b["reset_at"].(string)); err != nil {
+			t.Fatalf("reset_at %v", b["reset_at"])
+		}
+		h := resp.Header
+		if h.Get("X-RateLimit-Limit") != "2" || h.Get("X-RateLimit-Remaining") != strconv.Itoa(1-i) ||
+			h.Get("RateLimit-Policy") != `"minute";q=2;w=60` {
+			t.Fatalf("request %d headers %v", i+1, h)
+		}
+		if !regexp.MustCompile(`^"minute";r=\d+;t=\d+$`).MatchString(h.Get("RateLimit")) {
+			t.Fatalf("RateLimit %q", h.Get("RateLimit"))
+		}
+		reset, _ := strconv.ParseInt(h.Get("X-RateLimit-Reset"), 10, 64)
+		if reset <= time.Now().Unix() || reset > time.Now().Add(61*time.Second).Unix() || reset%60 != 0 {
+			t.Fatalf("X-RateLimit-Reset %d: want the next minute boundary", reset)
+		}
+	}
+	resp := v.check("acme", "/minute")
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("3rd: %s %s", resp.Status, resp.Header.Get("Content-Type"))
+	}
+	retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if retry < 1 || retry > 60 || resp.Header.Get("X-RateLimit-Remaining") != "0" {
+		t.Fatalf("3rd headers %v", resp.Header)
+	}
+	e := decodeBody(t, resp)["error"].(map[string]any)
+	d := e["details"].(map[string]any)
+	if e["code"] != "RATE_LIMIT_EXCEEDED" || e["message"] == "" || d["rule"] != "minute" || d["limit"] != 2.0 ||
+		d["window_seconds"] != 60.0 || d["retry_after_seconds"] != float64(retry) {
+		t.Fatalf("429 body %v", e)
+	}
+	if _, err := time.Parse(time.RFC3339, d["reset_at"].(string)); err != nil {
+		t.Fatalf("reset_at %v", d["reset_at"])
+	}
+}
+
+// TestHTTPRetryAfterIsHonest waits as long as Retry-After says — the
+// behaviour under test — and finds the request allowed.
+func TestHTTPRetryAfterIsHonest(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	for range 3 {
+		v.check("hasty", "/burst")
+	}
+	resp := v.check("hasty", "/burst")
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("4th in the second: %s", resp.Status)
+	}
+	retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if retry != 1 {
+		t.Fatalf("Retry-After %d, want 1 for a one-second window", retry)
+	}
+	time.Sleep(time.Duration(retry) * time.Second)
+	if resp := v.check("hasty", "/burst"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after waiting Retry-After: %s", resp.Status)
+	}
+}
+
+func TestHTTPListsAndShadow(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	for range 10 {
+		resp := v.check("internal_batch", "/minute")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("allow-listed key: %s, headers %v", resp.Status, resp.Header)
+		}
+	}
+	resp := v.check("revoked_1", "/minute")
+	if resp.StatusCode != http.StatusForbidden || decodeBody(t, resp)["error"].(map[string]any)["code"] != "KEY_BLOCKED" {
+		t.Fatalf("blocked key: %s", resp.Status)
+	}
+	for i := range 5 {
+		resp := v.check("watched", "/shadow")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("shadow rule, request %d: %s", i+1, resp.Status)
+		}
+		b := decodeBody(t, resp)
+		limits := b["limits"].([]any)
+		if got := limits[0].(map[string]any); got["shadow"] != true || got["allowed"] != (i == 0) {
+			t.Fatalf("shadow status %v", got)
+		}
+	}
+}
+
+func TestHTTPUsage(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	v.check("acme", "/minute")
+	resp := v.get("/v1/usage?rule=minute&api_key=acme")
+	b := decodeBody(t, resp)
+	if resp.StatusCode != http.StatusOK || b["rule"] != "minute" || b["key"] != "acme" || b["limit"] != 2.0 ||
+		b["used"] != 1.0 || b["global_used"] != 1.0 || b["algorithm"] != "fixed_window" {
+		t.Fatalf("usage %s %v", resp.Status, b)
+	}
+	regions := b["regions"].([]any)
+	if r := regions[0].(map[string]any); len(regions) != 1 || r["region"] != "test-region" || r["used"] != 1.0 || r["stale"] != false {
+		t.Fatalf("regions %v", regions)
+	}
+	if ws, err := time.Parse(time.RFC3339, b["window_start"].(string)); err != nil || ws.Unix()%60 != 0 {
+		t.Fatalf("window_start %v", b["window_start"])
+	}
+	for path, field := range map[string]string{
+		"/v1/usage?api_key=acme":                    "rule",
+		"/v1/usage?rule=minute":                     "api_key",
+		"/v1/usage?rule=minute&api_key=a&api_key=b": "api_key",
+	} {
+		resp := v.get(path)
+		if b := decodeBody(t, resp); resp.StatusCode != http.StatusBadRequest || b["error"].(map[string]any)["details"].(map[string]any)["field"] != field {
+			t.Errorf("%s: %s %v, want 400 naming %s", path, resp.Status, b, field)
+		}
+	}
+	if resp := v.get("/v1/usage?rule=nope&api_key=a"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown rule: %s", resp.Status)
+	}
+}
+
+func TestHTTPBadInputCountsNothing(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	long := strings.Repeat("k", 513)
+	for _, tc := range []struct {
+		name, body, field string
+	}{
+		{"not JSON", `{"descriptors":`, "body"},
+		{"empty body", ``, "body"},
+		{"two values", `{"descriptors":{"api_key":"a"}} {}`, "body"},
+		{"unknown field", `{"descriptors":{"api_key":"a"},"costs":1}`, "costs"},
+		{"no descriptors", `{"cost":1}`, "descriptors"},
+		{"descriptor not a string", `{"descriptors":{"api_key":7}}`, "descriptors.api_key"},
+		{"empty value", `{"descriptors":{"api_key":""}}`, "descriptors.api_key"},
+		{"oversize key", `{"descriptors":{"api_key":"` + long + `","endpoint":"/minute"}}`, "api_key"},
+		{"cost 0", `{"descriptors":{"api_key":"a","endpoint":"/minute"},"cost":0}`, "cost"},
+		{"negative cost", `{"descriptors":{"api_key":"a","endpoint":"/minute"},"cost":-3}`, "cost"},
+		{"cost above the limit", `{"descriptors":{"api_key":"a","endpoint":"/minute"},"cost":3}`, "cost"},
+		{"huge cost", `{"descriptors":{"api_key":"a","endpoint":"/minute"},"cost":99999999999999999999}`, "cost"},
+		{"unknown descriptor", `{"descriptors":{"api_key":"a","colour":"red"}}`, "descriptors.colour"},
+		{"endpoint without slash", `{"descriptors":{"api_key":"a","endpoint":"minute"}}`, "endpoint"},
+		{"bad ip", `{"descriptors":{"api_key":"a","ip":"1.2.3"}}`, "ip"},
+	} {
+		resp := v.post("/v1/check", tc.body)
+		b := decodeBody(t, resp)
+		e, _ := b["error"].(map[string]any)
+		if resp.StatusCode != http.StatusBadRequest || e["code"] != "INVALID_ARGUMENT" || e["details"].(map[string]any)["field"] != tc.field {
+			t.Errorf("%s: %s %v, want 400 INVALID_ARGUMENT naming %s", tc.name, resp.Status, b, tc.field)
+		}
+	}
+	if n := v.dbsize(); n != 0 {
+		t.Fatalf("bad requests left %d keys in Redis", n)
+	}
+	// An endpoint the API does not have, a method it does not take.
+	if resp := v.post("/v1/chek", `{}`); resp.StatusCode != http.StatusNotFound || decodeBody(t, resp)["error"] == nil {
+		t.Errorf("unknown path: %s", resp.Status)
+	}
+	if resp := v.get("/v1/check"); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("GET /v1/check: %s", resp.Status)
+	}
+}
+
+func TestHTTPHealthAndMetrics(t *testing.T) {
+	v := newEnv(t, envOptions{})
+	v.check("acme", "/minute")
+	if resp := v.get("/healthz"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("healthz: %s", resp.Status)
+	}
+	if resp := v.get("/readyz"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("readyz: %s", resp.Status)
+	}
+	v.srv.SetServing(false)
+	if resp := v.get("/readyz"); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readyz while not serving: %s", resp.Status)
+	}
+	v.srv.SetServing(true)
+	resp := v.get("/metrics")
+	body := readAll(t, resp)
+	for _, want := range []string{
+		`geoquota_checks_total{decision="allowed",rule="minute"} 1`,
+		`geoquota_check_duration_seconds_count{api="http"} 1`,
+		`geoquota_breaker_state 0`,
+		`geoquota_redis_pipeline_duration_seconds_count`,
+		`geoquota_rule_reloads_total`,
+		`geoquota_denial_cache_hits_total 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "acme") {
+		t.Error("/metrics names an API key")
+	}
+}

@@ -1,0 +1,154 @@
+package transport
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/geoquota/geoquota/regional"
+)
+
+// Metrics are the Prometheus metrics of SPEC §7 for the regional path, in a
+// registry of their own. No tenant or key is ever a label.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	checks        *prometheus.CounterVec   // rule, decision
+	checkDuration *prometheus.HistogramVec // api
+	redisDuration prometheus.Histogram
+	redisErrors   prometheus.Counter
+	reloads       *prometheus.CounterVec // result
+
+	mu       sync.RWMutex
+	children map[string]*[decisionKinds]prometheus.Counter // by rule id
+}
+
+// Decisions as labels of geoquota_checks_total.
+const (
+	decAllowed = iota
+	decOverLimit
+	decBlocked
+	decUnavailable
+	decBypassed
+	decShadowOver // a shadow limit that would have denied
+	decisionKinds
+)
+
+var decisionLabels = [decisionKinds]string{"allowed", "over_limit", "blocked", "unavailable", "bypassed", "shadow_over_limit"}
+
+// NewMetrics registers the metrics, with the engine's own counters read
+// when scraped. e may be nil, and attached later with Attach.
+func NewMetrics(e *regional.Engine) *Metrics {
+	m := &Metrics{Registry: prometheus.NewRegistry(), children: map[string]*[decisionKinds]prometheus.Counter{}}
+	m.checks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "geoquota_checks_total", Help: "Limits checked, by rule and decision (rule is empty for keys allowed or blocked by list).",
+	}, []string{"rule", "decision"})
+	m.checkDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "geoquota_check_duration_seconds", Help: "Time to decide a request, by API.",
+		Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3},
+	}, []string{"api"})
+	m.redisDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "geoquota_redis_pipeline_duration_seconds", Help: "Round trips to Redis: one pipeline of checks.",
+		Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3},
+	})
+	m.redisErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "geoquota_redis_errors_total", Help: "Redis pipelines that failed.",
+	})
+	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "geoquota_rule_reloads_total", Help: "Rule sets loaded (result=ok) or rejected (result=error).",
+	}, []string{"result"})
+	m.reloads.WithLabelValues("ok") // both series exist from the start, at zero
+	m.reloads.WithLabelValues("error")
+	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisErrors, m.reloads,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if e != nil {
+		m.Attach(e)
+	}
+	return m
+}
+
+// Attach exposes the engine's own counters: breaker, degraded decisions,
+// caches, leases, key caps.
+func (m *Metrics) Attach(e *regional.Engine) {
+	st := e.Stats()
+	counter := func(name, help string, f func() int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) })
+	}
+	m.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_breaker_state",
+			Help: "Circuit breaker in front of the store: 0 closed, 1 open, 2 half-open."},
+			func() float64 { return float64(e.Breaker()) }),
+		counter("geoquota_degraded_decisions_total", "Decisions made without the shared store (fail_open, local_only).", st.Degraded.Load),
+		counter("geoquota_store_errors_total", "Checks whose store call failed or timed out.", st.StoreErrors.Load),
+		counter("geoquota_denial_cache_hits_total", "Limits denied from the denial cache, without the store.", st.DenialCacheHits.Load),
+		counter("geoquota_lease_hits_total", "Limits served from a lease, without the store.", st.LeaseHits.Load),
+		counter("geoquota_lease_tokens_taken_total", "Tokens taken from the store by leases.", st.LeaseTaken.Load),
+		counter("geoquota_lease_tokens_returned_total", "Leased tokens given back unused.", st.LeaseReturned.Load),
+		counter("geoquota_lease_tokens_lapsed_total", "Leased tokens of a window that ended unused.", st.LeaseLapsed.Load),
+		counter("geoquota_keys_refused_total", "Requests refused because their rule tracks its maximum of keys.", st.KeysRefused.Load),
+		counter("geoquota_keys_folded_total", "Requests counted in their rule's shared overflow counter.", st.KeysFolded.Load),
+		counter("geoquota_penalties_total", "Cooldowns doubled for clients that kept sending while told to wait.", st.Penalties.Load),
+		counter("geoquota_violations_dropped_total", "Denials left out of the audit log because its buffer was full.", st.ViolationsDropped.Load),
+	)
+}
+
+// ObserveRedis is a regional.RedisOptions.Observe: one pipeline.
+func (m *Metrics) ObserveRedis(took time.Duration, _ int, err error) {
+	m.redisDuration.Observe(took.Seconds())
+	if err != nil {
+		m.redisErrors.Inc()
+	}
+}
+
+// RuleReload counts a rules load.
+func (m *Metrics) RuleReload(err error) {
+	if err != nil {
+		m.reloads.WithLabelValues("error").Inc()
+	} else {
+		m.reloads.WithLabelValues("ok").Inc()
+	}
+}
+
+// observe records a decision made through api.
+func (m *Metrics) observe(api string, d *regional.Decision, took time.Duration) {
+	m.checkDuration.WithLabelValues(api).Observe(took.Seconds())
+	switch {
+	case d.Bypassed:
+		m.count("", decBypassed)
+	case d.Code == regional.CodeBlocked:
+		m.count("", decBlocked)
+	}
+	for i := range d.Limits {
+		l := &d.Limits[i]
+		switch {
+		case l.Allowed:
+			m.count(l.Rule.ID, decAllowed)
+		case l.Shadow:
+			m.count(l.Rule.ID, decShadowOver)
+		case d.Code == regional.CodeUnavailable:
+			m.count(l.Rule.ID, decUnavailable)
+		default:
+			m.count(l.Rule.ID, decOverLimit)
+		}
+	}
+}
+
+func (m *Metrics) count(rule string, decision int) {
+	m.mu.RLock()
+	cs := m.children[rule]
+	m.mu.RUnlock()
+	if cs == nil {
+		m.mu.Lock()
+		if cs = m.children[rule]; cs == nil {
+			cs = new([decisionKinds]prometheus.Counter)
+			for i := range cs {
+				cs[i] = m.checks.WithLabelValues(rule, decisionLabels[i])
+			}
+			m.children[rule] = cs
+		}
+		m.mu.Unlock()
+	}
+	cs[decision].Inc()
+}

@@ -1,0 +1,93 @@
+package transport
+
+import (
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/geoquota/geoquota/regional"
+)
+
+// MiddlewareOptions configure Middleware.
+type MiddlewareOptions struct {
+	// Request builds the engine request from an HTTP request; nil means
+	// DefaultRequest.
+	Request func(*http.Request) regional.Request
+	// Metrics records decisions under the API label "middleware" (or
+	// API); nil means none.
+	Metrics *Metrics
+	API     string
+}
+
+// DefaultRequest describes an HTTP request the way regiond's reverse proxy
+// does: the API key from X-API-Key, else from Authorization: Bearer; the
+// client IP from the connection; endpoint and method from the request.
+func DefaultRequest(r *http.Request) regional.Request {
+	req := regional.Request{Endpoint: r.URL.Path, Method: r.Method}
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		req.APIKey = k
+	} else if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		req.APIKey = strings.TrimSpace(tok)
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		req.IP = host
+	}
+	return req
+}
+
+// Middleware checks every request against the engine before next sees it.
+// A request allowed goes on with the rate-limit headers set on its
+// response; one denied gets 429 (or 403 for a blocked key, 503 when a
+// fail_closed rule cannot reach its store) with the JSON error body of the
+// HTTP API; a malformed one gets 400.
+func Middleware(e *regional.Engine, opts MiddlewareOptions) func(http.Handler) http.Handler {
+	describe := opts.Request
+	if describe == nil {
+		describe = DefaultRequest
+	}
+	api := opts.API
+	if api == "" {
+		api = "middleware"
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			req := describe(r)
+			start := time.Now()
+			var d regional.Decision
+			if err := e.Check(r.Context(), &req, &d); err != nil {
+				field, _ := invalidField(err)
+				writeError(w, http.StatusBadRequest, "INVALID_ARGUMENT", err.Error(), map[string]any{"field": field})
+				return
+			}
+			if opts.Metrics != nil {
+				opts.Metrics.observe(api, &d, time.Since(start))
+			}
+			if !d.Allowed {
+				writeDecision(w, &d, time.Now())
+				return
+			}
+			setHeaders(w.Header(), rateLimitHeaders(&d, time.Now()))
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// proxy is the reverse proxy of --proxy-upstream: every request checked,
+// the allowed ones forwarded, the rate-limit headers on the upstream's
+// response.
+func (s *Server) proxy(upstream *url.URL) http.Handler {
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream)
+			pr.SetXForwarded()
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			s.log.Warn("upstream failed", "upstream", upstream.String(), "error", err)
+			writeError(w, http.StatusBadGateway, "UPSTREAM_UNAVAILABLE", "the upstream did not answer", nil)
+		},
+	}
+	return Middleware(s.engine, MiddlewareOptions{Metrics: s.opts.Metrics, API: "proxy"})(rp)
+}

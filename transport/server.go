@@ -1,0 +1,92 @@
+package transport
+
+import (
+	"crypto/subtle"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync/atomic"
+
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/geoquota/geoquota/regional"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Region names the region that answers, in usage reports.
+	Region string
+	// AdminToken is the bearer token admin calls must carry. Empty: admin
+	// calls are refused.
+	AdminToken string
+	// Violations is where admin calls read the audit trail of denials.
+	Violations regional.ViolationLog
+	// ProxyUpstream, if set, makes the HTTP handler a reverse proxy to it
+	// for every path that is not regiond's own.
+	ProxyUpstream *url.URL
+	// Metrics records what the server does; nil means none.
+	Metrics *Metrics
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server serves a regional engine over gRPC (geoquota.v1 and Envoy's
+// RateLimitService v3) and HTTP. Its methods are safe for concurrent use.
+type Server struct {
+	engine  *regional.Engine
+	opts    Options
+	log     *slog.Logger
+	health  *health.Server
+	serving atomic.Bool
+}
+
+// NewServer returns a server for the engine. It reports itself not ready
+// until SetServing(true).
+func NewServer(e *regional.Engine, opts Options) *Server {
+	s := &Server{engine: e, opts: opts, log: opts.Logger, health: health.NewServer()}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.opts.Metrics == nil {
+		s.opts.Metrics = NewMetrics(e)
+	}
+	s.SetServing(false)
+	return s
+}
+
+// Metrics returns the server's metrics.
+func (s *Server) Metrics() *Metrics { return s.opts.Metrics }
+
+// SetServing sets what health checks report: serving, or not (at start and
+// while shutting down), so that load balancers stop sending first.
+func (s *Server) SetServing(ok bool) {
+	s.serving.Store(ok)
+	status := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		status = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, name := range []string{"", "geoquota.v1.RateLimiter", "geoquota.v1.Admin", "envoy.service.ratelimit.v3.RateLimitService"} {
+		s.health.SetServingStatus(name, status)
+	}
+}
+
+// adminStatus says whether a presented credential may make admin calls.
+type adminStatus int
+
+const (
+	adminOK       adminStatus = iota
+	adminDisabled             // no token configured: refused
+	adminDenied               // missing or wrong token
+)
+
+func (s *Server) checkAdmin(authorization string) adminStatus {
+	if s.opts.AdminToken == "" {
+		return adminDisabled
+	}
+	token, ok := strings.CutPrefix(authorization, "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(s.opts.AdminToken)) != 1 {
+		return adminDenied
+	}
+	return adminOK
+}
