@@ -68,12 +68,13 @@ func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 
 // redisArgs are the arguments of every server the harness starts: loopback
 // only, logging to stdout, DEBUG allowed from loopback so tests can make
-// the server slow (DEBUG SLEEP).
+// the server slow (DEBUG SLEEP), and a replica's full sync started at
+// once rather than after the default five seconds.
 func redisArgs(port int, dir string, persist bool) []string {
 	args := []string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 		"--daemonize", "no", "--logfile", "", "--save", "",
-		"--enable-debug-command", "local",
+		"--enable-debug-command", "local", "--repl-diskless-sync-delay", "0",
 	}
 	if persist {
 		return append(args, "--appendonly", "yes", "--appendfsync", "always")
@@ -131,6 +132,14 @@ func (r *Redis) start(ctx context.Context) error {
 	}
 	pid := strconv.Itoa(r.proc.pid())
 	err := r.proc.waitReady(ctx, func(ctx context.Context) error {
+		// A plain dial first: go-redis logs every refused dial, and a
+		// starting server refuses a few.
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", r.Addr())
+		if err != nil {
+			return err
+		}
+		c.Close()
 		got, err := redisInfo(ctx, r.Addr(), []any{"INFO", "server"}, "process_id")
 		if err != nil {
 			return err
