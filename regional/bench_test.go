@@ -141,11 +141,20 @@ func median(xs []float64) float64 {
 
 // redisBenchmark runs redis-benchmark with the script the engine runs for
 // one token-bucket check, on the same server, and returns requests/s.
+// It first runs the command once and checks that the script took a token,
+// so that a change to the script's arguments cannot leave the reference
+// measuring a script that does nothing.
 func redisBenchmark(port, requests int) (float64, error) {
-	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-c", "50", "-n", strconv.Itoa(requests), "-P", "16", "-r", "10000", "-q",
-		"EVALSHA", limitsSHA, "1", "gq:{bench:sk_prod___rand_int__}",
-		"", "", "check", "0", strconv.Itoa(int(TokenBucket)), "1000000000", "1000000", "0", "1", "0", "0"}
-	out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
+	argv := []string{"", "", "check", "0", "0", strconv.Itoa(int(TokenBucket)), "1000000000", "1000000", "0", "1", "0", "0"}
+	probe := append([]string{"-p", strconv.Itoa(port), "EVALSHA", limitsSHA, "1", "gq:{bench:probe}"}, argv...)
+	out, err := exec.Command("redis-cli", probe...).CombinedOutput()
+	// The reply: now, then allowed, remaining, reset_at, retry_after, taken.
+	if f := strings.Fields(string(out)); err != nil || len(f) != 6 || f[1] != "1" || f[5] != "1" {
+		return 0, fmt.Errorf("the reference command does not take a token (%v): %q", err, out)
+	}
+	args := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-c", "50", "-n", strconv.Itoa(requests), "-P", "16", "-r", "10000", "-q",
+		"EVALSHA", limitsSHA, "1", "gq:{bench:sk_prod___rand_int__}"}, argv...)
+	out, err = exec.Command("redis-benchmark", args...).CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("redis-benchmark: %v: %s", err, out)
 	}

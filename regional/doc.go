@@ -55,17 +55,17 @@
 // A whole decision in memory — validation, matching, key, algorithm,
 // decision — allocates nothing: a median of 504 ns for one limit on hot
 // keys (1.99 million a second on one core; 1.5–2.1 million from one run to
-// the next), 579 ns over 10,000 keys (1.73 million), 1.76 µs for the three
-// limits of the SPEC example's /search. Counted by callgrind, which the
-// VM's drift does not touch, a one-limit decision is about 2,700
-// instructions. One algorithm alone: 47–52 ns. Matching against 1,000
+// the next, 570–630 ns on a slow day), 579 ns over 10,000 keys (1.73
+// million), 1.76 µs for the three limits of the SPEC example's /search.
+// Counted by callgrind, which the VM's drift does not touch, a one-limit
+// decision is about 2,800 instructions. One algorithm alone: 47–52 ns. Matching against 1,000
 // rules: 0.7 µs.
 //
 //	go test ./regional -run '^$' -bench BenchmarkRedis -benchtime 1x -v
 //
 // Through Redis, with 50 concurrent callers on a local redis-server: about
-// 32,000–35,000 checks a second, 0.75–0.79 of what redis-benchmark reaches
+// 30,500–31,000 checks a second, 0.72–0.75 of what redis-benchmark reaches
 // with the same script, keys and 50 connections pipelining 16 deep
-// (43,000–44,000 a second), medians of five alternating rounds. Each check is
+// (41,300–41,600 a second), medians of five alternating rounds. Each check is
 // one EVALSHA (TestOneRoundTripPerCheck counts them with MONITOR).
 package regional
