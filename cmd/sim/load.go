@@ -166,15 +166,21 @@ type report struct {
 	sent, allowed, denied, errors int64
 	elapsed                       time.Duration
 	latencies                     []time.Duration // sorted
-	firstError                    string
+	// lags are, with a rate, how late each request left against its due
+	// time (sorted): the load generator's own share of the latency.
+	lags       []time.Duration
+	firstError string
 }
 
-func (r *report) percentile(p float64) time.Duration {
-	if len(r.latencies) == 0 {
+func (r *report) percentile(p float64) time.Duration { return percentile(r.latencies, p) }
+
+// percentile returns the p-th percentile of sorted durations.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
 		return 0
 	}
-	i := int(p / 100 * float64(len(r.latencies)))
-	return r.latencies[min(i, len(r.latencies)-1)]
+	i := int(p / 100 * float64(len(sorted)))
+	return sorted[min(i, len(sorted)-1)]
 }
 
 func (r *report) print(w io.Writer, c loadConfig) {
@@ -191,6 +197,10 @@ func (r *report) print(w io.Writer, c loadConfig) {
 	fmt.Fprintf(w, "requests     %10d  allowed %d  denied %d  errors %d\n", r.sent, r.allowed, r.denied, r.errors)
 	fmt.Fprintf(w, "latency      p50 %v  p90 %v  p99 %v  p99.9 %v  max %v\n",
 		round(r.percentile(50)), round(r.percentile(90)), round(r.percentile(99)), round(r.percentile(99.9)), round(r.percentile(100)))
+	if len(r.lags) > 0 {
+		fmt.Fprintf(w, "send lag     p50 %v  p90 %v  p99 %v  p99.9 %v  max %v  (late departures, included in latency)\n",
+			round(percentile(r.lags, 50)), round(percentile(r.lags, 90)), round(percentile(r.lags, 99)), round(percentile(r.lags, 99.9)), round(percentile(r.lags, 100)))
+	}
 	if r.firstError != "" {
 		fmt.Fprintf(w, "first error  %s\n", r.firstError)
 	}
@@ -211,7 +221,7 @@ func runLoad(ctx context.Context, c loadConfig, log io.Writer) (*report, error) 
 	measureFrom, end := start.Add(c.warmup), start.Add(c.warmup+c.duration)
 	var sent, allowed, denied, failed atomic.Int64
 	var firstErr atomic.Value
-	lat := make([][]time.Duration, c.concurrency)
+	lat, lags := make([][]time.Duration, c.concurrency), make([][]time.Duration, c.concurrency)
 	var wg sync.WaitGroup
 	for w := range c.concurrency {
 		wg.Add(1)
@@ -247,11 +257,16 @@ func runLoad(ctx context.Context, c loadConfig, log io.Writer) (*report, error) 
 				} else {
 					k = uint64(rng.Intn(c.keys))
 				}
-				ok, err := call(ctx, fmt.Sprintf("%s%06d", c.keyPrefix, k))
+				key := fmt.Sprintf("%s%06d", c.keyPrefix, k)
+				left := time.Now()
+				ok, err := call(ctx, key)
 				done := time.Now()
 				if !due.Before(measureFrom) {
 					sent.Add(1)
 					lat[w] = append(lat[w], done.Sub(due))
+					if interval > 0 {
+						lags[w] = append(lags[w], left.Sub(due))
+					}
 					switch {
 					case err != nil:
 						failed.Add(1)
@@ -268,10 +283,12 @@ func runLoad(ctx context.Context, c loadConfig, log io.Writer) (*report, error) 
 	}
 	wg.Wait()
 	r := &report{sent: sent.Load(), allowed: allowed.Load(), denied: denied.Load(), errors: failed.Load(), elapsed: c.duration}
-	for _, l := range lat {
-		r.latencies = append(r.latencies, l...)
+	for w := range lat {
+		r.latencies = append(r.latencies, lat[w]...)
+		r.lags = append(r.lags, lags[w]...)
 	}
 	slices.Sort(r.latencies)
+	slices.Sort(r.lags)
 	if e, ok := firstErr.Load().(string); ok {
 		r.firstError = e
 	}

@@ -69,6 +69,9 @@ func TestLoadEachAPI(t *testing.T) {
 					t.Fatalf("output lacks %q:\n%s", want, out.String())
 				}
 			}
+			if len(rep.lags) != 0 || strings.Contains(out.String(), "send lag") {
+				t.Fatalf("a closed-loop run has no schedule to lag behind, yet %d lags:\n%s", len(rep.lags), out.String())
+			}
 		})
 	}
 }
@@ -86,6 +89,16 @@ func TestLoadAtARate(t *testing.T) {
 	}
 	if rep.sent < 300 || rep.sent > 420 || time.Since(start) > 3*time.Second {
 		t.Fatalf("%d requests in %v at 400/s for 1s", rep.sent, time.Since(start))
+	}
+	// Each request's lateness in leaving is measured, is never negative
+	// (a caller waits for the due time) and is part of its latency.
+	if len(rep.lags) != int(rep.sent) || rep.lags[0] < 0 || percentile(rep.lags, 100) > rep.percentile(100) {
+		t.Fatalf("%d lags for %d requests, min %v, max %v (latency max %v)", len(rep.lags), rep.sent, rep.lags[0], percentile(rep.lags, 100), rep.percentile(100))
+	}
+	var out strings.Builder
+	rep.print(&out, cfg)
+	if !strings.Contains(out.String(), "\nsend lag     p50 ") {
+		t.Fatalf("report without the send lag:\n%s", out.String())
 	}
 }
 
