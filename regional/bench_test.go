@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/geoquota/geoquota/deploy/local/harness"
 )
 
 func benchKeys(n int) []string {
@@ -80,12 +78,7 @@ tier_of:
 // drifts, so the two alternate for five rounds and the medians are
 // reported. It ignores b.N: run it with -benchtime 1x.
 func BenchmarkRedis(b *testing.B) {
-	srv := harness.NewRedis(b, harness.RedisOptions{})
-	store, err := NewRedisStore(context.Background(), srv.URL(), RedisOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
+	store, srv := newTestRedisStore(b, RedisOptions{})
 	e := New(Config{Store: store, Timeout: time.Second}, mustParse(b,
 		"rules:\n  - { id: bench, by: [api_key], capacity: 1000000000, refill_per_second: 1000000 }\n"))
 	keys := benchKeys(10_000)

@@ -56,11 +56,7 @@ type storeKind struct {
 
 func redisKind(name string, spec func(t *testing.T) string) storeKind {
 	return storeKind{name, func(t *testing.T) (Store, func(*virtualClock)) {
-		s, err := NewRedisStore(t.Context(), spec(t), RedisOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		s := openTestRedisStore(t, spec(t), RedisOptions{})
 		s.testMinTTL = int64(time.Hour / time.Millisecond)
 		return s, func(c *virtualClock) { s.testNow = c.micros }
 	}}
@@ -267,12 +263,7 @@ func TestEngineBehaviours(t *testing.T) {
 }
 
 func TestInvalidRequestsChangeNothing(t *testing.T) {
-	srv := harness.NewRedis(t, harness.RedisOptions{})
-	store, err := NewRedisStore(t.Context(), srv.URL(), RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store, _ := newTestRedisStore(t, RedisOptions{})
 	rs, err := Parse("", []byte(`
 rules:
   - id: r
@@ -363,11 +354,7 @@ rules:
 	}
 	var engines []*Engine
 	for range 2 {
-		s, err := NewRedisStore(t.Context(), srv.URL(), RedisOptions{Timeout: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		s := openTestRedisStore(t, srv.URL(), RedisOptions{Timeout: 5 * time.Second})
 		engines = append(engines, New(Config{Store: s, Timeout: 5 * time.Second}, rules))
 	}
 	for endpoint, limit := range map[string]int64{"/fw": 1000, "/swl": 300, "/tb": 500, "/both": 250} {

@@ -36,12 +36,7 @@ func mustCheck(t testing.TB, e *Engine, req Request) Decision {
 // enforcement resumes by itself.
 func TestFallbacksWhenRedisDies(t *testing.T) {
 	ctx := t.Context()
-	srv := harness.NewRedis(t, harness.RedisOptions{})
-	store, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store, srv := newTestRedisStore(t, RedisOptions{})
 	clock := newVirtualClock()
 	e := New(Config{Store: store, Clock: clock.Now, Breaker: BreakerConfig{Failures: 3, Cooldown: time.Second}}, mustParse(t, `
 rules:
@@ -142,13 +137,7 @@ rules:
 }
 
 func TestSlowRedisTimesOut(t *testing.T) {
-	ctx := t.Context()
-	srv := harness.NewRedis(t, harness.RedisOptions{})
-	store, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store, srv := newTestRedisStore(t, RedisOptions{})
 	e := New(Config{Store: store, Timeout: 50 * time.Millisecond}, mustParse(t, `
 rules:
   - { id: closed, by: [api_key], capacity: 100, refill_per_second: 1, fallback: fail_closed }
@@ -169,11 +158,7 @@ rules:
 func TestEngineSurvivesSentinelFailover(t *testing.T) {
 	ctx := t.Context()
 	sn := harness.NewSentinel(t, harness.SentinelOptions{})
-	store, err := NewRedisStore(ctx, sn.URL(), RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := openTestRedisStore(t, sn.URL(), RedisOptions{})
 	e := New(Config{Store: store, Breaker: BreakerConfig{Failures: 1, Cooldown: 50 * time.Millisecond}}, mustParse(t, `
 rules:
   - { id: r, by: [api_key], capacity: 1000000, refill_per_second: 1000 }
@@ -218,11 +203,7 @@ func TestDenialCacheSparesRedis(t *testing.T) {
 	srv := harness.NewRedis(t, harness.RedisOptions{})
 	ctx := t.Context()
 	newEngine := func(onDenied func(Denial)) (*Engine, *RedisStore) {
-		s, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		s := openTestRedisStore(t, srv.URL(), RedisOptions{})
 		return New(Config{Store: s, OnDenied: onDenied}, mustParse(t, `
 rules:
   - { id: hot, by: [api_key], capacity: 5, refill_per_second: 0.01 }
@@ -301,13 +282,8 @@ rules:
 }
 
 func TestLeasesServeFromMemory(t *testing.T) {
-	srv := harness.NewRedis(t, harness.RedisOptions{})
+	store, srv := newTestRedisStore(t, RedisOptions{})
 	ctx := t.Context()
-	store, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	clock := newVirtualClock()
 	e := New(Config{Store: store, Clock: clock.Now, LeaseTTL: time.Second}, mustParse(t, `
 rules:
@@ -354,11 +330,7 @@ rules:
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for r := range 2 {
-		s, err := NewRedisStore(t.Context(), srv.URL(), RedisOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		s := openTestRedisStore(t, srv.URL(), RedisOptions{})
 		e := New(Config{Store: s}, rules)
 		for range 10 {
 			wg.Add(1)
@@ -431,11 +403,7 @@ rules:
 `)
 	var engines []*Engine
 	for range 2 {
-		s, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		s := openTestRedisStore(t, srv.URL(), RedisOptions{})
 		engines = append(engines, New(Config{Store: s}, rules))
 	}
 	e := engines[0]
@@ -524,13 +492,8 @@ rules:
 }
 
 func TestViolationsStream(t *testing.T) {
-	srv := harness.NewRedis(t, harness.RedisOptions{})
+	store, _ := newTestRedisStore(t, RedisOptions{})
 	ctx := t.Context()
-	store, err := NewRedisStore(ctx, srv.URL(), RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	log := NewRedisViolations(store.Client(), "us-east", 100)
 	e := New(Config{Region: "us-east", Store: store, Violations: log}, mustParse(t, `
 rules:

@@ -17,15 +17,22 @@ import (
 
 // newTestRedisStore starts a redis-server for the test and returns a store
 // on it.
-func newTestRedisStore(t *testing.T, opts RedisOptions) (*RedisStore, *harness.Redis) {
+func newTestRedisStore(t testing.TB, opts RedisOptions) (*RedisStore, *harness.Redis) {
 	t.Helper()
 	srv := harness.NewRedis(t, harness.RedisOptions{})
-	s, err := NewRedisStore(t.Context(), srv.URL(), opts)
+	return openTestRedisStore(t, srv.URL(), opts), srv
+}
+
+// openTestRedisStore opens a store on a --redis spec, closed when the test
+// ends.
+func openTestRedisStore(t testing.TB, spec string, opts RedisOptions) *RedisStore {
+	t.Helper()
+	s, err := NewRedisStore(t.Context(), spec, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s, srv
+	return s
 }
 
 // virtualClock is a clock tests move by hand, shared by both stores.

@@ -63,12 +63,7 @@ func TestBreakerProbeWhoseCallerGivesUpIsReleased(t *testing.T) {
 }
 
 func TestCallerDeadlinesDoNotOpenTheBreaker(t *testing.T) {
-	srv := harness.NewRedis(t, harness.RedisOptions{})
-	store, err := NewRedisStore(t.Context(), srv.URL(), RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store, _ := newTestRedisStore(t, RedisOptions{})
 	e := New(Config{Store: store, Breaker: BreakerConfig{Failures: 3, Cooldown: time.Hour}},
 		mustParse(t, "rules:\n  - { id: r, by: [api_key], capacity: 1000000, refill_per_second: 1000 }\n"))
 	// Callers with deadlines too short for any round trip.
@@ -193,12 +188,7 @@ func TestAlgorithmChangeStartsAfresh(t *testing.T) {
 }
 
 func TestRefundStaysInItsWindow(t *testing.T) {
-	srv := harness.NewRedis(t, harness.RedisOptions{})
-	rs, err := NewRedisStore(t.Context(), srv.URL(), RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
+	rs, _ := newTestRedisStore(t, RedisOptions{})
 	clock := newVirtualClock()
 	rs.testNow = clock.micros
 	for _, store := range []Store{NewMemoryStore(clock.Now), rs} {

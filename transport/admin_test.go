@@ -75,23 +75,15 @@ func TestAdminOperationsHTTP(t *testing.T) {
 	}
 	// Rules: an invalid set is refused whole, naming what is wrong; a
 	// valid one is in force at once.
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPut, v.http.URL+"/v1/admin/rules",
-		strings.NewReader("rules:\n  - { id: x, capacity: 0, refill_per_second: 1 }\n"))
-	req.Header.Set("Authorization", "Bearer s3cret")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp = v.send(http.MethodPut, "/v1/admin/rules", strings.NewReader("rules:\n  - { id: x, capacity: 0, refill_per_second: 1 }\n"), auth...)
 	if b := readAll(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(b, `rule \"x\": capacity`) {
 		t.Fatalf("invalid rules: %s %s", resp.Status, b)
 	}
-	req, _ = http.NewRequestWithContext(t.Context(), http.MethodPut, v.http.URL+"/v1/admin/rules",
-		strings.NewReader("rules:\n  - { id: only, match: { endpoint: /minute }, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h }\n"))
-	req.Header.Set("Authorization", "Bearer s3cret")
-	if resp, err = http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("valid rules: %v %v", resp.Status, err)
+	resp = v.send(http.MethodPut, "/v1/admin/rules",
+		strings.NewReader("rules:\n  - { id: only, match: { endpoint: /minute }, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h }\n"), auth...)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("valid rules: %v", resp.Status)
 	}
-	resp.Body.Close()
 	if resp := v.check("newcomer", "/minute"); resp.Header.Get("X-RateLimit-Limit") != "1" {
 		t.Fatalf("new rules not in force: %v", resp.Header)
 	}

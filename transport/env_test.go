@@ -98,24 +98,19 @@ func newEnv(t *testing.T, o envOptions) *env {
 // post sends a JSON body to the HTTP API.
 func (v *env) post(path, body string, header ...string) *http.Response {
 	v.t.Helper()
-	req, err := http.NewRequestWithContext(v.t.Context(), http.MethodPost, v.http.URL+path, strings.NewReader(body))
-	if err != nil {
-		v.t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		v.t.Fatal(err)
-	}
-	v.t.Cleanup(func() { resp.Body.Close() })
-	return resp
+	return v.send(http.MethodPost, path, strings.NewReader(body), header...)
 }
 
 func (v *env) get(path string, header ...string) *http.Response {
 	v.t.Helper()
-	req, err := http.NewRequestWithContext(v.t.Context(), http.MethodGet, v.http.URL+path, nil)
+	return v.send(http.MethodGet, path, nil, header...)
+}
+
+// send makes a request to the HTTP API with the given header name, value
+// pairs; the response body is closed when the test ends.
+func (v *env) send(method, path string, body io.Reader, header ...string) *http.Response {
+	v.t.Helper()
+	req, err := http.NewRequestWithContext(v.t.Context(), method, v.http.URL+path, body)
 	if err != nil {
 		v.t.Fatal(err)
 	}
