@@ -151,7 +151,8 @@ func (r MergeReport) Rejected() int { return r.Regressed + r.UnknownRegion }
 // replays; the report says what was ignored.
 func (c *Counters) Merge(d Delta) MergeReport {
 	var r MergeReport
-	if _, ok := c.index[d.Origin]; !ok {
+	origin, ok := c.index[d.Origin]
+	if !ok {
 		r.UnknownRegion = d.Slots()
 		return r
 	}
@@ -169,10 +170,11 @@ func (c *Counters) Merge(d Delta) MergeReport {
 					cur = e.slots[i]
 				}
 			}
+			lower := ds.P < cur.p || ds.N < cur.n
 			switch {
-			case (ds.P < cur.p || ds.N < cur.n) && ds.Region == d.Origin:
+			case lower && ri == origin:
 				r.Regressed++
-			case ds.P < cur.p || ds.N < cur.n:
+			case lower:
 				r.Stale++
 			case ds.P == cur.p && ds.N == cur.n:
 				r.Duplicate++

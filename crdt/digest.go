@@ -1,9 +1,11 @@
 package crdt
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 )
 
@@ -35,12 +37,8 @@ func (c *Counters) Digest(buckets uint32) (Digest, error) {
 	if buckets == 0 || buckets > MaxDigestBuckets {
 		return Digest{}, fmt.Errorf("%w: %d buckets, need 1..%d", ErrInvalidDigest, buckets, MaxDigestBuckets)
 	}
-	d := Digest{Origin: c.Self(), Buckets: buckets}
-	for _, s := range c.bucketSums(buckets) {
-		d.Sums = append(d.Sums, s)
-	}
-	slices.SortFunc(d.Sums, func(a, b BucketSum) int { return int(a.Bucket) - int(b.Bucket) })
-	return d, nil
+	sums := slices.SortedFunc(maps.Values(c.bucketSums(buckets)), func(a, b BucketSum) int { return cmp.Compare(a.Bucket, b.Bucket) })
+	return Digest{Origin: c.Self(), Buckets: buckets, Sums: sums}, nil
 }
 
 // Diff returns, as a full-state delta, every counter of ours that sits in a

@@ -1,6 +1,8 @@
 package crdt
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -399,16 +401,10 @@ func commonPrefix(a, b string) int {
 }
 
 func compareKeyEpoch(key []byte, epoch int64, prevKey []byte, prevEpoch int64) int {
-	if c := slices.Compare(key, prevKey); c != 0 {
+	if c := bytes.Compare(key, prevKey); c != 0 {
 		return c
 	}
-	switch {
-	case epoch > prevEpoch:
-		return 1
-	case epoch < prevEpoch:
-		return -1
-	}
-	return 0
+	return cmp.Compare(epoch, prevEpoch)
 }
 
 func maxKeyBytes(messageLen int) int { return maxKeyExpansion*messageLen + MaxKeyLen }

@@ -84,8 +84,7 @@ func StartRedisCluster(ctx context.Context, opts RedisClusterOptions) (*RedisClu
 
 func (c *RedisCluster) startNode(ctx context.Context, i, port, busPort int, persist bool) error {
 	dir := filepath.Join(c.dir, fmt.Sprintf("node%d", i))
-	os.RemoveAll(dir) // no cluster identity left from an attempt that lost its ports
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := freshDir(dir); err != nil { // no cluster identity left from an attempt that lost its ports
 		return err
 	}
 	args := append(redisArgs(port, dir, persist),
@@ -98,7 +97,7 @@ func (c *RedisCluster) startNode(ctx context.Context, i, port, busPort int, pers
 	if err != nil {
 		return err
 	}
-	if err := r.start(ctx); err != nil {
+	if err := r.start(ctx, nil); err != nil {
 		return err
 	}
 	c.Nodes = append(c.Nodes, r)

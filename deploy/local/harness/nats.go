@@ -156,11 +156,11 @@ func uniqueName(name string) string {
 func (n *NATS) start(ctx context.Context) error {
 	n.logOffset = fileSize(n.LogPath())
 	if n.binary {
-		path, err := lookPath("nats-server")
-		if err != nil {
-			return err
-		}
 		if n.proc == nil {
+			path, err := lookPath("nats-server")
+			if err != nil {
+				return err
+			}
 			n.proc = &process{name: "nats-server " + n.name, path: path, args: []string{"-c", n.conf}, logPath: n.LogPath()}
 		}
 		if err := n.proc.start(); err != nil {
@@ -174,11 +174,7 @@ func (n *NATS) start(ctx context.Context) error {
 // startError explains why a server did not become ready, as errPortTaken
 // when its log says a port was taken.
 func (n *NATS) startError(err error) error {
-	log := logTail(n.LogPath(), n.logOffset)
-	if portTakenIn(log) {
-		return fmt.Errorf("%w: nats %s: %s", errPortTaken, n.name, log)
-	}
-	return fmt.Errorf("harness: nats %s not ready: %w; its log ends:\n%s", n.name, err, log)
+	return startFailure("nats "+n.name, n.LogPath(), n.logOffset, err)
 }
 
 func (n *NATS) startEmbedded(ctx context.Context) error {

@@ -197,11 +197,17 @@ func (p *process) waitReady(ctx context.Context, ready func(context.Context) err
 		return nil
 	}
 	p.kill()
-	log := logTail(p.logPath, p.logOffset)
+	return startFailure(p.name, p.logPath, p.logOffset, err)
+}
+
+// startFailure explains why a server did not become ready, from its log
+// since offset: errPortTaken when the log says a port was taken.
+func startFailure(name, logPath string, offset int64, err error) error {
+	log := logTail(logPath, offset)
 	if portTakenIn(log) {
-		return fmt.Errorf("%w: %s: %s", errPortTaken, p.name, log)
+		return fmt.Errorf("%w: %s: %s", errPortTaken, name, log)
 	}
-	return fmt.Errorf("harness: %s not ready: %w; its log ends:\n%s", p.name, err, log)
+	return fmt.Errorf("harness: %s not ready: %w; its log ends:\n%s", name, err, log)
 }
 
 var errExited = errors.New("process exited")
@@ -260,6 +266,12 @@ func isClosed(c chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// freshDir makes dir empty, removing what an earlier attempt left in it.
+func freshDir(dir string) error {
+	os.RemoveAll(dir)
+	return os.MkdirAll(dir, 0o755)
 }
 
 // makeDir returns dir, creating it; or, if dir is empty, a new temporary

@@ -34,7 +34,6 @@ type Redis struct {
 	dir    string
 	ownDir bool
 	proc   *process
-	ready  func(context.Context, string) error // beyond answering PING
 }
 
 // StartRedis starts a redis-server on a free loopback port and waits until
@@ -54,7 +53,7 @@ func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		if r, err = newRedis("redis-server", ports[0], dir, args); err != nil {
 			return err
 		}
-		return r.start(ctx)
+		return r.start(ctx, nil)
 	})
 	if err != nil {
 		if ownDir {
@@ -85,21 +84,27 @@ func redisArgs(port int, dir string, persist bool) []string {
 // newRedis prepares a redis-server process; role names it in messages and
 // files. The arguments go into a configuration file of its own, so that
 // CONFIG REWRITE (which Sentinel uses to record a failover) survives a
-// restart; extra are passed on the command line after it.
-func newRedis(role string, port int, dir string, args []string, extra ...string) (*Redis, error) {
-	path, err := lookPath("redis-server")
-	if err != nil {
-		return nil, err
-	}
+// restart.
+func newRedis(role string, port int, dir string, args []string) (*Redis, error) {
 	conf := filepath.Join(dir, role+".conf")
 	if err := os.WriteFile(conf, []byte(redisConf(args)), 0o644); err != nil {
+		return nil, err
+	}
+	return newRedisProcess(role, port, dir, conf)
+}
+
+// newRedisProcess prepares redis-server with the given command line; role
+// names it in messages and its log file in dir.
+func newRedisProcess(role string, port int, dir string, args ...string) (*Redis, error) {
+	path, err := lookPath("redis-server")
+	if err != nil {
 		return nil, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	return &Redis{port: port, dir: dir, proc: &process{
 		name:    role + " " + addr,
 		path:    path,
-		args:    append([]string{conf}, extra...),
+		args:    args,
 		logPath: filepath.Join(dir, role+".log"),
 	}}, nil
 }
@@ -124,14 +129,15 @@ func redisConf(args []string) string {
 
 // start starts the server and waits until it answers, and is the server
 // this process started: another one may answer on the port it meant to
-// take. The role's own readiness (a replica's link) is waited for on the
-// first start only; after a failover the role may have changed.
-func (r *Redis) start(ctx context.Context) error {
+// take. ready, if not nil, is the role's own readiness (a replica's link),
+// waited for on the first start only: after a failover the role may have
+// changed.
+func (r *Redis) start(ctx context.Context, ready func(context.Context, string) error) error {
 	if err := r.proc.start(); err != nil {
 		return err
 	}
 	pid := strconv.Itoa(r.proc.pid())
-	err := r.proc.waitReady(ctx, func(ctx context.Context) error {
+	return r.proc.waitReady(ctx, func(ctx context.Context) error {
 		// A plain dial first: go-redis logs every refused dial, and a
 		// starting server refuses a few.
 		var d net.Dialer
@@ -150,15 +156,11 @@ func (r *Redis) start(ctx context.Context) error {
 		if err := redisDo(ctx, r.Addr(), "PING"); err != nil {
 			return err
 		}
-		if r.ready != nil {
-			return r.ready(ctx, r.Addr())
+		if ready != nil {
+			return ready(ctx, r.Addr())
 		}
 		return nil
 	})
-	if err == nil {
-		r.ready = nil
-	}
-	return err
 }
 
 // Addr returns the server's host:port.
@@ -188,7 +190,7 @@ func (r *Redis) Restart(ctx context.Context) error {
 	if err := r.proc.kill(); err != nil {
 		return err
 	}
-	return r.start(ctx)
+	return r.start(ctx, nil)
 }
 
 // Stop shuts the server down and removes its directory if the harness made it.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -92,7 +91,7 @@ func TestRedisOnATakenPortIsNotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The other server answers PING on the port; ours must not pass for it.
-	if err := r.start(ctx); !errors.Is(err, errPortTaken) {
+	if err := r.start(ctx, nil); !errors.Is(err, errPortTaken) {
 		t.Fatalf("start on a taken port: %v, want errPortTaken", err)
 	}
 }
@@ -236,16 +235,15 @@ func TestSentinelFailover(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		var other *Redis
+		primary, other := s.Primary, s.Replicas[0]
 		switch p {
-		case s.Primary.Addr():
-			other = s.Replicas[0]
-		case s.Replicas[0].Addr():
-			other = s.Primary
+		case primary.Addr():
+		case other.Addr():
+			primary, other = other, primary
 		default:
 			return fmt.Errorf("the sentinels name %s, neither of the servers", p)
 		}
-		for field, want := range map[string]string{"role": "slave", "master_port": strconv.Itoa(portOf(t, p)), "master_link_status": "up"} {
+		for field, want := range map[string]string{"role": "slave", "master_port": strconv.Itoa(primary.Port()), "master_link_status": "up"} {
 			got, err := redisInfo(ctx, other.Addr(), []any{"INFO", "replication"}, field)
 			if err != nil || got != want {
 				return fmt.Errorf("%s: %s %q (%v), want %q", other.Addr(), field, got, err, want)
@@ -256,16 +254,4 @@ func TestSentinelFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-func portOf(t *testing.T, addr string) int {
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

@@ -102,8 +102,7 @@ func (s *Sentinel) startAll(ctx context.Context, ports []int, opts SentinelOptio
 	for i := range opts.Sentinels {
 		port := ports[1+opts.Replicas+i]
 		dir := filepath.Join(s.dir, fmt.Sprintf("sentinel%d", i))
-		os.RemoveAll(dir) // no state left from an attempt that lost its ports
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := freshDir(dir); err != nil { // no state left from an attempt that lost its ports
 			return err
 		}
 		// Sentinel rewrites its configuration file as it learns; it must be
@@ -119,11 +118,11 @@ func (s *Sentinel) startAll(ctx context.Context, ports []int, opts SentinelOptio
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 			return err
 		}
-		r, err := newSentinelProcess(port, dir, conf)
+		r, err := newRedisProcess("sentinel", port, dir, conf, "--sentinel")
 		if err != nil {
 			return err
 		}
-		if err := r.start(ctx); err != nil {
+		if err := r.start(ctx, nil); err != nil {
 			return err
 		}
 		s.Sentinels = append(s.Sentinels, r)
@@ -138,32 +137,16 @@ func (s *Sentinel) startAll(ctx context.Context, ports []int, opts SentinelOptio
 	})
 }
 
-// newSentinelProcess prepares a sentinel: redis-server in sentinel mode on
-// a configuration file the sentinel rewrites as it learns.
-func newSentinelProcess(port int, dir, conf string) (*Redis, error) {
-	path, err := lookPath("redis-server")
-	if err != nil {
-		return nil, err
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	return &Redis{port: port, dir: dir, proc: &process{
-		name: "sentinel " + addr, path: path, args: []string{conf, "--sentinel"},
-		logPath: filepath.Join(dir, "sentinel.log"),
-	}}, nil
-}
-
 func (s *Sentinel) startServer(ctx context.Context, role string, port int, extra []string, ready func(context.Context, string) error) (*Redis, error) {
 	dir := filepath.Join(s.dir, role)
-	os.RemoveAll(dir)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := freshDir(dir); err != nil {
 		return nil, err
 	}
 	r, err := newRedis("redis-"+role, port, dir, append(redisArgs(port, dir, false), extra...))
 	if err != nil {
 		return nil, err
 	}
-	r.ready = ready
-	return r, r.start(ctx)
+	return r, r.start(ctx, ready)
 }
 
 func (s *Sentinel) sentinelReady(ctx context.Context, addr string, replicas, peers int) error {

@@ -101,8 +101,7 @@ func (sc *Supercluster) build(opts SuperclusterOptions) error {
 			p := ports[4*(ci*per+si):]
 			srvDir := filepath.Join(sc.dir, fmt.Sprintf("%s-%d", name, si+1))
 			srvName := uniqueName(fmt.Sprintf("%s-%d", name, si+1))
-			os.RemoveAll(srvDir) // nothing left from an attempt that lost its ports
-			if err := os.MkdirAll(srvDir, 0o755); err != nil {
+			if err := freshDir(srvDir); err != nil { // nothing left from an attempt that lost its ports
 				return err
 			}
 			c.Servers = append(c.Servers, &NATS{
@@ -151,8 +150,8 @@ func (sc *Supercluster) start(ctx context.Context) error {
 	// A server that lost a cluster or gateway port to another process says
 	// so in its log; start over on new ports.
 	for _, s := range sc.Servers() {
-		if portTakenIn(logTail(s.LogPath(), s.logOffset)) {
-			return s.startError(err)
+		if e := s.startError(err); errors.Is(e, errPortTaken) {
+			return e
 		}
 	}
 	return err
