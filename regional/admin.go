@@ -16,35 +16,40 @@ import (
 var ErrUnknownRule = errors.New("regional: unknown rule")
 
 // counter finds the store key and numbers of rule id's counter for req.
-func (e *Engine) counter(id string, req *Request) (*Rule, []byte, Params, error) {
+func (e *Engine) counter(id string, req *Request) (*Rule, counterKey, Params, error) {
 	rs := e.rules.Load()
 	r := rs.Rule(id)
 	if r == nil {
-		return nil, nil, Params{}, fmt.Errorf("%w %q", ErrUnknownRule, id)
+		return nil, counterKey{}, Params{}, fmt.Errorf("%w %q", ErrUnknownRule, id)
 	}
 	if _, err := rs.validate(req); err != nil {
-		return nil, nil, Params{}, err
+		return nil, counterKey{}, Params{}, err
 	}
 	tier := rs.Tier(req)
 	for _, name := range r.By {
 		if name == "tier" && tier == "" {
-			return nil, nil, Params{}, &RequestError{Field: "tier", Msg: "rule " + strconv.Quote(id) + " counts by tier"}
+			return nil, counterKey{}, Params{}, &RequestError{Field: "tier", Msg: "rule " + strconv.Quote(id) + " counts by tier"}
 		}
 		if _, ok := req.Value(name); name != "tier" && !ok {
-			return nil, nil, Params{}, &RequestError{Field: name, Msg: "rule " + strconv.Quote(id) + " counts by it"}
+			return nil, counterKey{}, Params{}, &RequestError{Field: name, Msg: "rule " + strconv.Quote(id) + " counts by it"}
 		}
 	}
-	key := append(append([]byte("gq:{"), id...), ':')
+	key := appendKeyPrefix(nil, r)
 	ks := len(key)
 	key = r.appendKey(key, req, tier)
 	p := r.params(key[ks:], tier)
 	if p.Limit == 0 {
-		return nil, nil, Params{}, &RequestError{Field: "tier", Msg: "rule " + strconv.Quote(id) + " has no limit for tier " + strconv.Quote(tier)}
+		return nil, counterKey{}, Params{}, &RequestError{Field: "tier", Msg: "rule " + strconv.Quote(id) + " has no limit for tier " + strconv.Quote(tier)}
 	}
-	return r, append(key, '}'), p, nil
+	key = append(key, '}')
+	return r, counterKey{store: key, values: key[ks : len(key)-1]}, p, nil
 }
 
-func (e *Engine) status(r *Rule, p Params, res Result, now time.Time) LimitStatus {
+// counterKey is a counter's key in the store, and the part of it made of
+// the request's values.
+type counterKey struct{ store, values []byte }
+
+func status(r *Rule, p Params, res Result) LimitStatus {
 	return LimitStatus{Rule: r, Allowed: res.Allowed, Shadow: r.Shadow, Limit: p.Limit, Remaining: res.Remaining,
 		Window: time.Duration(p.WindowMicros()) * time.Microsecond, ResetAt: time.UnixMicro(res.ResetAt)}
 }
@@ -66,12 +71,11 @@ func (e *Engine) Usage(ctx context.Context, rule string, req *Request) (Usage, e
 	if err != nil {
 		return Usage{}, err
 	}
-	res, err := e.store.Inspect(ctx, key, p)
+	res, err := e.store.Inspect(ctx, key.store, p)
 	if err != nil {
 		return Usage{}, err
 	}
-	u := Usage{LimitStatus: e.status(r, p, res, e.now()), Algorithm: p.Algorithm,
-		Key: string(key[len("gq:{")+len(rule)+1 : len(key)-1])}
+	u := Usage{LimitStatus: status(r, p, res), Algorithm: p.Algorithm, Key: string(key.values)}
 	if p.Window > 0 {
 		now := e.now().UnixMicro()
 		u.WindowStart = time.UnixMicro(now / p.Window * p.Window)
@@ -81,15 +85,8 @@ func (e *Engine) Usage(ctx context.Context, rule string, req *Request) (Usage, e
 
 // Inspect returns where a counter stands, changing nothing.
 func (e *Engine) Inspect(ctx context.Context, rule string, req *Request) (LimitStatus, error) {
-	r, key, p, err := e.counter(rule, req)
-	if err != nil {
-		return LimitStatus{}, err
-	}
-	res, err := e.store.Inspect(ctx, key, p)
-	if err != nil {
-		return LimitStatus{}, err
-	}
-	return e.status(r, p, res, e.now()), nil
+	u, err := e.Usage(ctx, rule, req)
+	return u.LimitStatus, err
 }
 
 // Reset starts a counter afresh, here and in the store.
@@ -98,8 +95,8 @@ func (e *Engine) Reset(ctx context.Context, rule string, req *Request) error {
 	if err != nil {
 		return err
 	}
-	e.forget(key, false)
-	return e.store.Reset(ctx, key, p)
+	e.forget(key.store, false)
+	return e.store.Reset(ctx, key.store, p)
 }
 
 // Grant gives a counter n more (see Store.Grant) and returns where it stands.
@@ -111,12 +108,12 @@ func (e *Engine) Grant(ctx context.Context, rule string, req *Request, n int64) 
 	if err != nil {
 		return LimitStatus{}, err
 	}
-	e.forget(key, true)
-	res, err := e.store.Grant(ctx, key, p, n)
+	e.forget(key.store, true)
+	res, err := e.store.Grant(ctx, key.store, p, n)
 	if err != nil {
 		return LimitStatus{}, err
 	}
-	return e.status(r, p, res, e.now()), nil
+	return status(r, p, res), nil
 }
 
 // forget drops what this replica remembers of a counter. What is left of
@@ -295,12 +292,11 @@ func (e *Engine) Maintain(ctx context.Context) error {
 			e.trackers.Delete(id)
 			return true
 		}
+		// A rule's window, or its refill period: every limit of a rule
+		// has the same, whatever its tier.
 		tr, idle := v.(*keyTracker), r.Base.WindowMicros()
-		if idle == 0 {
-			idle = r.Base.scaled(r.smallestLimit()).WindowMicros()
-		}
-		tr.seen.sweep(func(_ string, seen int64) bool {
-			if us-seen > idle {
+		tr.seen.sweep(func(_ string, seen *int64) bool {
+			if us-*seen > idle {
 				tr.n.Add(-1)
 				return true
 			}

@@ -47,12 +47,6 @@ type breaker struct {
 }
 
 func newBreaker(cfg BreakerConfig, now func() time.Time) *breaker {
-	if cfg.Failures <= 0 {
-		cfg.Failures = 5
-	}
-	if cfg.Cooldown <= 0 {
-		cfg.Cooldown = time.Second
-	}
 	return &breaker{cfg: cfg, now: now}
 }
 

@@ -93,6 +93,12 @@ func New(cfg Config, rules *RuleSet) *Engine {
 	if cfg.MaxDenials <= 0 {
 		cfg.MaxDenials = d.MaxDenials
 	}
+	if cfg.Breaker.Failures <= 0 {
+		cfg.Breaker.Failures = d.Breaker.Failures
+	}
+	if cfg.Breaker.Cooldown <= 0 {
+		cfg.Breaker.Cooldown = d.Breaker.Cooldown
+	}
 	e := &Engine{cfg: cfg, now: cfg.Clock, log: cfg.Logger}
 	if e.now == nil {
 		e.now = time.Now
@@ -112,7 +118,7 @@ func New(cfg Config, rules *RuleSet) *Engine {
 	if rules == nil {
 		rules, _ = Parse("", nil)
 	}
-	e.rules.Store(rules)
+	e.SetRules(rules)
 	e.scratch.New = func() any { return new(scratch) }
 	return e
 }
@@ -126,6 +132,19 @@ func (e *Engine) Rules() *RuleSet { return e.rules.Load() }
 func (e *Engine) SetRules(rs *RuleSet) {
 	e.rules.Store(rs)
 	e.stats.RuleReloads.Add(1)
+}
+
+// PutRules compiles rules from YAML (source names them in errors, as in
+// Parse) and puts them in force. Invalid rules change nothing, and count
+// as a rejected reload.
+func (e *Engine) PutRules(source string, yaml []byte) (*RuleSet, error) {
+	rs, err := Parse(source, yaml)
+	if err != nil {
+		e.stats.RuleReloadErrors.Add(1)
+		return nil, err
+	}
+	e.SetRules(rs)
+	return rs, nil
 }
 
 // LoadRules reads a rules file and puts it in force. An invalid file
@@ -204,21 +223,14 @@ type LimitStatus struct {
 
 // Stats are the engine's counters since it started. Safe to read at any time.
 type Stats struct {
-	Allowed, Denied, Blocked, Unavailable, Bypassed atomic.Int64
-	Degraded                                        atomic.Int64 // decisions made without the shared store
-	StoreErrors                                     atomic.Int64
-	DenialCacheHits, LeaseHits                      atomic.Int64
-	LeaseTaken, LeaseReturned, LeaseLapsed          atomic.Int64 // tokens
-	KeysRefused, KeysFolded                         atomic.Int64
-	Penalties                                       atomic.Int64
-	RuleReloads, RuleReloadErrors                   atomic.Int64
-	ViolationsDropped                               atomic.Int64
-}
-
-// Checks returns the number of requests decided (not those refused as
-// malformed): the sum of the outcomes.
-func (s *Stats) Checks() int64 {
-	return s.Allowed.Load() + s.Denied.Load() + s.Blocked.Load() + s.Unavailable.Load() + s.Bypassed.Load()
+	Degraded                               atomic.Int64 // decisions made without the shared store
+	StoreErrors                            atomic.Int64
+	DenialCacheHits, LeaseHits             atomic.Int64
+	LeaseTaken, LeaseReturned, LeaseLapsed atomic.Int64 // tokens
+	KeysRefused, KeysFolded                atomic.Int64
+	Penalties                              atomic.Int64
+	RuleReloads, RuleReloadErrors          atomic.Int64
+	ViolationsDropped                      atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -238,20 +250,19 @@ type scratch struct {
 
 // item is one limit that applies to the request being checked.
 type item struct {
-	rule          *Rule
-	start, end    int // the store key in scratch.keys
-	key           []byte
-	params        Params
-	cost          int64
-	result        Result
-	decided       bool // result is set
-	degraded      bool
-	unavailable   bool
-	cached        bool
-	leased        bool
-	refused       bool
-	storeNow      int64
-	leaseConsumed bool
+	rule        *Rule
+	start, end  int // the store key in scratch.keys
+	key         []byte
+	params      Params
+	cost        int64
+	result      Result
+	decided     bool // result is set
+	degraded    bool
+	unavailable bool
+	cached      bool
+	leased      bool // served from a lease: given back if the request is denied
+	refused     bool
+	storeNow    int64
 }
 
 // Check decides whether the request may go through and fills d (reusing
@@ -268,12 +279,10 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	d.Time = now
 	if rs.Allowed(req.APIKey) {
 		d.Allowed, d.Bypassed = true, true
-		e.stats.Bypassed.Add(1)
 		return nil
 	}
 	if rs.Blocked(req.APIKey) || e.blockedAt(req.APIKey, now) {
 		d.Code = CodeBlocked
-		e.stats.Blocked.Add(1)
 		e.violations.add(e, CodeBlocked, []byte(req.APIKey), func() Violation {
 			return Violation{Time: now, APIKey: req.APIKey, IP: req.IP, Endpoint: req.Endpoint}
 		})
@@ -287,7 +296,6 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	}
 	if len(sc.items) == 0 {
 		d.Allowed = true
-		e.stats.Allowed.Add(1)
 		return nil
 	}
 	us := now.UnixMicro()
@@ -298,7 +306,7 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	if e.fromCache(sc, us) {
 		for i := range sc.items {
 			it := &sc.items[i]
-			if it.leaseConsumed {
+			if it.leased {
 				e.unconsumeLease(it)
 			}
 			if it.decided {
@@ -310,14 +318,6 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 		e.settle(sc, req, us)
 	}
 	e.fill(d, sc)
-	switch d.Code {
-	case CodeOK:
-		e.stats.Allowed.Add(1)
-	case CodeOverLimit:
-		e.stats.Denied.Add(1)
-	case CodeUnavailable:
-		e.stats.Unavailable.Add(1)
-	}
 	if d.Degraded {
 		e.stats.Degraded.Add(1)
 	}
@@ -366,7 +366,7 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 		}
 		sc.items = append(sc.items, item{rule: r, start: len(sc.keys)})
 		it := &sc.items[len(sc.items)-1]
-		sc.keys = append(append(append(sc.keys, "gq:{"...), r.ID...), ':')
+		sc.keys = appendKeyPrefix(sc.keys, r)
 		ks := len(sc.keys)
 		sc.keys = r.appendKey(sc.keys, req, tier)
 		it.params = r.params(sc.keys[ks:], tier)
@@ -387,13 +387,8 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 			}
 		}
 		if folded {
-			// Keys beyond the rule's cap share one counter, at the rule's
-			// own limit (or its smallest, for a rule of tiers alone).
 			sc.keys = append(append(append(sc.keys[:it.start], "gq:{"...), r.ID...), "}:overflow"...)
-			it.params = r.Base
-			if it.params.Limit == 0 {
-				it.params = r.Base.scaled(r.smallestLimit())
-			}
+			it.params = r.overflow
 		} else {
 			sc.keys = append(sc.keys, '}')
 		}
@@ -406,6 +401,13 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 		sc.items[i].key = sc.keys[sc.items[i].start:sc.items[i].end]
 	}
 	return nil
+}
+
+// appendKeyPrefix appends what a rule's counter keys start with. A key is
+// gq:{id:values}, the braces a Redis hash tag, so that a Cluster spreads a
+// rule's counters.
+func appendKeyPrefix(dst []byte, r *Rule) []byte {
+	return append(append(append(dst, "gq:{"...), r.ID...), ':')
 }
 
 // decide asks the store about every limit not served by a lease, and
@@ -529,7 +531,7 @@ func (e *Engine) settle(sc *scratch, req *Request, now int64) {
 	for i := range sc.items {
 		it := &sc.items[i]
 		switch {
-		case it.leaseConsumed && !allowed:
+		case it.leased && !allowed:
 			e.unconsumeLease(it)
 		case it.result.Taken > it.cost && allowed:
 			e.keepLease(it, now)

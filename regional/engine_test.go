@@ -264,7 +264,7 @@ func TestEngineBehaviours(t *testing.T) {
 
 func TestInvalidRequestsChangeNothing(t *testing.T) {
 	store, _ := newTestRedisStore(t, RedisOptions{})
-	rs, err := Parse("", []byte(`
+	rs := mustParse(t, `
 rules:
   - id: r
     match: { endpoint: /x }
@@ -276,10 +276,7 @@ rules:
     by: [plan]
     capacity: 5
     refill_per_second: 1
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	e := New(Config{Store: store}, rs)
 	long := strings.Repeat("k", MaxValueLen+1)
 	for _, tc := range []struct {
@@ -341,17 +338,14 @@ func TestInvalidRulesKeepLastGood(t *testing.T) {
 // (two replicas) with their own connections to one Redis.
 func TestConcurrentEnginesNeverOverAdmit(t *testing.T) {
 	srv := harness.NewRedis(t, harness.RedisOptions{})
-	rules, err := Parse("", []byte(`
+	rules := mustParse(t, `
 rules:
   - { id: fw, match: { endpoint: /fw }, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
   - { id: swl, match: { endpoint: /swl }, by: [api_key], algorithm: sliding_window_log, limit: 300, window: 1h }
   - { id: tb, match: { endpoint: /tb }, by: [api_key], capacity: 500, refill_per_second: 0.001 }
   - { id: both-a, match: { endpoint: /both }, by: [api_key], algorithm: fixed_window, limit: 400, window: 1h }
   - { id: both-b, match: { endpoint: /both }, by: [api_key], capacity: 250, refill_per_second: 0.001 }
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	var engines []*Engine
 	for range 2 {
 		s := openTestRedisStore(t, srv.URL(), RedisOptions{Timeout: 5 * time.Second})

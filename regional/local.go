@@ -23,8 +23,7 @@ type Denial struct {
 type denial struct {
 	until   int64 // µs, engine clock
 	cost    int64
-	strikes int // requests sent while told to wait
-	limit   int64
+	strikes int   // requests sent while told to wait
 	resetAt int64 // µs, engine clock
 }
 
@@ -83,7 +82,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 	}
 	for i := range sc.items { // only the limits that denied speak
 		if it := &sc.items[i]; !it.cached && !it.refused {
-			it.decided, it.leased = false, false
+			it.decided = false
 		}
 	}
 	return true
@@ -92,11 +91,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 // rememberDenial caches a limit the store found over, until the request
 // could be allowed again, and tells the siblings.
 func (e *Engine) rememberDenial(it *item, now int64) {
-	if it.cached {
-		return
-	}
-	dn := denial{until: now + it.result.RetryAfter, cost: it.cost, limit: it.params.Limit,
-		resetAt: now + (it.result.ResetAt - it.storeNow)}
+	dn := denial{until: now + it.result.RetryAfter, cost: it.cost, resetAt: now + (it.result.ResetAt - it.storeNow)}
 	if e.denialCount.Load() >= int64(e.cfg.MaxDenials) {
 		return
 	}
@@ -111,7 +106,7 @@ func (e *Engine) rememberDenial(it *item, now int64) {
 		m[string(it.key)] = &dn
 	})
 	if e.cfg.OnDenied != nil {
-		e.cfg.OnDenied(Denial{Key: string(it.key), Until: time.UnixMicro(dn.until), Cost: dn.cost, Limit: dn.limit,
+		e.cfg.OnDenied(Denial{Key: string(it.key), Until: time.UnixMicro(dn.until), Cost: dn.cost, Limit: it.params.Limit,
 			Window: time.Duration(it.params.WindowMicros()) * time.Microsecond, ResetAt: time.UnixMicro(dn.resetAt)})
 	}
 }
@@ -132,20 +127,19 @@ func (e *Engine) NoteDenial(d Denial) {
 		if old == nil {
 			e.denialCount.Add(1)
 		}
-		m[d.Key] = &denial{until: until, cost: max(1, d.Cost), limit: d.Limit, resetAt: d.ResetAt.UnixMicro()}
+		m[d.Key] = &denial{until: until, cost: max(1, d.Cost), resetAt: d.ResetAt.UnixMicro()}
 	})
 }
 
 // lease is a batch of a limit taken from the store at once, served from
 // this replica's memory.
 type lease struct {
-	tokens   int64
-	expires  int64 // µs, engine clock
-	takenAt  int64 // µs, store clock: where what is left goes back to
-	params   Params
-	left     int64 // what the store had left when the lease was taken
-	resetAt  int64 // µs, engine clock
-	consumed int64
+	tokens  int64
+	expires int64 // µs, engine clock
+	takenAt int64 // µs, store clock: where what is left goes back to
+	params  Params
+	left    int64 // what the store had left when the lease was taken
+	resetAt int64 // µs, engine clock
 }
 
 type leaseReturn struct {
@@ -177,8 +171,7 @@ func (e *Engine) takeLeases(sc *scratch, now int64) {
 				return
 			}
 			l.tokens -= it.cost
-			l.consumed += it.cost
-			it.decided, it.leased, it.leaseConsumed = true, true, true
+			it.decided, it.leased = true, true
 			it.result = Result{Allowed: true, Remaining: l.left + l.tokens, ResetAt: l.resetAt, Taken: it.cost}
 		})
 		if it.leased {
@@ -193,7 +186,6 @@ func (e *Engine) unconsumeLease(it *item) {
 	e.leases.with(it.key, func(m map[string]*lease) {
 		if l := m[string(it.key)]; l != nil {
 			l.tokens += it.cost
-			l.consumed -= it.cost
 		}
 	})
 }
@@ -205,7 +197,7 @@ func (e *Engine) keepLease(it *item, now int64) {
 	extra := it.result.Taken - it.cost
 	e.stats.LeaseTaken.Add(it.result.Taken)
 	l := &lease{tokens: extra, expires: now + e.cfg.LeaseTTL.Microseconds(), takenAt: it.storeNow, params: it.params,
-		left: it.result.Remaining, resetAt: now + (it.result.ResetAt - it.storeNow), consumed: it.cost}
+		left: it.result.Remaining, resetAt: now + (it.result.ResetAt - it.storeNow)}
 	if w := it.params.Window; w > 0 { // a window's tokens are worth nothing after it
 		end := (it.storeNow/w + 1) * w
 		l.expires = min(l.expires, now+(end-it.storeNow))
@@ -217,7 +209,6 @@ func (e *Engine) keepLease(it *item, now int64) {
 			// Concurrent requests found the lease empty together and each
 			// took one: they join, so no token is stranded.
 			old.tokens += l.tokens
-			old.consumed += l.consumed
 			old.expires = max(old.expires, l.expires)
 			old.left, old.resetAt = l.left, l.resetAt
 			return
@@ -251,18 +242,21 @@ const (
 // was last seen.
 type keyTracker struct {
 	n    atomic.Int64
-	seen *shardMap[int64] // key to µs last seen
+	seen *shardMap[*int64] // key to µs last seen, updated in place
 }
 
 // admitKey applies a rule's cap on tracked keys.
 func (e *Engine) admitKey(r *Rule, key []byte, now time.Time) keyAdmission {
-	v, _ := e.trackers.LoadOrStore(r.ID, &keyTracker{seen: newShardMap[int64]()})
+	v, ok := e.trackers.Load(r.ID)
+	if !ok {
+		v, _ = e.trackers.LoadOrStore(r.ID, &keyTracker{seen: newShardMap[*int64]()})
+	}
 	tr := v.(*keyTracker)
 	us := now.UnixMicro()
 	known := false
-	tr.seen.with(key, func(m map[string]int64) {
-		if _, ok := m[string(key)]; ok {
-			m[string(key)], known = us, true
+	tr.seen.with(key, func(m map[string]*int64) {
+		if seen := m[string(key)]; seen != nil {
+			*seen, known = us, true
 		}
 	})
 	if known {
@@ -276,11 +270,15 @@ func (e *Engine) admitKey(r *Rule, key []byte, now time.Time) keyAdmission {
 		e.stats.KeysRefused.Add(1)
 		return keyRefused
 	}
-	tr.seen.with(key, func(m map[string]int64) {
-		if _, ok := m[string(key)]; !ok {
-			tr.n.Add(1)
+	tr.seen.with(key, func(m map[string]*int64) {
+		if seen := m[string(key)]; seen != nil {
+			*seen = us
+			return
 		}
-		m[string(key)] = us
+		tr.n.Add(1)
+		seen := new(int64) // only a new key allocates
+		*seen = us
+		m[string(key)] = seen
 	})
 	return keyAdmitted
 }

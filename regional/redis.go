@@ -2,9 +2,7 @@ package regional
 
 import (
 	"context"
-	"crypto/sha1"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -21,10 +19,10 @@ import (
 //go:embed lua/limits.lua
 var limitsLua string
 
-var limitsSHA = func() string {
-	h := sha1.Sum([]byte(limitsLua))
-	return hex.EncodeToString(h[:])
-}()
+var (
+	limitsScript = redis.NewScript(limitsLua)
+	limitsSHA    = limitsScript.Hash()
+)
 
 // ErrStoreClosed is returned by a store used after Close.
 var ErrStoreClosed = errors.New("regional: store closed")
@@ -220,11 +218,9 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.limits, c.groups, c.err, c.now = c.limits[:0], c.groups[:0], nil, 0
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
-	for _, op := range ops {
+	for i, op := range ops {
 		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, lease: op.Lease})
-	}
-	for i := range c.limits {
-		slot := keySlot(ops[i].Key)
+		slot := keySlot(op.Key)
 		g := 0
 		// A single server runs all limits in one script; a Cluster, one
 		// script per slot (the keys of one counter share a hash tag).
@@ -232,7 +228,11 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 			g++
 		}
 		if g == len(c.groups) {
-			c.groups = append(c.groups, redisGroup{slot: slot, args: s.argsHead(mode, n, at)})
+			// A pooled call keeps its groups' buffers: reuse them.
+			c.groups = slices.Grow(c.groups, 1)[:g+1]
+			grp := &c.groups[g]
+			grp.slot, grp.limits, grp.keys, grp.cmd = slot, grp.limits[:0], grp.keys[:0], nil
+			grp.args = s.appendArgsHead(grp.args[:0], mode, n, at)
 		}
 		grp := &c.groups[g]
 		grp.limits = append(grp.limits, i)
@@ -241,9 +241,10 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	return c
 }
 
-// argsHead is the script's first arguments: the time (tests), the minimum
-// TTL (tests), the mode, and the amount given back and when it was taken.
-func (s *RedisStore) argsHead(mode string, n, at int64) []any {
+// appendArgsHead appends the script's first arguments: the time (tests),
+// the minimum TTL (tests), the mode, and the amount given back and when it
+// was taken.
+func (s *RedisStore) appendArgsHead(args []any, mode string, n, at int64) []any {
 	now, minTTL := "", ""
 	if s.testNow != nil {
 		now = strconv.FormatInt(s.testNow(), 10)
@@ -251,7 +252,14 @@ func (s *RedisStore) argsHead(mode string, n, at int64) []any {
 	if s.testMinTTL > 0 {
 		minTTL = strconv.FormatInt(s.testMinTTL, 10)
 	}
-	return []any{now, minTTL, mode, n, at}
+	return append(args, now, minTTL, mode, n, at)
+}
+
+// refundArgs are the script's keys and arguments to give n back to a
+// limit, taken at the store's time at.
+func (s *RedisStore) refundArgs(key string, p Params, n, at int64) ([]string, []any) {
+	l := redisLimit{key: key, params: p}
+	return l.appendArgs(nil, s.appendArgsHead(nil, "refund", n, at))
 }
 
 func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
@@ -307,7 +315,7 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 // Apply implements Store. The call is bounded by the store's timeout, or
 // ctx's deadline if sooner.
 func (s *RedisStore) Apply(ctx context.Context, ops []Op, results []Result) (int64, error) {
-	return s.do(ctx, s.newCall(ops, "check", 0, -1), results, time.Time{})
+	return s.applyUntil(ctx, ops, results, time.Time{})
 }
 
 func (s *RedisStore) applyUntil(ctx context.Context, ops []Op, results []Result, deadline time.Time) (int64, error) {
@@ -330,14 +338,8 @@ func (s *RedisStore) Grant(ctx context.Context, key []byte, p Params, n int64) (
 
 // Refund implements Store.
 func (s *RedisStore) Refund(ctx context.Context, key []byte, p Params, n, at int64) (int64, error) {
-	l := redisLimit{key: string(key), params: p}
-	keys, args := l.appendArgs(nil, s.argsHead("refund", n, at))
-	vals, err := s.client.EvalSha(ctx, limitsSHA, keys, args...).Int64Slice()
-	if err != nil && isNoScript(err) {
-		if err = s.loadScripts(ctx); err == nil {
-			vals, err = s.client.EvalSha(ctx, limitsSHA, keys, args...).Int64Slice()
-		}
-	}
+	keys, args := s.refundArgs(string(key), p, n, at)
+	vals, err := limitsScript.Run(ctx, s.client, keys, args...).Int64Slice() // EVALSHA, or EVAL if the script is gone
 	if err != nil {
 		return 0, fmt.Errorf("regional: redis: refund: %w", err)
 	}
@@ -402,12 +404,12 @@ func (s *RedisStore) run(batch []*redisCall) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	err := s.exec(ctx, batch, func(g *redisGroup) bool { return true })
-	if err != nil && isNoScript(err) {
+	// Each script's error is read from its command below.
+	if err := s.exec(ctx, batch, nil); err != nil && isNoScript(err) {
 		// The server lost its scripts (a restart, SCRIPT FLUSH): load and
 		// run again what failed for that reason.
-		if lerr := s.loadScripts(ctx); lerr == nil {
-			err = s.exec(ctx, batch, func(g *redisGroup) bool { return g.cmd.Err() != nil && isNoScript(g.cmd.Err()) })
+		if s.loadScripts(ctx) == nil {
+			s.exec(ctx, batch, func(g *redisGroup) bool { return g.cmd.Err() != nil && isNoScript(g.cmd.Err()) })
 		}
 	}
 	var refunds []refund
@@ -455,11 +457,13 @@ func batchError(batch []*redisCall) error {
 	return nil
 }
 
+// exec runs the batch's scripts in one pipeline: those want picks, or all
+// if want is nil.
 func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, want func(*redisGroup) bool) error {
 	pipe := s.client.Pipeline()
 	for _, c := range batch {
 		for gi := range c.groups {
-			if g := &c.groups[gi]; g.cmd == nil || want(g) {
+			if g := &c.groups[gi]; want == nil || want(g) {
 				g.cmd = pipe.EvalSha(ctx, limitsSHA, g.keys, g.args...)
 			}
 		}
@@ -495,10 +499,11 @@ func (c *redisCall) read(g *redisGroup) error {
 	return nil
 }
 
-// refund is a limit's cost to give back, taken at the store's time at.
+// refund is what to give back to a limit: n, taken at the store's time at.
 type refund struct {
-	redisLimit
-	at int64
+	key    string
+	params Params
+	n, at  int64
 }
 
 // refunds lists what to give back when the limits of one request were split
@@ -526,9 +531,7 @@ func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 		if g := &c.groups[gi]; ok[gi] && !denied(g.limits) {
 			for _, i := range g.limits {
 				if r := c.results[i]; r.Allowed {
-					l := c.limits[i]
-					l.cost, l.lease = r.Taken, 0
-					dst = append(dst, refund{redisLimit: l, at: c.now})
+					dst = append(dst, refund{key: c.limits[i].key, params: c.limits[i].params, n: r.Taken, at: c.now})
 				}
 			}
 		}
@@ -544,9 +547,7 @@ func (s *RedisStore) refund(refunds []refund) {
 	defer cancel()
 	pipe := s.client.Pipeline()
 	for _, r := range refunds {
-		n := r.cost
-		r.cost = 0
-		keys, args := r.appendArgs(nil, s.argsHead("refund", n, r.at))
+		keys, args := s.refundArgs(r.key, r.params, r.n, r.at)
 		pipe.EvalSha(ctx, limitsSHA, keys, args...)
 	}
 	pipe.Exec(ctx)

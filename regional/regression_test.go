@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/geoquota/geoquota/deploy/local/harness"
 )
 
 // Regression tests, one for each defect a review found.
@@ -268,11 +266,7 @@ func TestRedisWaitsAreBounded(t *testing.T) {
 }
 
 func TestCloseReleasesWaiters(t *testing.T) {
-	srv := harness.NewRedis(t, harness.RedisOptions{})
-	store, err := NewRedisStore(t.Context(), srv.URL(), RedisOptions{Timeout: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, srv := newTestRedisStore(t, RedisOptions{Timeout: time.Hour})
 	srv.Kill() // calls now stall in dialling and retries
 	done := make(chan struct{})
 	go func() {

@@ -123,8 +123,8 @@ type Rule struct {
 	// instead of refusing them.
 	FoldOverflow bool
 
-	index int
-	match matcher
+	match    matcher
+	overflow Params // the shared counter of keys beyond MaxKeys
 }
 
 // smallestLimit is the smallest limit the rule can apply.

@@ -143,7 +143,7 @@ func Parse(name string, src []byte) (*RuleSet, error) {
 	if err := dec.Decode(&spec); err != nil && !errors.Is(err, io.EOF) {
 		return nil, yamlError(name, src, err)
 	}
-	rs, err := compile(name, spec, ruleLines(src))
+	rs, err := compile(name, spec, src)
 	if err != nil {
 		return nil, err
 	}
@@ -224,16 +224,18 @@ func ruleLines(src []byte) []ruleSpan {
 }
 
 // compile validates the spec and builds the RuleSet.
-func compile(name string, spec fileSpec, spans []ruleSpan) (*RuleSet, error) {
+func compile(name string, spec fileSpec, src []byte) (*RuleSet, error) {
 	rs := &RuleSet{Source: name, byID: map[string]*Rule{}, descriptors: map[string]bool{}}
 	for _, d := range wellKnown {
 		rs.descriptors[d] = true
 	}
-	lineOf := func(i int) int {
-		if i < len(spans) {
-			return spans[i].first
+	// Where rule i sits in src, for an error about it: found only then,
+	// since it parses the YAML again.
+	spanOf := func(i int) (ruleSpan, bool) {
+		if spans := ruleLines(src); i < len(spans) {
+			return spans[i], true
 		}
-		return 0
+		return ruleSpan{}, false
 	}
 	for i, glob := range spec.Allow {
 		g, err := compileGlob(glob)
@@ -260,12 +262,13 @@ func compile(name string, spec fileSpec, spans []ruleSpan) (*RuleSet, error) {
 		rs.tierOf = append(rs.tierOf, tierOf{apiKey: g, tier: t.Tier})
 	}
 	for i, s := range spec.Rules {
-		r, err := compileRule(s, i)
+		r, err := compileRule(s)
 		if err != nil {
-			err.File, err.Line = name, lineOf(i)
-			if i < len(spans) {
+			err.File = name
+			if span, ok := spanOf(i); ok {
+				err.Line = span.first
 				field, _, _ := strings.Cut(err.Field, "[")
-				for line, f := range spans[i].fields {
+				for line, f := range span.fields {
 					if f == field {
 						err.Line = line // the field's own line
 					}
@@ -277,7 +280,8 @@ func compile(name string, spec fileSpec, spans []ruleSpan) (*RuleSet, error) {
 			return nil, err
 		}
 		if _, dup := rs.byID[r.ID]; dup {
-			return nil, &RuleError{File: name, Line: lineOf(i), Rule: r.ID, Field: "id", Msg: "used by another rule"}
+			span, _ := spanOf(i)
+			return nil, &RuleError{File: name, Line: span.first, Rule: r.ID, Field: "id", Msg: "used by another rule"}
 		}
 		rs.byID[r.ID] = r
 		rs.rules = append(rs.rules, r)
@@ -295,7 +299,7 @@ func compile(name string, spec fileSpec, spans []ruleSpan) (*RuleSet, error) {
 // wellKnown are the descriptors every request may carry.
 var wellKnown = []string{"api_key", "endpoint", "method", "ip", "tier"}
 
-func compileRule(s ruleSpec, index int) (*Rule, *RuleError) {
+func compileRule(s ruleSpec) (*Rule, *RuleError) {
 	fail := func(field, format string, args ...any) *RuleError {
 		return &RuleError{Rule: s.ID, Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
@@ -306,7 +310,7 @@ func compileRule(s ruleSpec, index int) (*Rule, *RuleError) {
 		// The id begins every counter's key, ended by a colon.
 		return nil, fail("id", "must be at most 128 characters, without spaces, braces, colons, | or \\")
 	}
-	r := &Rule{ID: s.ID, index: index, Domain: s.Domain, By: s.By, Shadow: s.Shadow, CarryDebt: s.CarryDebt, Cost: 1}
+	r := &Rule{ID: s.ID, Domain: s.Domain, By: s.By, Shadow: s.Shadow, CarryDebt: s.CarryDebt, Cost: 1}
 	if err := r.compileMatch(s.Match); err != nil {
 		return nil, err
 	}
@@ -392,7 +396,22 @@ func compileRule(s ruleSpec, index int) (*Rule, *RuleError) {
 	if s.OnKeyOverflow != "" && s.MaxKeys == 0 {
 		return nil, fail("on_key_overflow", "needs max_keys")
 	}
+	// Keys beyond the cap share one counter, at the rule's own limit (or
+	// its smallest, for a rule of tiers alone).
+	r.overflow = r.Base
+	if r.overflow.Limit == 0 {
+		r.overflow = r.Base.scaled(r.smallestLimit())
+	}
 	return r, nil
+}
+
+// limitMax is the largest limit an algorithm takes: a log keeps an entry
+// per request.
+func limitMax(a Algorithm) int64 {
+	if a == SlidingWindowLog {
+		return maxLogLimit
+	}
+	return maxLimit
 }
 
 // compileLimit reads the algorithm and its numbers, the tiers and the overrides.
@@ -466,13 +485,9 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 			}
 		}
 	case "fixed_window", "sliding_window_counter", "sliding_window_log":
-		p.Algorithm = map[string]Algorithm{"fixed_window": FixedWindow, "sliding_window_counter": SlidingWindowCounter, "sliding_window_log": SlidingWindowLog}[s.Algorithm]
-		max := int64(maxLimit)
-		if p.Algorithm == SlidingWindowLog {
-			max = maxLogLimit
-		}
+		p.Algorithm = Algorithm(slices.Index(algorithmNames[:], s.Algorithm))
 		if err = only("limit", "window"); err == nil {
-			if p.Limit, err = number("limit", s.Limit, max); err == nil {
+			if p.Limit, err = number("limit", s.Limit, limitMax(p.Algorithm)); err == nil {
 				var w time.Duration
 				w, err = window()
 				p.Window = w.Microseconds()
@@ -492,18 +507,15 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 		}
 	}
 	r.Base = p
-	limitMax := int64(maxLimit)
-	if p.Algorithm == SlidingWindowLog {
-		limitMax = maxLogLimit
-	}
+	most := limitMax(p.Algorithm)
 	for tier, n := range s.Tiers {
-		if tier == "" || n < 1 || n > limitMax {
-			return fail("tiers", "tier %q: limit %d must be between 1 and %d", tier, n, limitMax)
+		if tier == "" || n < 1 || n > most {
+			return fail("tiers", "tier %q: limit %d must be between 1 and %d", tier, n, most)
 		}
 	}
 	for key, n := range s.Overrides {
-		if key == "" || n < 1 || n > limitMax {
-			return fail("overrides", "key %q: limit %d must be between 1 and %d", key, n, limitMax)
+		if key == "" || n < 1 || n > most {
+			return fail("overrides", "key %q: limit %d must be between 1 and %d", key, n, most)
 		}
 	}
 	if s.Tiers != nil && len(s.Tiers) == 0 {
@@ -576,7 +588,7 @@ func (r *Rule) compileMatch(m matchSpec) *RuleError {
 	}
 	r.match.tier = m.Tier
 	for _, name := range slices.Sorted(maps.Keys(m.Descriptors)) {
-		if slices.Contains(wellKnown, name) {
+		if isWellKnown(name) {
 			return fail("descriptors."+name, "%s is matched by its own field, not under descriptors", name)
 		}
 		g, err := compileGlob(m.Descriptors[name])

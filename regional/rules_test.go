@@ -121,7 +121,7 @@ func TestSpecExampleMeaning(t *testing.T) {
 }
 
 func TestTokenBucketTierScalesRate(t *testing.T) {
-	rs, err := Parse("", []byte(`
+	rs := mustParse(t, `
 rules:
   - id: tb
     by: [api_key]
@@ -129,10 +129,7 @@ rules:
     refill_per_second: 0.5
     tiers: { pro: 300 }
     overrides: { vip: 3000 }
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	r := rs.Rule("tb")
 	for _, tc := range []struct {
 		key, tier string
@@ -149,7 +146,7 @@ rules:
 }
 
 func TestCounterKeys(t *testing.T) {
-	rs, err := Parse("", []byte(`
+	rs := mustParse(t, `
 rules:
   - id: multi
     by: [api_key, endpoint, plan]
@@ -157,10 +154,7 @@ rules:
     limit: 5
     window: 1s
     algorithm: fixed_window
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	r := rs.Rule("multi")
 	a := Request{APIKey: `k|1`, Endpoint: `/x\y`, Descriptors: []Descriptor{{"plan", "gold"}}}
 	b := Request{APIKey: `k`, Endpoint: `1|/x\y`, Descriptors: []Descriptor{{"plan", "gold"}}}
@@ -307,10 +301,7 @@ func BenchmarkMatch1000Rules(b *testing.B) {
 			fmt.Fprintf(&sb, "    match: { endpoint: /api%d/v%d, method: GET, api_key: \"sk_*\" }\n", i%200, i%5)
 		}
 	}
-	rs, err := Parse("", []byte(sb.String()))
-	if err != nil {
-		b.Fatal(err)
-	}
+	rs := mustParse(b, sb.String())
 	reqs := make([]Request, 256)
 	for i := range reqs {
 		reqs[i] = Request{APIKey: fmt.Sprintf("sk_%d_key", i%60), Endpoint: fmt.Sprintf("/api%d/v%d/items", i%200, i%5), Method: "GET"}

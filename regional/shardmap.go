@@ -46,15 +46,3 @@ func (sm *shardMap[V]) sweep(f func(key string, v V) bool) {
 		sh.mu.Unlock()
 	}
 }
-
-// len returns the number of entries.
-func (sm *shardMap[V]) len() int {
-	n := 0
-	for i := range sm.shards {
-		sh := &sm.shards[i]
-		sh.mu.Lock()
-		n += len(sh.m)
-		sh.mu.Unlock()
-	}
-	return n
-}

@@ -23,8 +23,8 @@
 --
 -- The script runs for every check, and Redis runs its whole body each
 -- time, creating every function it defines: so the common algorithms are
--- written out in the main loop, and the rest (the log, giving back) are
--- made only when a request needs them.
+-- written out in the main loop, and the sliding log's helpers are made only
+-- when a request needs them.
 
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local format, match, tonumber, call = string.format, string.match, tonumber, redis.call
