@@ -70,13 +70,12 @@ func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckR
 	// Check the whole batch first: a malformed request counts nothing.
 	reqs := make([]regional.Request, len(in.Requests))
 	for i, r := range in.Requests {
-		prefix := fmt.Sprintf("requests[%d]", i)
 		req, err := requestFrom(r.Domain, r.Descriptors, r.Cost, "descriptors")
 		if err == nil {
 			err = s.engine.Validate(&req)
 		}
 		if err != nil {
-			return nil, grpcError(fieldPath(prefix, err))
+			return nil, grpcError(fieldPath(fmt.Sprintf("requests[%d]", i), err))
 		}
 		reqs[i] = req
 	}
@@ -87,7 +86,7 @@ func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckR
 		if err := s.engine.Check(ctx, &reqs[i], &d); err != nil {
 			return nil, grpcError(fieldPath(fmt.Sprintf("requests[%d]", i), err))
 		}
-		s.opts.Metrics.observe("grpc", &d, time.Since(start))
+		s.metrics.grpc.observe(&d, time.Since(start))
 		out.Decisions[i] = decisionProto(&d)
 	}
 	return out, nil
@@ -118,11 +117,7 @@ func counterRequest(rule string, r *pb.Request) (regional.Request, error) {
 	if r == nil {
 		return regional.Request{}, &FieldError{Field: "request", Msg: "required"}
 	}
-	req, err := requestFrom(r.Domain, r.Descriptors, 0, "request.descriptors")
-	if err != nil {
-		return req, err
-	}
-	return req, nil
+	return requestFrom(r.Domain, r.Descriptors, 0, "request.descriptors")
 }
 
 func (s rateLimiter) GetUsage(ctx context.Context, in *pb.GetUsageRequest) (*pb.GetUsageResponse, error) {

@@ -16,13 +16,11 @@ import (
 // every limit that applied (tightest first; shadow limits, which never
 // deny, are left out), Retry-After on a denial, and X-RateLimit-Degraded.
 
-// speaking returns the limit that speaks for the decision in headers: the
-// first enforced one, or nil.
+// speaking returns the limit that speaks for the decision in headers, or
+// nil if only shadow limits applied (they come last, and never speak).
 func speaking(d *regional.Decision) *regional.LimitStatus {
-	for i := range d.Limits {
-		if !d.Limits[i].Shadow {
-			return &d.Limits[i]
-		}
+	if l := d.Limit(); l != nil && !l.Shadow {
+		return l
 	}
 	return nil
 }

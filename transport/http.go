@@ -115,11 +115,21 @@ func (s *Server) writeInputError(w http.ResponseWriter, err error) {
 // decodeJSON reads a JSON object into v: at most maxBody bytes, no unknown
 // fields, nothing after it. Errors name the field they are about.
 func decodeJSON(r *http.Request, v any) error {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	body, err := readBody(nil, r)
 	if err != nil {
-		return &FieldError{Field: "body", Msg: fmt.Sprintf("unreadable or larger than %d bytes", maxBody)}
+		return err
 	}
 	return decodeJSONBytes(body, v)
+}
+
+// readBody reads a request's body, at most maxBody bytes; w, if not nil,
+// is told to close the connection of a body too large.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		return nil, &FieldError{Field: "body", Msg: fmt.Sprintf("unreadable or larger than %d bytes", maxBody)}
+	}
+	return body, nil
 }
 
 func decodeJSONBytes(body []byte, v any) error {
@@ -233,9 +243,9 @@ type limitBody struct {
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := readBody(w, r)
 	if err != nil {
-		s.writeInputError(w, &FieldError{Field: "body", Msg: fmt.Sprintf("unreadable or larger than %d bytes", maxBody)})
+		s.writeInputError(w, err)
 		return
 	}
 	req, err := parseCheck(body)
@@ -249,7 +259,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		s.writeInputError(w, err)
 		return
 	}
-	s.opts.Metrics.observe("http", &d, time.Since(start))
+	s.metrics.http.observe(&d, time.Since(start))
 	writeDecision(w, &d, time.Now())
 }
 
@@ -508,14 +518,14 @@ func (s *Server) handleGetRules(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handlePutRules(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := readBody(w, r)
 	if err != nil {
-		s.writeInputError(w, &FieldError{Field: "body", Msg: fmt.Sprintf("unreadable or larger than %d bytes", maxBody)})
+		s.writeInputError(w, err)
 		return
 	}
 	n, err := s.putRules(body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "INVALID_ARGUMENT", err.Error(), map[string]any{"field": "rules"})
+		s.writeInputError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"rules": n})
@@ -523,12 +533,10 @@ func (s *Server) handlePutRules(w http.ResponseWriter, r *http.Request) {
 
 // putRules puts rules given through an admin call in force.
 func (s *Server) putRules(yaml []byte) (int, error) {
-	rs, err := regional.Parse("admin", yaml)
-	s.opts.Metrics.RuleReload(err)
+	rs, err := s.engine.PutRules("admin", yaml)
 	if err != nil {
 		return 0, err
 	}
-	s.engine.SetRules(rs)
 	s.log.Info("rules put in force by an admin call", "rules", len(rs.Rules()))
 	return len(rs.Rules()), nil
 }

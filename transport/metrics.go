@@ -19,7 +19,6 @@ type Metrics struct {
 	checkDuration *prometheus.HistogramVec // api
 	redisDuration prometheus.Histogram
 	redisErrors   prometheus.Counter
-	reloads       *prometheus.CounterVec // result
 
 	mu       sync.RWMutex
 	children map[string]*[decisionKinds]prometheus.Counter // by rule id
@@ -56,12 +55,7 @@ func NewMetrics(e *regional.Engine) *Metrics {
 	m.redisErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "geoquota_redis_errors_total", Help: "Redis pipelines that failed.",
 	})
-	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "geoquota_rule_reloads_total", Help: "Rule sets loaded (result=ok) or rejected (result=error).",
-	}, []string{"result"})
-	m.reloads.WithLabelValues("ok") // both series exist from the start, at zero
-	m.reloads.WithLabelValues("error")
-	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisErrors, m.reloads,
+	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if e != nil {
 		m.Attach(e)
@@ -70,13 +64,18 @@ func NewMetrics(e *regional.Engine) *Metrics {
 }
 
 // Attach exposes the engine's own counters: breaker, degraded decisions,
-// caches, leases, key caps.
+// caches, leases, key caps, rule reloads.
 func (m *Metrics) Attach(e *regional.Engine) {
 	st := e.Stats()
 	counter := func(name, help string, f func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) })
 	}
+	const reloadsHelp = "Rule sets put in force (result=ok, the first included) or rejected (result=error)."
 	m.Registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "geoquota_rule_reloads_total", Help: reloadsHelp,
+			ConstLabels: prometheus.Labels{"result": "ok"}}, func() float64 { return float64(st.RuleReloads.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "geoquota_rule_reloads_total", Help: reloadsHelp,
+			ConstLabels: prometheus.Labels{"result": "error"}}, func() float64 { return float64(st.RuleReloadErrors.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_breaker_state",
 			Help: "Circuit breaker in front of the store: 0 closed, 1 open, 2 half-open."},
 			func() float64 { return float64(e.Breaker()) }),
@@ -102,18 +101,20 @@ func (m *Metrics) ObserveRedis(took time.Duration, _ int, err error) {
 	}
 }
 
-// RuleReload counts a rules load.
-func (m *Metrics) RuleReload(err error) {
-	if err != nil {
-		m.reloads.WithLabelValues("error").Inc()
-	} else {
-		m.reloads.WithLabelValues("ok").Inc()
-	}
+// apiMetrics record the decisions made through one API.
+type apiMetrics struct {
+	*Metrics
+	took prometheus.Observer // checkDuration for the API
 }
 
-// observe records a decision made through api.
-func (m *Metrics) observe(api string, d *regional.Decision, took time.Duration) {
-	m.checkDuration.WithLabelValues(api).Observe(took.Seconds())
+// forAPI binds the metrics to an API's label once, off the request path.
+func (m *Metrics) forAPI(api string) apiMetrics {
+	return apiMetrics{m, m.checkDuration.WithLabelValues(api)}
+}
+
+// observe records a decision.
+func (m apiMetrics) observe(d *regional.Decision, took time.Duration) {
+	m.took.Observe(took.Seconds())
 	switch {
 	case d.Bypassed:
 		m.count("", decBypassed)

@@ -52,6 +52,11 @@ func Middleware(e *regional.Engine, opts MiddlewareOptions) func(http.Handler) h
 	if api == "" {
 		api = "middleware"
 	}
+	var metrics *apiMetrics
+	if opts.Metrics != nil {
+		m := opts.Metrics.forAPI(api)
+		metrics = &m
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			req := describe(r)
@@ -62,8 +67,8 @@ func Middleware(e *regional.Engine, opts MiddlewareOptions) func(http.Handler) h
 				writeError(w, http.StatusBadRequest, "INVALID_ARGUMENT", err.Error(), map[string]any{"field": field})
 				return
 			}
-			if opts.Metrics != nil {
-				opts.Metrics.observe(api, &d, time.Since(start))
+			if metrics != nil {
+				metrics.observe(&d, time.Since(start))
 			}
 			if !d.Allowed {
 				writeDecision(w, &d, time.Now())

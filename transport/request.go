@@ -23,15 +23,24 @@ type FieldError struct {
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 func (e *FieldError) Unwrap() error { return ErrInvalid }
 
-// invalidField returns the field an input error names, or "".
-func invalidField(err error) (string, bool) {
+// asFieldError returns the field an input error names and what is wrong
+// with it, whether the API edge or the engine found it.
+func asFieldError(err error) (*FieldError, bool) {
 	var fe *FieldError
 	if errors.As(err, &fe) {
-		return fe.Field, true
+		return fe, true
 	}
 	var re *regional.RequestError
 	if errors.As(err, &re) {
-		return re.Field, true
+		return &FieldError{Field: re.Field, Msg: re.Msg}, true
+	}
+	return nil, false
+}
+
+// invalidField returns the field an input error names, or "".
+func invalidField(err error) (string, bool) {
+	if fe, ok := asFieldError(err); ok {
+		return fe.Field, true
 	}
 	return "", false
 }
@@ -75,12 +84,7 @@ func requestFrom(domain string, descriptors map[string]string, cost int64, prefi
 // fieldPath prefixes an error's field with where the request sat, for
 // batch calls: "requests[2].cost".
 func fieldPath(prefix string, err error) error {
-	var re *regional.RequestError
-	if errors.As(err, &re) {
-		return &FieldError{Field: prefix + "." + re.Field, Msg: re.Msg}
-	}
-	var fe *FieldError
-	if errors.As(err, &fe) {
+	if fe, ok := asFieldError(err); ok {
 		return &FieldError{Field: prefix + "." + fe.Field, Msg: fe.Msg}
 	}
 	return fmt.Errorf("%s: %w", prefix, err)
@@ -89,13 +93,9 @@ func fieldPath(prefix string, err error) error {
 // renameField rewrites the prefix of the field an input error names, so
 // that it uses the API's words: Envoy's descriptors have entries.
 func renameField(err error, from, to string) error {
-	field, ok := invalidField(err)
-	if !ok || !strings.HasPrefix(field, from) {
+	fe, ok := asFieldError(err)
+	if !ok || !strings.HasPrefix(fe.Field, from) {
 		return err
 	}
-	msg := err.Error()
-	if i := strings.Index(msg, ": "); i >= 0 {
-		msg = msg[i+2:]
-	}
-	return &FieldError{Field: to + strings.TrimPrefix(field, from), Msg: msg}
+	return &FieldError{Field: to + strings.TrimPrefix(fe.Field, from), Msg: fe.Msg}
 }

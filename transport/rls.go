@@ -39,7 +39,7 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 	}
 	reqs := make([]regional.Request, len(in.Descriptors))
 	for i, desc := range in.Descriptors {
-		prefix := fmt.Sprintf("descriptors[%d]", i)
+		prefix := func() string { return fmt.Sprintf("descriptors[%d]", i) }
 		entries := make(map[string]string, len(desc.GetEntries()))
 		for j, e := range desc.GetEntries() {
 			key := e.GetKey()
@@ -47,26 +47,26 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 				key = alias
 			}
 			if _, dup := entries[key]; dup {
-				return nil, grpcError(&FieldError{Field: fmt.Sprintf("%s.entries[%d]", prefix, j), Msg: "key " + e.GetKey() + " given twice"})
+				return nil, grpcError(&FieldError{Field: fmt.Sprintf("%s.entries[%d]", prefix(), j), Msg: "key " + e.GetKey() + " given twice"})
 			}
 			entries[key] = e.GetValue()
 		}
 		if len(entries) == 0 {
-			return nil, grpcError(&FieldError{Field: prefix + ".entries", Msg: "required"})
+			return nil, grpcError(&FieldError{Field: prefix() + ".entries", Msg: "required"})
 		}
 		cost := uint64(in.HitsAddend)
 		if h := desc.GetHitsAddend(); h != nil {
 			cost = h.GetValue()
 		}
 		if cost > math.MaxInt32 {
-			return nil, grpcError(&FieldError{Field: prefix + ".hits_addend", Msg: "too large"})
+			return nil, grpcError(&FieldError{Field: prefix() + ".hits_addend", Msg: "too large"})
 		}
 		req, err := requestFrom(in.Domain, entries, int64(cost), "entries")
 		if err == nil {
 			err = s.engine.Validate(&req)
 		}
 		if err != nil {
-			return nil, grpcError(fieldPath(prefix, renameField(err, "descriptors.", "entries.")))
+			return nil, grpcError(fieldPath(prefix(), renameField(err, "descriptors.", "entries.")))
 		}
 		reqs[i] = req
 	}
@@ -74,13 +74,13 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 	// The headers speak for the limits of every descriptor together.
 	all := regional.Decision{Allowed: true}
 	now := time.Now()
+	var d regional.Decision
 	for i := range reqs {
-		var d regional.Decision
 		start := time.Now()
 		if err := s.engine.Check(ctx, &reqs[i], &d); err != nil {
 			return nil, grpcError(fieldPath(fmt.Sprintf("descriptors[%d]", i), err))
 		}
-		s.opts.Metrics.observe("envoy", &d, time.Since(start))
+		s.metrics.envoy.observe(&d, time.Since(start))
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		if !d.Allowed {
 			st.Code, out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
@@ -92,13 +92,19 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 			st.DurationUntilReset = durationpb.New(max(0, l.ResetAt.Sub(now)))
 		}
 		out.Statuses = append(out.Statuses, st)
-		all.Degraded = all.Degraded || d.Degraded
-		all.Limits = append(all.Limits, d.Limits...)
+		if len(reqs) > 1 {
+			all.Degraded = all.Degraded || d.Degraded
+			all.Limits = append(all.Limits, d.Limits...)
+		}
 	}
-	// Tightest first (SPEC §12), the denying one with the longest wait
-	// first when denied.
-	slices.SortStableFunc(all.Limits, func(a, b regional.LimitStatus) int { return regional.SpeaksBefore(a, b, all.Allowed) })
-	for _, h := range rateLimitHeaders(&all, now) {
+	headersOf := &d // one descriptor: its decision, in the engine's order
+	if len(reqs) > 1 {
+		// Tightest first (SPEC §12), the denying one with the longest wait
+		// first when denied.
+		slices.SortStableFunc(all.Limits, func(a, b regional.LimitStatus) int { return regional.SpeaksBefore(a, b, all.Allowed) })
+		headersOf = &all
+	}
+	for _, h := range rateLimitHeaders(headersOf, now) {
 		out.ResponseHeadersToAdd = append(out.ResponseHeadersToAdd, &corev3.HeaderValue{Key: h.name, Value: h.value})
 	}
 	return out, nil

@@ -39,6 +39,8 @@ type Server struct {
 	log     *slog.Logger
 	health  *health.Server
 	serving atomic.Bool
+	// metrics are opts.Metrics bound to each API's label.
+	metrics struct{ grpc, envoy, http apiMetrics }
 }
 
 // NewServer returns a server for the engine. It reports itself not ready
@@ -51,6 +53,8 @@ func NewServer(e *regional.Engine, opts Options) *Server {
 	if s.opts.Metrics == nil {
 		s.opts.Metrics = NewMetrics(e)
 	}
+	m := s.opts.Metrics
+	s.metrics.grpc, s.metrics.envoy, s.metrics.http = m.forAPI("grpc"), m.forAPI("envoy"), m.forAPI("http")
 	s.SetServing(false)
 	return s
 }

@@ -34,7 +34,6 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	metrics := transport.NewMetrics(nil)
 	// The rules first: a mistake in them is reported before anything connects.
 	rules, err := loadRules(c)
-	metrics.RuleReload(err)
 	if err != nil {
 		return err
 	}
@@ -119,9 +118,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	spawn(func() { engine.Run(bg, c.maintainEvery) })
 	if c.rules != "" {
 		reload := func(why string) {
-			err := engine.LoadRules(c.rules)
-			metrics.RuleReload(err)
-			if err == nil {
+			if err := engine.LoadRules(c.rules); err == nil {
 				log.Info("rules reloaded", "why", why)
 			}
 		}

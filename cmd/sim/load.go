@@ -195,18 +195,20 @@ func (r *report) print(w io.Writer, c loadConfig) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "requests/s   %10.0f\n", float64(r.sent)/r.elapsed.Seconds())
 	fmt.Fprintf(w, "requests     %10d  allowed %d  denied %d  errors %d\n", r.sent, r.allowed, r.denied, r.errors)
-	fmt.Fprintf(w, "latency      p50 %v  p90 %v  p99 %v  p99.9 %v  max %v\n",
-		round(r.percentile(50)), round(r.percentile(90)), round(r.percentile(99)), round(r.percentile(99.9)), round(r.percentile(100)))
+	fmt.Fprintf(w, "latency      %s\n", percentiles(r.latencies))
 	if len(r.lags) > 0 {
-		fmt.Fprintf(w, "send lag     p50 %v  p90 %v  p99 %v  p99.9 %v  max %v  (late departures, included in latency)\n",
-			round(percentile(r.lags, 50)), round(percentile(r.lags, 90)), round(percentile(r.lags, 99)), round(percentile(r.lags, 99.9)), round(percentile(r.lags, 100)))
+		fmt.Fprintf(w, "send lag     %s  (late departures, included in latency)\n", percentiles(r.lags))
 	}
 	if r.firstError != "" {
 		fmt.Fprintf(w, "first error  %s\n", r.firstError)
 	}
 }
 
-func round(d time.Duration) time.Duration { return d.Round(time.Microsecond) }
+// percentiles formats the percentiles a report prints of sorted durations.
+func percentiles(sorted []time.Duration) string {
+	p := func(q float64) time.Duration { return percentile(sorted, q).Round(time.Microsecond) }
+	return fmt.Sprintf("p50 %v  p90 %v  p99 %v  p99.9 %v  max %v", p(50), p(90), p(99), p(99.9), p(100))
+}
 
 // runLoad sends load for the warm-up, then measures for the duration.
 func runLoad(ctx context.Context, c loadConfig, log io.Writer) (*report, error) {
