@@ -144,11 +144,20 @@ rules:
 `))
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
-	go admin.Do(context.Background(), "DEBUG", "SLEEP", "0.5") // the server stalls for 500ms
-	time.Sleep(50 * time.Millisecond)                          // let the stall begin
+	go admin.Do(context.Background(), "DEBUG", "SLEEP", "2") // the server stalls for 2s
+	// Wait until it does: a PING goes unanswered.
+	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ReadTimeout: 20 * time.Millisecond})
+	defer probe.Close()
+	for deadline := time.Now().Add(5 * time.Second); probe.Ping(context.Background()).Err() == nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not stall")
+		}
+	}
+	// Waiting out the stall would take over a second; the timeout ends
+	// the wait after about 50ms.
 	start := time.Now()
 	d := mustCheck(t, e, Request{APIKey: "k"})
-	if took := time.Since(start); d.Code != CodeUnavailable || took > 300*time.Millisecond {
+	if took := time.Since(start); d.Code != CodeUnavailable || took > time.Second {
 		t.Fatalf("check against a stalled Redis: %v after %v, want unavailable after about 50ms", d.Code, took)
 	}
 }
