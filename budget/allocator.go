@@ -1,0 +1,402 @@
+package budget
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"time"
+)
+
+// eps absorbs floating-point rounding in the safety sums.
+const eps = 1e-9
+
+// Report is what a region tells the allocator about one rule.
+type Report struct {
+	Region string
+	// Demand is what the region was asked for, admitted plus denied for
+	// want of budget, in limits per window (0.5: half the limit each
+	// window).
+	Demand float64
+	// Acked is the Seq of the newest lease of the rule the region holds,
+	// or 0 for none. A region acknowledges a lease only once it has
+	// enforced it for longer than its store's timeout, so that no decision
+	// made under an older lease is still in flight.
+	Acked uint64
+	// Used is the most the region has admitted of any counter of the rule
+	// in window UsedEpoch, as a fraction of that counter's limit (for a
+	// sliding window counter, its own estimate), measured when it
+	// acknowledged Acked. It lets the allocator give away, within the
+	// window, what a region that was lowered has not used.
+	Used      float64
+	UsedEpoch int64
+	// HasUsed says Used and UsedEpoch are filled in.
+	HasUsed bool
+}
+
+// Rule is what the allocator needs to know of a global rule.
+type Rule struct {
+	ID string
+	// Window is the rule's window. Windows are aligned to multiples of it
+	// since the Unix epoch, as the regions align them.
+	Window time.Duration
+	// Sliding is set for a sliding window counter, whose estimate carries
+	// the previous window into the current one.
+	Sliding bool
+}
+
+// Allocator computes the leases of every global rule. Not safe for
+// concurrent use.
+type Allocator struct {
+	cfg   Config
+	rules map[string]*ruleState
+}
+
+type grant struct {
+	seq      uint64
+	fraction float64 // floor plus share
+	expires  time.Time
+}
+
+type ruleState struct {
+	window  int64 // µs
+	sliding bool
+	seq     uint64
+	floors  map[string]float64 // the largest floor each region was told
+	demand  map[string]float64 // smoothed
+	sample  map[string]float64 // reported since the last rebalance
+	heard   map[string]time.Time
+	acked   map[string]uint64
+	used    map[string]Report  // reports with Used, since the last rebalance
+	share   map[string]float64 // the share of the last lease, for hysteresis
+	grants  map[string][]grant // leases that may still be in force, oldest first
+	hw      map[int64]map[string]float64
+	debt    map[string]float64 // still to charge
+	held    map[string]float64 // charged in heldEpoch
+	heldEp  int64
+	started bool
+}
+
+// NewAllocator returns an allocator with the given settings.
+func NewAllocator(cfg Config) (*Allocator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Allocator{cfg: cfg, rules: make(map[string]*ruleState)}, nil
+}
+
+// Config returns the allocator's settings.
+func (a *Allocator) Config() Config { return a.cfg }
+
+func (a *Allocator) state(id string) *ruleState {
+	s := a.rules[id]
+	if s == nil {
+		s = &ruleState{
+			demand: map[string]float64{}, sample: map[string]float64{}, heard: map[string]time.Time{}, acked: map[string]uint64{}, used: map[string]Report{},
+			share: map[string]float64{}, grants: map[string][]grant{}, hw: map[int64]map[string]float64{},
+			debt: map[string]float64{}, held: map[string]float64{}, floors: map[string]float64{},
+		}
+		a.rules[id] = s
+	}
+	return s
+}
+
+// Report records a region's report on a rule, for the next Rebalance.
+// Negative or non-finite demand counts as none.
+func (a *Allocator) Report(rule string, r Report) {
+	s := a.state(rule)
+	d := r.Demand
+	if !(d >= 0) || math.IsInf(d, 0) {
+		d = 0
+	}
+	s.sample[r.Region] = d
+	if r.Acked > s.acked[r.Region] && r.Acked <= s.seq {
+		s.acked[r.Region] = r.Acked
+		if r.HasUsed && r.Used >= 0 && !math.IsInf(r.Used, 0) {
+			s.used[r.Region] = r
+		}
+	}
+}
+
+// Charge records over-admission by a region, as a fraction of the limit,
+// to be withheld from its allowance in the windows that follow (at most
+// its allowance per window) until paid.
+func (a *Allocator) Charge(rule, region string, fraction float64) {
+	if fraction > 0 && !math.IsInf(fraction, 0) {
+		a.state(rule).debt[region] += fraction
+	}
+}
+
+// Forget drops a rule that is no longer global.
+func (a *Allocator) Forget(rule string) { delete(a.rules, rule) }
+
+// Demand returns the smoothed demand of each region of a rule.
+func (a *Allocator) Demand(rule string) map[string]float64 {
+	if s := a.rules[rule]; s != nil {
+		return maps.Clone(s.demand)
+	}
+	return nil
+}
+
+// Debt returns what each region of a rule still owes.
+func (a *Allocator) Debt(rule string) map[string]float64 {
+	if s := a.rules[rule]; s != nil {
+		return maps.Clone(s.debt)
+	}
+	return nil
+}
+
+// Rebalance computes new leases for every region of a rule at now, one per
+// region in the order given. regions are the known regions; every region
+// that reports must be among them. Call it once per rebalance interval.
+func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lease, error) {
+	if rule.ID == "" {
+		return nil, fmt.Errorf("%w: empty id", ErrInvalidRule)
+	}
+	if rule.Window <= 0 {
+		return nil, fmt.Errorf("%w: %s: window %v: want more than 0", ErrInvalidRule, rule.ID, rule.Window)
+	}
+	if len(regions) == 0 {
+		return nil, fmt.Errorf("%w: %s: no regions", ErrInvalidRule, rule.ID)
+	}
+	for i, r := range regions {
+		if r == "" || slices.Contains(regions[:i], r) {
+			return nil, fmt.Errorf("%w: %s: regions must be named and listed once", ErrInvalidRule, rule.ID)
+		}
+	}
+	s := a.state(rule.ID)
+	s.window, s.sliding = rule.Window.Microseconds(), rule.Sliding
+	floor := a.cfg.Floor(len(regions))
+	// A region may use its floor at any time: the floor counts as a grant
+	// that never lapses. A region keeps the largest floor it was told (the
+	// regions known may have grown since), or, never told, this one.
+	floorOf := func(r string) float64 { return max(floor, s.floors[r]) }
+
+	first, last := s.epoch(now.Add(-a.cfg.Skew)), s.epoch(now.Add(a.cfg.Skew))
+	for e := first; e <= last; e++ {
+		if s.hw[e] != nil {
+			continue
+		}
+		// Every lease that may be in force in this window is one given
+		// before now that expires after the window starts (a region's
+		// clock moves its window and its leases alike): what the
+		// region may use is the most any of them (or its floor)
+		// allows.
+		start := time.UnixMicro(e * s.window)
+		hw := map[string]float64{}
+		for _, r := range regions {
+			hw[r] = floorOf(r)
+		}
+		for r, gs := range s.grants {
+			for _, g := range gs {
+				if g.expires.After(start) {
+					hw[r] = max(hw[r], g.fraction)
+				}
+			}
+		}
+		if prev := s.latestBefore(e); s.sliding && prev != nil {
+			// The estimate starts the window at what the windows
+			// before counted.
+			for r, f := range prev {
+				hw[r] = max(hw[r], f)
+			}
+		}
+		s.hw[e] = hw
+	}
+	for e := range s.hw {
+		if e < first {
+			delete(s.hw, e)
+		}
+	}
+	s.prune(now, a.cfg.Skew)
+	s.lower(first, last, floorOf)
+
+	for _, r := range regions {
+		if _, ok := s.sample[r]; ok {
+			s.heard[r] = now
+		} else if h, ok := s.heard[r]; !ok || now.Sub(h) >= a.cfg.LeaseTTL {
+			// Silent for a lease's life: cut off, or gone. It runs
+			// on its floor; its demand is not believed any more.
+			delete(s.demand, r)
+		}
+		if d, ok := s.sample[r]; ok {
+			if cur, seen := s.demand[r]; seen && d < cur {
+				s.demand[r] += a.cfg.Smoothing * (d - cur)
+			} else {
+				// A region short of budget must not wait for it.
+				s.demand[r] = d
+			}
+		}
+	}
+	clear(s.sample)
+
+	distributable := max(0, 1-a.cfg.Reserve)
+	needs := make([]float64, len(regions))
+	weights := make([]float64, len(regions))
+	for i, r := range regions {
+		weights[i] = s.demand[r]
+		needs[i] = max(0, s.demand[r]-floor)
+	}
+	target := waterFill(needs, weights, distributable)
+	shares := make([]float64, len(regions))
+	sum := 0.0
+	for i, r := range regions {
+		cur, had := s.share[r]
+		shares[i] = target[i]
+		if had && math.Abs(target[i]-cur) < a.cfg.Hysteresis {
+			shares[i] = cur
+		}
+		sum += shares[i]
+	}
+	if sum > distributable+eps {
+		copy(shares, target)
+	}
+
+	// Grant more only out of room that no region's high-water mark in
+	// a live window covers.
+	mark := func(r string) float64 {
+		m := floorOf(r)
+		for e := first; e <= last; e++ {
+			m = max(m, s.hw[e][r])
+		}
+		return m
+	}
+	base, extra := 0.0, 0.0
+	for r := range s.hwRegions(first, last, regions) {
+		base += mark(r)
+	}
+	want := make([]float64, len(regions))
+	for i, r := range regions {
+		want[i] = max(0, floor+shares[i]-mark(r))
+		extra += want[i]
+	}
+	scale := 1.0
+	if extra > 0 && base+extra > 1 {
+		scale = max(0, 1-base) / extra * (1 - eps)
+	}
+
+	ep := s.epoch(now)
+	newWindow := !s.started || ep != s.heldEp
+	if newWindow {
+		clear(s.held)
+		s.heldEp = ep
+	}
+	s.started = true
+	s.seq++
+	leases := make([]Lease, len(regions))
+	expires := now.Add(a.cfg.LeaseTTL)
+	for i, r := range regions {
+		m := mark(r)
+		f := floor + shares[i]
+		if f > m {
+			f = m + want[i]*scale
+		}
+		f = max(f, floor)
+		s.share[r] = f - floor
+		s.floors[r] = max(s.floors[r], floor)
+		if newWindow && s.debt[r] > 0 {
+			h := min(s.debt[r], f)
+			s.held[r] = h
+			s.debt[r] -= h
+			if s.debt[r] <= eps {
+				delete(s.debt, r)
+			}
+		}
+		s.grants[r] = append(s.grants[r], grant{seq: s.seq, fraction: f, expires: expires})
+		for e := first; e <= last; e++ {
+			s.hw[e][r] = max(s.hw[e][r], f)
+		}
+		leases[i] = Lease{
+			Rule: rule.ID, Region: r, Seq: s.seq, Floor: floor, Share: f - floor,
+			Debt: s.held[r], Issued: now, Expires: expires,
+		}
+	}
+	return leases, nil
+}
+
+// epoch is the index of the window that holds t.
+func (s *ruleState) epoch(t time.Time) int64 {
+	us := t.UnixMicro()
+	e := us / s.window
+	if us < 0 && us%s.window != 0 {
+		e--
+	}
+	return e
+}
+
+// prune drops the grants that no longer count: lapsed past the skew
+// allowance, or older than one the region says it holds. The newest grant
+// of a region is kept while it holds, acknowledged or not.
+func (s *ruleState) prune(now time.Time, skew time.Duration) {
+	for r, gs := range s.grants {
+		acked := s.acked[r]
+		kept := gs[:0]
+		for _, g := range gs {
+			if now.Before(g.expires.Add(skew)) && g.seq >= acked {
+				kept = append(kept, g)
+			}
+		}
+		if len(kept) == 0 {
+			delete(s.grants, r)
+		} else {
+			s.grants[r] = kept
+		}
+	}
+}
+
+// latestBefore is the high-water marks of the latest window before e that
+// has them, or nil.
+func (s *ruleState) latestBefore(e int64) map[string]float64 {
+	best, found := int64(0), false
+	for k := range s.hw {
+		if k < e && (!found || k > best) {
+			best, found = k, true
+		}
+	}
+	if !found {
+		return nil
+	}
+	return s.hw[best]
+}
+
+// lower brings down the high-water marks of regions that acknowledged a
+// newer lease: from then on, a region uses at most what it had used in its
+// window, or what the leases it may still hold allow. In later windows it
+// has used nothing yet.
+func (s *ruleState) lower(first, last int64, floorOf func(string) float64) {
+	for r, rep := range s.used {
+		holds := floorOf(r)
+		for _, g := range s.grants[r] {
+			holds = max(holds, g.fraction)
+		}
+		for e := max(first, rep.UsedEpoch); e <= last; e++ {
+			hw := s.hw[e]
+			if hw == nil {
+				continue
+			}
+			m := holds
+			if e == rep.UsedEpoch || s.sliding {
+				// A sliding estimate carries what was used into
+				// the windows after.
+				m = max(m, rep.Used)
+			}
+			hw[r] = min(hw[r], m)
+		}
+	}
+	clear(s.used)
+}
+
+// hwRegions is every region that may hold part of the limit in a live
+// window: the known ones and any that still hold a grant.
+func (s *ruleState) hwRegions(first, last int64, regions []string) map[string]bool {
+	all := map[string]bool{}
+	for _, r := range regions {
+		all[r] = true
+	}
+	for e := first; e <= last; e++ {
+		for r := range s.hw[e] {
+			all[r] = true
+		}
+	}
+	return all
+}

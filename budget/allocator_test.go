@@ -1,0 +1,403 @@
+package budget
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+var t0 = time.Unix(1_800_000_000, 0).UTC()
+
+// modelRegion is a region as the allocator cannot see it: the leases it
+// received, its clock's offset, and what it has enforced per window.
+type modelRegion struct {
+	name     string
+	offset   time.Duration
+	received []received
+	acked    uint64
+	used     map[int64]float64 // window → the most it enforced (its own estimate for sliding)
+	wasUsed  map[int64]float64 // what the allocator must assume: the same, but fixed windows only
+}
+
+type received struct {
+	lease Lease
+	at    time.Time
+}
+
+// enforced is what the region enforces at true time t: the newest lease it
+// received (by Seq: one that arrives after a newer one is ignored) while it
+// holds by the region's clock, or its floor.
+func (m *modelRegion) enforced(t time.Time, floor float64) float64 {
+	var newest *Lease
+	for i := range m.received {
+		if l := &m.received[i].lease; newest == nil || l.Seq > newest.Seq {
+			newest = l
+		}
+	}
+	return Allowance(newest, floor, t.Add(m.offset))
+}
+
+func epochOf(t time.Time, window time.Duration) int64 {
+	return int64(math.Floor(float64(t.UnixMicro()) / float64(window.Microseconds())))
+}
+
+// TestStrictNeverOverCommits drives the allocator with regions whose
+// leases arrive late or never, whose clocks are off by up to the skew
+// allowance, and which always use all they may: in no window may the
+// regions together use more than the whole limit.
+func TestStrictNeverOverCommits(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		cfg := DefaultConfig()
+		cfg.Reserve = rapid.Float64Range(0, 0.5).Draw(t, "reserve")
+		cfg.LeaseTTL = time.Duration(rapid.IntRange(500, 15000).Draw(t, "ttl_ms")) * time.Millisecond
+		cfg.Skew = time.Duration(rapid.IntRange(0, 1000).Draw(t, "skew_ms")) * time.Millisecond
+		cfg.Hysteresis = rapid.Float64Range(0, 0.1).Draw(t, "hysteresis")
+		cfg.Smoothing = rapid.Float64Range(0.1, 1).Draw(t, "smoothing")
+		a, err := NewAllocator(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rule := Rule{
+			ID:      "r",
+			Window:  time.Duration(rapid.IntRange(200, 20000).Draw(t, "window_ms")) * time.Millisecond,
+			Sliding: rapid.Bool().Draw(t, "sliding"),
+		}
+		n := rapid.IntRange(1, 5).Draw(t, "regions")
+		names := make([]string, n)
+		regions := make([]*modelRegion, n)
+		for i := range regions {
+			names[i] = string(rune('a' + i))
+			off := time.Duration(rapid.Int64Range(-cfg.Skew.Microseconds(), cfg.Skew.Microseconds()).Draw(t, "offset_us")) * time.Microsecond
+			regions[i] = &modelRegion{name: names[i], offset: off, used: map[int64]float64{}}
+		}
+		floor := cfg.Floor(n)
+		type pending struct {
+			region int
+			lease  Lease
+			due    int
+		}
+		var queue []pending
+		const timeout = 50 * time.Millisecond
+		now := t0
+		for step := range rapid.IntRange(1, 60).Draw(t, "steps") {
+			// Reports, as of just before now.
+			for _, m := range regions {
+				if !rapid.Bool().Draw(t, "report") {
+					continue
+				}
+				rep := Report{Region: m.name, Demand: rapid.Float64Range(0, 3).Draw(t, "demand")}
+				for _, r := range m.received {
+					if !r.at.After(now.Add(-timeout)) {
+						rep.Acked = max(rep.Acked, r.lease.Seq)
+					}
+				}
+				if rep.Acked > m.acked {
+					m.acked = rep.Acked
+					e := epochOf(now.Add(m.offset), rule.Window)
+					rep.Used, rep.UsedEpoch, rep.HasUsed = m.used[e], e, true
+					if rule.Sliding {
+						// The estimate carries the last window.
+						rep.Used = max(rep.Used, m.used[e-1])
+					}
+				} else {
+					rep.Acked = m.acked
+				}
+				a.Report(rule.ID, rep)
+			}
+			leases, err := a.Rebalance(now, rule, names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shares := 0.0
+			for i, l := range leases {
+				if l.Region != names[i] || l.Floor != floor || l.Share < 0 || l.Debt != 0 {
+					t.Fatalf("lease %d: %+v (floor %v)", i, l, floor)
+				}
+				shares += l.Share
+				if rapid.IntRange(0, 9).Draw(t, "lost") > 0 {
+					queue = append(queue, pending{i, l, step + rapid.IntRange(0, 3).Draw(t, "delay")})
+				}
+			}
+			if shares > 1-cfg.Reserve+1e-9 {
+				t.Fatalf("shares sum to %v, above 1 - reserve %v", shares, 1-cfg.Reserve)
+			}
+			kept := queue[:0]
+			for _, p := range queue {
+				if p.due <= step {
+					regions[p.region].received = append(regions[p.region].received, received{p.lease, now})
+				} else {
+					kept = append(kept, p)
+				}
+			}
+			queue = kept
+			dt := time.Duration(rapid.IntRange(50, 2000).Draw(t, "dt_ms")) * time.Millisecond
+			for _, m := range regions {
+				// Until the next step the region's allowance only
+				// falls (as leases lapse): in each window it meets,
+				// the most it may use is what it may use as it enters.
+				from, to := epochOf(now.Add(m.offset), rule.Window), epochOf(now.Add(dt+m.offset-time.Microsecond), rule.Window)
+				for e := from; e <= to; e++ {
+					enter := time.UnixMicro(e * rule.Window.Microseconds()).Add(-m.offset)
+					if enter.Before(now) {
+						enter = now
+					}
+					m.used[e] = max(m.used[e], m.enforced(enter, floor))
+					if rule.Sliding {
+						m.used[e] = max(m.used[e], m.used[e-1])
+					}
+				}
+			}
+			now = now.Add(dt)
+		}
+		windows := map[int64]bool{}
+		for _, m := range regions {
+			for e := range m.used {
+				windows[e] = true
+			}
+		}
+		for e := range windows {
+			sum := 0.0
+			for _, m := range regions {
+				sum += m.used[e]
+			}
+			if sum > 1+1e-9 {
+				t.Fatalf("window %d: regions together may admit %v of the limit", e, sum)
+			}
+		}
+	})
+}
+
+func TestWaterFill(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "n")
+		needs := rapid.SliceOfN(rapid.Float64Range(0, 2), n, n).Draw(t, "needs")
+		weights := rapid.SliceOfN(rapid.Float64Range(0, 2), n, n).Draw(t, "weights")
+		total := rapid.Float64Range(0, 1).Draw(t, "total")
+		got := waterFill(needs, weights, total)
+		sum, needed := 0.0, 0.0
+		for i, g := range got {
+			if g < 0 {
+				t.Fatalf("negative share %v", g)
+			}
+			sum += g
+			needed += needs[i]
+		}
+		if math.Abs(sum-total) > 1e-9 {
+			t.Fatalf("shares sum to %v, want %v", sum, total)
+		}
+		if needed >= total {
+			// Every need is met up to a common level: a region that got
+			// less than it needed got at least as much as any other.
+			for i := range got {
+				if got[i] < needs[i]-1e-9 {
+					for j := range got {
+						if got[j] > got[i]+1e-9 {
+							t.Fatalf("region %d got %v < need %v while %d got %v", i, got[i], needs[i], j, got[j])
+						}
+					}
+				}
+			}
+		} else {
+			for i := range got {
+				if got[i] < needs[i]-1e-9 {
+					t.Fatalf("region %d got %v, needs %v, with enough for all", i, got[i], needs[i])
+				}
+			}
+		}
+	})
+}
+
+// steady rebalances n times with every region reporting demand and
+// acknowledging the lease it got, having used all of its last allowance.
+func steady(t *testing.T, a *Allocator, rule Rule, now time.Time, n int, demand map[string]float64, held map[string]*Lease) []Lease {
+	t.Helper()
+	names := slices.Sorted(func(yield func(string) bool) {
+		for r := range demand {
+			if !yield(r) {
+				return
+			}
+		}
+	})
+	var leases []Lease
+	for i := range n {
+		at := now.Add(time.Duration(i) * time.Second)
+		for _, r := range names {
+			rep := Report{Region: r, Demand: demand[r]}
+			if l := held[r]; l != nil {
+				rep.Acked, rep.HasUsed = l.Seq, true
+				rep.Used, rep.UsedEpoch = 0, epochOf(at, rule.Window)
+			}
+			a.Report(rule.ID, rep)
+		}
+		var err error
+		leases, err = a.Rebalance(at, rule, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range leases {
+			held[leases[i].Region] = &leases[i]
+		}
+	}
+	return leases
+}
+
+func sumAllowance(leases []Lease) float64 {
+	s := 0.0
+	for i := range leases {
+		s += leases[i].Allowance()
+	}
+	return s
+}
+
+func TestSharesFollowDemand(t *testing.T) {
+	a, err := NewAllocator(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{ID: "tenant-global", Window: time.Minute}
+	held := map[string]*Lease{}
+	leases := steady(t, a, rule, t0, 5, map[string]float64{"ap": 0.1, "eu": 0.6, "us": 1.5}, held)
+	if got := sumAllowance(leases); math.Abs(got-1) > 1e-6 {
+		t.Fatalf("allowances sum to %v, want the whole limit", got)
+	}
+	byRegion := map[string]float64{}
+	for _, l := range leases {
+		byRegion[l.Region] = l.Allowance()
+	}
+	// ap asks for less than the level and gets what it asks; eu and us
+	// both ask for more than the level and share the rest equally.
+	if math.Abs(byRegion["ap"]-0.1) > 0.02 || math.Abs(byRegion["us"]-byRegion["eu"]) > 1e-6 {
+		t.Fatalf("allowances %v: want ap ≈ 0.1, eu = us", byRegion)
+	}
+
+	// Demand moves from us to ap, mid-window: the shares follow within
+	// three rebalances, since the regions say they used nothing.
+	leases = steady(t, a, rule, t0.Add(5*time.Second), 3, map[string]float64{"ap": 1.5, "eu": 0.6, "us": 0.1}, held)
+	for _, l := range leases {
+		byRegion[l.Region] = l.Allowance()
+	}
+	if h := 2 * a.Config().Hysteresis; math.Abs(byRegion["ap"]-byRegion["eu"]) > h || math.Abs(byRegion["us"]-0.1) > h {
+		t.Fatalf("after the shift, allowances %v: want ap ≈ eu and us ≈ 0.1", byRegion)
+	}
+	if got := sumAllowance(leases); got < 0.99 {
+		t.Fatalf("after the shift, allowances sum to %v, want at least 0.99", got)
+	}
+}
+
+func TestCutOffRegionKeepsItsLease(t *testing.T) {
+	cfg := DefaultConfig()
+	a, _ := NewAllocator(cfg)
+	rule := Rule{ID: "g", Window: time.Minute}
+	held := map[string]*Lease{}
+	names := []string{"ap", "eu", "us"}
+	leases := steady(t, a, rule, t0, 3, map[string]float64{"ap": 1, "eu": 1, "us": 1}, held)
+	usBefore := leases[2].Share + leases[2].Floor
+	// us is cut off: it reports nothing and keeps its lease. The others'
+	// demand grows, but us's fraction is not given away before its lease
+	// has expired and the skew allowance passed.
+	cut := held["us"].Expires
+	at := t0.Add(3 * time.Second)
+	for ; at.Before(cut.Add(cfg.Skew)); at = at.Add(time.Second) {
+		for _, r := range names[:2] {
+			a.Report(rule.ID, Report{Region: r, Demand: 3, Acked: held[r].Seq})
+		}
+		ls, err := a.Rebalance(at, rule, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		others := ls[0].Allowance() + ls[1].Allowance()
+		if others+usBefore > 1+1e-9 {
+			t.Fatalf("at %v the others hold %v while us may still use %v", at.Sub(t0), others, usBefore)
+		}
+		held["ap"], held["eu"] = &ls[0], &ls[1]
+	}
+	// The window ends; in the next, with us's lease lapsed, the others
+	// get all but us's floor.
+	at = t0.Add(time.Minute + time.Second)
+	var ls []Lease
+	for range 3 {
+		for _, r := range names[:2] {
+			a.Report(rule.ID, Report{Region: r, Demand: 3, Acked: held[r].Seq})
+		}
+		ls, _ = a.Rebalance(at, rule, names)
+		held["ap"], held["eu"] = &ls[0], &ls[1]
+		at = at.Add(time.Second)
+	}
+	if got, want := ls[0].Allowance()+ls[1].Allowance(), 1-cfg.Floor(3); math.Abs(got-want) > 1e-6 {
+		t.Fatalf("after us's lease lapsed the others hold %v, want %v (all but us's floor)", got, want)
+	}
+}
+
+func TestDebtIsWithheldOnce(t *testing.T) {
+	a, _ := NewAllocator(DefaultConfig())
+	rule := Rule{ID: "g", Window: 10 * time.Second}
+	held := map[string]*Lease{}
+	steady(t, a, rule, t0, 2, map[string]float64{"eu": 1, "us": 1}, held)
+	a.Charge(rule.ID, "us", 0.05)
+	// Still in the first window: nothing withheld yet.
+	ls := steady(t, a, rule, t0.Add(2*time.Second), 1, map[string]float64{"eu": 1, "us": 1}, held)
+	if ls[1].Debt != 0 {
+		t.Fatalf("debt withheld in the window it was charged in: %+v", ls[1])
+	}
+	// The next window withholds it, on every lease of that window.
+	for i := range 3 {
+		ls = steady(t, a, rule, t0.Add(10*time.Second+time.Duration(i)*time.Second), 1, map[string]float64{"eu": 1, "us": 1}, held)
+		if ls[1].Debt != 0.05 || ls[0].Debt != 0 {
+			t.Fatalf("window 2, rebalance %d: debts eu %v us %v, want 0 and 0.05", i, ls[0].Debt, ls[1].Debt)
+		}
+	}
+	ls = steady(t, a, rule, t0.Add(20*time.Second), 1, map[string]float64{"eu": 1, "us": 1}, held)
+	if ls[1].Debt != 0 || len(a.Debt(rule.ID)) != 0 {
+		t.Fatalf("window 3: debt %v still withheld (owed %v)", ls[1].Debt, a.Debt(rule.ID))
+	}
+}
+
+func TestAllowance(t *testing.T) {
+	l := &Lease{Floor: 0.05, Share: 0.4, Debt: 0.1, Expires: t0}
+	if got := Allowance(l, 0.05, t0.Add(-time.Millisecond)); math.Abs(got-0.35) > 1e-12 {
+		t.Fatalf("allowance under the lease %v, want 0.35", got)
+	}
+	if got := Allowance(l, 0.05, t0); got != 0.05 {
+		t.Fatalf("allowance after expiry %v, want the floor", got)
+	}
+	if got := Allowance(nil, 0.05, t0); got != 0.05 {
+		t.Fatalf("allowance without a lease %v, want the floor", got)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	bad := DefaultConfig()
+	bad.Smoothing = 0
+	if _, err := NewAllocator(bad); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "smoothing") {
+		t.Fatalf("smoothing 0: %v", err)
+	}
+	a, _ := NewAllocator(DefaultConfig())
+	for _, c := range []struct {
+		rule    Rule
+		regions []string
+		want    string
+	}{
+		{Rule{ID: "", Window: time.Second}, []string{"a"}, "empty id"},
+		{Rule{ID: "r", Window: 0}, []string{"a"}, "window"},
+		{Rule{ID: "r", Window: time.Second}, nil, "no regions"},
+		{Rule{ID: "r", Window: time.Second}, []string{"a", "a"}, "listed once"},
+	} {
+		if _, err := a.Rebalance(t0, c.rule, c.regions); !errors.Is(err, ErrInvalidRule) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v %v: %v, want %q", c.rule, c.regions, err, c.want)
+		}
+	}
+	if len(a.rules) != 0 {
+		t.Fatalf("bad rules left state behind: %v", a.rules)
+	}
+	// A report with a bogus ack (ahead of any lease) or demand is not
+	// believed.
+	a.Report("r", Report{Region: "a", Demand: math.NaN(), Acked: 99})
+	if s := a.rules["r"]; s.acked["a"] != 0 || s.sample["a"] != 0 {
+		t.Fatalf("bogus report kept: acked %v demand %v", s.acked["a"], s.sample["a"])
+	}
+}

@@ -1,0 +1,39 @@
+package budget
+
+import "time"
+
+// Lease is one region's budget for one global rule: it may admit, in every
+// window, up to Allowance of the rule's limit while the lease holds.
+type Lease struct {
+	Rule   string
+	Region string
+	// Seq numbers the rule's rebalances: a newer lease has a larger Seq. A
+	// region reports the newest it holds (Report.Acked), which lets the
+	// allocator stop counting the older ones.
+	Seq uint64
+	// Floor is what the region may use without a lease; Share is what it
+	// holds above the floor. Both are fractions of the limit.
+	Floor, Share float64
+	// Debt is withheld from the allowance for over-admission in an earlier
+	// window (carry_debt).
+	Debt    float64
+	Issued  time.Time
+	Expires time.Time
+}
+
+// Allowance is the fraction of the limit the lease lets its region admit
+// per window.
+func (l *Lease) Allowance() float64 { return max(0, l.Floor+l.Share-l.Debt) }
+
+// Holds reports whether the lease is in force at now, by the region's own
+// clock.
+func (l *Lease) Holds(now time.Time) bool { return now.Before(l.Expires) }
+
+// Allowance is what a region enforces at now: its lease's allowance while
+// the lease holds, and its floor otherwise (no lease yet, or lapsed).
+func Allowance(l *Lease, floor float64, now time.Time) float64 {
+	if l != nil && l.Holds(now) {
+		return l.Allowance()
+	}
+	return floor
+}
