@@ -323,3 +323,22 @@ func (e *entry) slot(region uint32) *slot {
 	}
 	return &e.slots[i]
 }
+
+// Observe raises the local region's slot of counter id to at least p
+// increments and n decrements: what the region's store says it counted,
+// when the store, not this collection, keeps the count. It reports whether
+// the slot changed.
+func (c *Counters) Observe(id ID, p, n uint64) bool {
+	e := c.entries[id]
+	if e != nil {
+		if i, ok := e.find(uint32(c.self)); ok && e.slots[i].p >= p && e.slots[i].n >= n {
+			return false
+		}
+	} else if p == 0 && n == 0 {
+		return false
+	}
+	e, s := c.ownSlot(id)
+	s.p, s.n = max(s.p, p), max(s.n, n)
+	c.touch(e, s)
+	return true
+}

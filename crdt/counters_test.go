@@ -496,3 +496,29 @@ func ExampleCounters() {
 	// eu-west sees 7 after 1 applied slot
 	// duplicates: 1 value: 7
 }
+
+func TestObserveRaisesOwnSlotOnly(t *testing.T) {
+	c, err := NewCounters("eu", testRegions[:0:0])
+	if err == nil {
+		t.Fatal("no regions: want an error")
+	}
+	c, _ = NewCounters("eu-west", testRegions)
+	id := ID{Key: "k", Epoch: 1}
+	if !c.Observe(id, 5, 1) || c.Value(id) != 4 {
+		t.Fatalf("observe 5/1: value %d", c.Value(id))
+	}
+	v := c.Version()
+	if c.Observe(id, 3, 1) || c.Version() != v || c.Value(id) != 4 {
+		t.Fatalf("a lower observation changed the slot: value %d, version %d → %d", c.Value(id), v, c.Version())
+	}
+	if !c.Observe(id, 3, 2) || c.Value(id) != 3 {
+		t.Fatalf("observe N 2: value %d, want 3", c.Value(id))
+	}
+	d := c.OwnDeltaSince(v)
+	if len(d.Entries) != 1 || d.Entries[0].Slots[0] != (Slot{Region: "eu-west", P: 5, N: 2}) {
+		t.Fatalf("delta after observe: %+v", d)
+	}
+	if c.Observe(ID{Key: "none", Epoch: 1}, 0, 0) || c.Len() != 1 {
+		t.Fatal("observing nothing created a counter")
+	}
+}

@@ -43,6 +43,9 @@ type Result struct {
 	RetryAfter int64
 	// Taken is what an allowing limit took: the cost, or a lease (see Op).
 	Taken int64
+	// OwnP and OwnN are, for a global limit, this region's slot of the
+	// window after the request: what it counted up and down.
+	OwnP, OwnN uint64
 }
 
 // Decide is one limit's decision on a request of the given cost at now

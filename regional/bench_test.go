@@ -138,7 +138,7 @@ func median(xs []float64) float64 {
 // so that a change to the script's arguments cannot leave the reference
 // measuring a script that does nothing.
 func redisBenchmark(port, requests int) (float64, error) {
-	argv := []string{"", "", "check", "0", "0", strconv.Itoa(int(TokenBucket)), "1000000000", "1000000", "0", "1", "0", "0"}
+	argv := []string{"", "", "check", "0", "0", "", strconv.Itoa(int(TokenBucket)), "1000000000", "1000000", "0", "1", "0", "0"}
 	probe := append([]string{"-p", strconv.Itoa(port), "EVALSHA", limitsSHA, "1", "gq:{bench:probe}"}, argv...)
 	out, err := exec.Command("redis-cli", probe...).CombinedOutput()
 	// The reply: now, then allowed, remaining, reset_at, retry_after, taken.

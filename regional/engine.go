@@ -40,6 +40,8 @@ type Config struct {
 	// Violations, if set, keeps the audit trail of denials; Maintain
 	// appends to it.
 	Violations ViolationLog
+	// Global places the region among the others for global rules.
+	Global GlobalConfig
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -75,13 +77,15 @@ type Engine struct {
 	returnsMu  sync.Mutex
 	returns    []leaseReturn
 
+	global     *globalState
 	stats      Stats
 	lastErrLog atomic.Int64 // µs of the last store error logged
 	errsLogged atomic.Int64 // StoreErrors when it was
 	scratch    sync.Pool
 }
 
-// New returns an engine with the given rules (nil: none yet).
+// New returns an engine with the given rules (nil: none yet). It panics if
+// cfg.Global does not validate (GlobalConfig.Validate): check it first.
 func New(cfg Config, rules *RuleSet) *Engine {
 	d := DefaultConfig()
 	if cfg.Timeout <= 0 {
@@ -106,7 +110,16 @@ func New(cfg Config, rules *RuleSet) *Engine {
 	if e.log == nil {
 		e.log = slog.Default()
 	}
+	if e.cfg.Region == "" {
+		e.cfg.Region = "local"
+	}
+	g, err := newGlobalState(e.cfg.Region, cfg.Global)
+	if err != nil {
+		panic(err)
+	}
+	e.global = g
 	e.local = NewMemoryStore(e.now)
+	e.local.SetRegion(e.cfg.Region)
 	e.store, e.shared = cfg.Store, cfg.Store != nil
 	if e.store == nil {
 		e.store = e.local
@@ -311,6 +324,9 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 			}
 			if it.decided {
 				e.violation(it, req, us)
+				if it.rule.Scope == ScopeGlobal {
+					e.noteGlobal(it, false) // demand denied for want of budget
+				}
 			}
 		}
 	} else {
@@ -420,6 +436,9 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 			continue
 		}
 		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Lease: it.rule.Lease})
+		if it.rule.Scope == ScopeGlobal {
+			e.globalOp(&sc.ops[len(sc.ops)-1], it.rule, time.UnixMicro(now))
+		}
 		sc.opItem = append(sc.opItem, i)
 	}
 	if len(sc.ops) == 0 {
@@ -535,6 +554,9 @@ func (e *Engine) settle(sc *scratch, req *Request, now int64) {
 			e.unconsumeLease(it)
 		case it.result.Taken > it.cost && allowed:
 			e.keepLease(it, now)
+		}
+		if it.rule.Scope == ScopeGlobal && !it.degraded {
+			e.noteGlobal(it, allowed)
 		}
 		if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
 			e.rememberDenial(it, now)

@@ -92,6 +92,9 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 // could be allowed again, and tells the siblings.
 func (e *Engine) rememberDenial(it *item, now int64) {
 	dn := denial{until: now + it.result.RetryAfter, cost: it.cost, resetAt: now + (it.result.ResetAt - it.storeNow)}
+	if it.rule.Scope == ScopeGlobal {
+		dn.until = min(dn.until, now+globalDenialHold)
+	}
 	if e.denialCount.Load() >= int64(e.cfg.MaxDenials) {
 		return
 	}

@@ -3,9 +3,12 @@ package regional
 import (
 	"context"
 	"hash/maphash"
+	"math"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/geoquota/geoquota/crdt"
 )
 
 // MemoryStore keeps counters in this process's memory, with the same
@@ -16,6 +19,7 @@ import (
 // by a little sweeping on every few calls. It is safe for concurrent use.
 type MemoryStore struct {
 	now    func() int64 // µs since the Unix epoch
+	region string       // this region's slot of global counters
 	seed   maphash.Seed
 	shards [memShards]memShard
 }
@@ -32,8 +36,15 @@ const (
 type memShard struct {
 	mu      sync.Mutex
 	entries map[string]*memEntry
+	globals map[string]*memGlobal // windows of global counters, by GlobalKey
 	calls   int
-	_       [40]byte // keep shards on separate cache lines
+	_       [32]byte // keep shards on separate cache lines
+}
+
+// memGlobal is one window of a global counter: the fields of global.go.
+type memGlobal struct {
+	fields  map[string]uint64
+	expires int64 // µs
 }
 
 type memEntry struct {
@@ -51,9 +62,14 @@ func NewMemoryStore(clock func() time.Time) *MemoryStore {
 	}
 	for i := range m.shards {
 		m.shards[i].entries = map[string]*memEntry{}
+		m.shards[i].globals = map[string]*memGlobal{}
 	}
 	return m
 }
+
+// SetRegion names the region whose slot of global counters this store
+// counts in. Call it before first use.
+func (m *MemoryStore) SetRegion(region string) { m.region = region }
 
 func (m *MemoryStore) shard(key []byte) int {
 	return int(maphash.Bytes(m.seed, key) % memShards)
@@ -112,6 +128,70 @@ func (m *MemoryStore) sweep(sh *memShard, now int64) {
 			return
 		}
 	}
+	for k, g := range sh.globals {
+		if g.expires <= now {
+			delete(sh.globals, k)
+		}
+		if n++; n == sweepBatch {
+			return
+		}
+	}
+}
+
+// globalWindow reads one window of a global counter; the caller holds the
+// shard's lock.
+func (m *MemoryStore) globalWindow(sh *memShard, key []byte, start float64, now int64) (*memGlobal, globalView) {
+	var buf [160]byte
+	g := sh.globals[string(appendGlobalKey(buf[:0], key, int64(start)/1000))]
+	if g == nil || g.expires <= now {
+		return nil, globalView{}
+	}
+	return g, sumSlots(g.fields, m.region)
+}
+
+// decideGlobal decides a global op (see global.go); the caller holds the
+// shard's lock.
+func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) {
+	start, prevStart := globalWindows(&op.Params, float64(now))
+	_, cur := m.globalWindow(sh, op.Key, start, now)
+	var prev globalView
+	if op.Params.Algorithm == SlidingWindowCounter {
+		_, prev = m.globalWindow(sh, op.Key, prevStart, now)
+	}
+	*r = Result{}
+	decideGlobal(&op.Params, &cur, &prev, float64(now), float64(op.Cost), float64(op.Allowance), float64(op.Ceiling), r)
+	r.OwnP, r.OwnN = uint64(cur.p), uint64(cur.n)
+	if r.Allowed {
+		r.Taken = op.Cost
+	}
+}
+
+// addGlobal counts n in this region's field f ("region" or "-region") of
+// the window holding now; the caller holds the shard's lock. It returns
+// the region's P and N after.
+func (m *MemoryStore) addGlobal(sh *memShard, key []byte, p *Params, now int64, neg bool, n uint64) (uint64, uint64) {
+	start, _ := globalWindows(p, float64(now))
+	var buf [160]byte
+	k := appendGlobalKey(buf[:0], key, int64(start)/1000)
+	g := sh.globals[string(k)]
+	if g == nil || g.expires <= now {
+		g = &memGlobal{fields: map[string]uint64{}}
+		sh.globals[string(k)] = g
+	}
+	f := m.region
+	if neg {
+		f = "-" + m.region
+	}
+	g.fields[f] = satAdd(g.fields[f], n)
+	g.expires = now + globalTTL(p, start, float64(now))
+	return g.fields[m.region], g.fields["-"+m.region]
+}
+
+func satAdd(a, b uint64) uint64 {
+	if c := a + b; c >= a {
+		return c
+	}
+	return math.MaxUint64
 }
 
 // Apply implements Store.
@@ -123,7 +203,7 @@ func (m *MemoryStore) Apply(_ context.Context, ops []Op, results []Result) (int6
 
 // apply is Apply at a time the caller read already.
 func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
-	if len(ops) == 1 { // most requests meet one limit: no buffers, no ordering
+	if len(ops) == 1 && !ops[0].Global { // most requests meet one limit: no buffers, no ordering
 		op, sh := &ops[0], &m.shards[m.shard(ops[0].Key)]
 		sh.mu.Lock()
 		e, s := m.get(sh, op.Key, op.Params.Algorithm, now)
@@ -147,13 +227,24 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 	defer m.unlock(idx)
 	for i := range ops {
 		op := &ops[i]
+		if op.Global {
+			next, entries = append(next, State{}), append(entries, nil)
+			m.decideGlobal(&m.shards[shards[i]], op, now, &results[i])
+			continue
+		}
 		e, cur := m.get(&m.shards[shards[i]], op.Key, op.Params.Algorithm, now)
 		next, entries = append(next, cur), append(entries, e)
 		decideOp(op, &next[i], now, &results[i])
 	}
 	if commits(ops, results) {
 		for i := range ops {
-			if results[i].Allowed {
+			switch r := &results[i]; {
+			case !r.Allowed:
+			case ops[i].Global:
+				if ops[i].Cost > 0 {
+					r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], ops[i].Key, &ops[i].Params, now, false, uint64(ops[i].Cost))
+				}
+			default:
 				m.put(&m.shards[shards[i]], entries[i], ops[i].Key, &ops[i].Params, &next[i], now)
 			}
 		}
@@ -261,4 +352,47 @@ func giveBack(p Params, s State, now, n, at int64) (State, int64) {
 		return State{Exists: len(log) > 0, A: sum - given, B: s.B, Log: log}, int64(given)
 	}
 	return s, 0
+}
+
+// MergeGlobal implements GlobalStore.
+func (m *MemoryStore) MergeGlobal(_ context.Context, windows []GlobalWindow) (int, error) {
+	now := m.now()
+	raised := 0
+	for _, w := range windows {
+		sh := &m.shards[m.shard(w.Key)]
+		k := string(GlobalKey(w.Key, w.StartMillis))
+		sh.mu.Lock()
+		g := sh.globals[k]
+		if g == nil || g.expires <= now {
+			g = &memGlobal{fields: map[string]uint64{}, expires: now + max(1, w.TTL.Microseconds())}
+		}
+		for _, s := range w.Slots {
+			for _, f := range [2]struct {
+				name string
+				v    uint64
+			}{{s.Region, s.P}, {"-" + s.Region, s.N}} {
+				if f.v > g.fields[f.name] {
+					g.fields[f.name] = f.v
+					raised++
+				}
+			}
+		}
+		if len(g.fields) > 0 {
+			sh.globals[k] = g
+		}
+		sh.mu.Unlock()
+	}
+	return raised, nil
+}
+
+// ReadGlobal implements GlobalStore.
+func (m *MemoryStore) ReadGlobal(_ context.Context, key []byte, startMillis int64) ([]crdt.Slot, error) {
+	sh := &m.shards[m.shard(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	g := sh.globals[string(GlobalKey(key, startMillis))]
+	if g == nil || g.expires <= m.now() {
+		return nil, nil
+	}
+	return slotsOf(g.fields), nil
 }

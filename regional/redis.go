@@ -13,11 +13,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/geoquota/geoquota/crdt"
 	"github.com/redis/go-redis/v9"
 )
 
 //go:embed lua/limits.lua
 var limitsLua string
+
+//go:embed lua/merge.lua
+var mergeLua string
+
+var mergeScript = redis.NewScript(mergeLua)
 
 var (
 	limitsScript = redis.NewScript(limitsLua)
@@ -37,6 +43,8 @@ type RedisOptions struct {
 	// Timeout bounds one pipeline's round trip; 0 means 50ms. Callers
 	// usually bound their own wait with a shorter context.
 	Timeout time.Duration
+	// Region names this region's slot of global counters.
+	Region string
 	// Observe, if set, hears of every pipeline: how long it took, how many
 	// scripts it ran, and its error. It is called on the store's own
 	// goroutines and must not block (a metrics histogram, say).
@@ -196,11 +204,13 @@ type redisCall struct {
 }
 
 type redisLimit struct {
-	key    string
-	params Params
-	cost   int64
-	shadow bool
-	lease  int64
+	key                string
+	params             Params
+	cost               int64
+	shadow             bool
+	lease              int64
+	global             bool
+	allowance, ceiling int64
 }
 
 // redisGroup is the limits of one call that share a Cluster slot, and the
@@ -219,7 +229,8 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
 	for i, op := range ops {
-		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, lease: op.Lease})
+		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, lease: op.Lease,
+			global: op.Global, allowance: op.Allowance, ceiling: op.Ceiling})
 		slot := keySlot(op.Key)
 		g := 0
 		// A single server runs all limits in one script; a Cluster, one
@@ -252,13 +263,12 @@ func (s *RedisStore) appendArgsHead(args []any, mode string, n, at int64) []any 
 	if s.testMinTTL > 0 {
 		minTTL = strconv.FormatInt(s.testMinTTL, 10)
 	}
-	return append(args, now, minTTL, mode, n, at)
+	return append(args, now, minTTL, mode, n, at, s.opts.Region)
 }
 
 // refundArgs are the script's keys and arguments to give n back to a
 // limit, taken at the store's time at.
-func (s *RedisStore) refundArgs(key string, p Params, n, at int64) ([]string, []any) {
-	l := redisLimit{key: key, params: p}
+func (s *RedisStore) refundArgs(l redisLimit, n, at int64) ([]string, []any) {
 	return l.appendArgs(nil, s.appendArgsHead(nil, "refund", n, at))
 }
 
@@ -270,6 +280,10 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 	shadow := "0"
 	if l.shadow {
 		shadow = "1"
+	}
+	if l.global {
+		return keys, append(args, globalAlgorithm+int(l.params.Algorithm), l.params.Limit,
+			l.allowance, l.params.Window, l.cost, shadow, l.ceiling)
 	}
 	return keys, append(args, int(l.params.Algorithm), l.params.Limit,
 		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow, l.lease)
@@ -338,7 +352,7 @@ func (s *RedisStore) Grant(ctx context.Context, key []byte, p Params, n int64) (
 
 // Refund implements Store.
 func (s *RedisStore) Refund(ctx context.Context, key []byte, p Params, n, at int64) (int64, error) {
-	keys, args := s.refundArgs(string(key), p, n, at)
+	keys, args := s.refundArgs(redisLimit{key: string(key), params: p}, n, at)
 	vals, err := limitsScript.Run(ctx, s.client, keys, args...).Int64Slice() // EVALSHA, or EVAL if the script is gone
 	if err != nil {
 		return 0, fmt.Errorf("regional: redis: refund: %w", err)
@@ -476,34 +490,57 @@ func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 // loadScripts loads the scripts on every primary.
 func (s *RedisStore) loadScripts(ctx context.Context) error {
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return c.ScriptLoad(ctx, limitsLua).Err()
-		})
+	load := func(ctx context.Context, c redis.Scripter) error {
+		if err := c.ScriptLoad(ctx, limitsLua).Err(); err != nil {
+			return err
+		}
+		return c.ScriptLoad(ctx, mergeLua).Err()
 	}
-	return s.client.ScriptLoad(ctx, limitsLua).Err()
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	}
+	return load(ctx, s.client)
 }
 
 // read takes one group's reply: {now, then per limit: allowed, remaining,
-// reset_at, retry_after, taken}.
+// reset_at, retry_after, taken, and for a global limit its P and N}.
 func (c *redisCall) read(g *redisGroup) error {
 	vals, err := g.cmd.Int64Slice()
-	if err != nil || len(vals) != 1+5*len(g.limits) {
+	want := 1
+	for _, i := range g.limits {
+		want += c.limits[i].replyLen()
+	}
+	if err != nil || len(vals) != want {
 		return fmt.Errorf("regional: redis: unexpected script reply %v (%v)", g.cmd.Val(), err)
 	}
 	c.now = vals[0]
-	for j, i := range g.limits {
-		v := vals[1+5*j:]
+	v := vals[1:]
+	for _, i := range g.limits {
 		c.results[i] = Result{Allowed: v[0] == 1, Remaining: v[1], ResetAt: v[2], RetryAfter: v[3], Taken: v[4]}
+		if c.limits[i].global {
+			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
+		}
+		v = v[c.limits[i].replyLen():]
 	}
 	return nil
 }
 
+// globalAlgorithm is added to a global limit's algorithm in the script's
+// arguments.
+const globalAlgorithm = 10
+
+// replyLen is how many numbers the script answers for the limit.
+func (l *redisLimit) replyLen() int {
+	if l.global {
+		return 7
+	}
+	return 5
+}
+
 // refund is what to give back to a limit: n, taken at the store's time at.
 type refund struct {
-	key    string
-	params Params
-	n, at  int64
+	limit redisLimit
+	n, at int64
 }
 
 // refunds lists what to give back when the limits of one request were split
@@ -531,7 +568,7 @@ func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 		if g := &c.groups[gi]; ok[gi] && !denied(g.limits) {
 			for _, i := range g.limits {
 				if r := c.results[i]; r.Allowed {
-					dst = append(dst, refund{key: c.limits[i].key, params: c.limits[i].params, n: r.Taken, at: c.now})
+					dst = append(dst, refund{limit: c.limits[i], n: r.Taken, at: c.now})
 				}
 			}
 		}
@@ -547,10 +584,66 @@ func (s *RedisStore) refund(refunds []refund) {
 	defer cancel()
 	pipe := s.client.Pipeline()
 	for _, r := range refunds {
-		keys, args := s.refundArgs(r.key, r.params, r.n, r.at)
+		keys, args := s.refundArgs(r.limit, r.n, r.at)
 		pipe.EvalSha(ctx, limitsSHA, keys, args...)
 	}
 	pipe.Exec(ctx)
+}
+
+// MergeGlobal implements GlobalStore: one script per window, pipelined.
+func (s *RedisStore) MergeGlobal(ctx context.Context, windows []GlobalWindow) (int, error) {
+	if len(windows) == 0 {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout*4)
+	defer cancel()
+	for attempt := 0; ; attempt++ {
+		pipe := s.client.Pipeline()
+		cmds := make([]*redis.Cmd, len(windows))
+		for i, w := range windows {
+			args := make([]any, 0, 1+4*len(w.Slots))
+			args = append(args, max(1, w.TTL.Milliseconds()))
+			for _, sl := range w.Slots {
+				args = append(args, sl.Region, sl.P, "-"+sl.Region, sl.N)
+			}
+			cmds[i] = pipe.EvalSha(ctx, mergeScript.Hash(), []string{string(GlobalKey(w.Key, w.StartMillis))}, args...)
+		}
+		_, err := pipe.Exec(ctx)
+		if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if err = s.loadScripts(ctx); err != nil {
+				return 0, fmt.Errorf("regional: redis: merge: %w", err)
+			}
+			continue // merging again is harmless: it is idempotent
+		}
+		raised := 0
+		for _, c := range cmds {
+			n, _ := c.Int()
+			raised += n
+		}
+		if err != nil {
+			return raised, fmt.Errorf("regional: redis: merge: %w", err)
+		}
+		return raised, nil
+	}
+}
+
+// ReadGlobal implements GlobalStore.
+func (s *RedisStore) ReadGlobal(ctx context.Context, key []byte, startMillis int64) ([]crdt.Slot, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout*4)
+	defer cancel()
+	raw, err := s.client.HGetAll(ctx, string(GlobalKey(key, startMillis))).Result()
+	if err != nil {
+		return nil, fmt.Errorf("regional: redis: %w", err)
+	}
+	fields := make(map[string]uint64, len(raw))
+	for f, v := range raw {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("regional: redis: global field %s=%q: %w", f, v, err)
+		}
+		fields[f] = n
+	}
+	return slotsOf(fields), nil
 }
 
 const blocksKey = "gq:blocks"

@@ -2,7 +2,11 @@ package regional
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/geoquota/geoquota/crdt"
 )
 
 // Store holds the counters of a region and applies requests to them.
@@ -48,11 +52,21 @@ type Op struct {
 	// least Cost, as much as it has up to Lease); Result.Taken says how
 	// much it took. Not for sliding_window_log.
 	Lease int64
+	// Global marks a global limit (fixed_window or sliding_window_counter):
+	// the region admits within Allowance of its own count, or, with a
+	// Ceiling of 0 or more (elastic mode), while the global count stays
+	// within Ceiling. See global.go.
+	Global    bool
+	Allowance int64
+	Ceiling   int64
 }
 
 // decideOp decides one op against state s, in place (see decide), taking a
 // lease if it asks for one.
 func decideOp(op *Op, s *State, now int64, r *Result) {
+	if op.Global {
+		panic("regional: decideOp on a global limit")
+	}
 	cost := op.Cost
 	if op.Lease > 0 {
 		var avail Result
@@ -75,4 +89,51 @@ func commits(ops []Op, results []Result) bool {
 		}
 	}
 	return true
+}
+
+// GlobalStore is a store that keeps the slots of global counters (see
+// global.go) and takes in other regions' slots. Implementations are safe
+// for concurrent use.
+type GlobalStore interface {
+	// MergeGlobal raises each slot of each window to at least what is
+	// given (per-slot maximum; nothing is ever lowered) and returns how
+	// many fields it raised.
+	MergeGlobal(ctx context.Context, windows []GlobalWindow) (int, error)
+	// ReadGlobal returns the slots of one window, in region order.
+	ReadGlobal(ctx context.Context, key []byte, startMillis int64) ([]crdt.Slot, error)
+}
+
+// GlobalWindow is some slots of one window of a global counter.
+type GlobalWindow struct {
+	Key         []byte // the counter's key
+	StartMillis int64  // the window's start, Unix milliseconds
+	// TTL is how long a window that did not exist yet is kept.
+	TTL   time.Duration
+	Slots []crdt.Slot
+}
+
+// slotsOf turns a window's fields into slots, in region order.
+func slotsOf(fields map[string]uint64) []crdt.Slot {
+	byRegion := map[string]*crdt.Slot{}
+	for f, v := range fields {
+		r, neg := strings.CutPrefix(f, "-")
+		s := byRegion[r]
+		if s == nil {
+			s = &crdt.Slot{Region: r}
+			byRegion[r] = s
+		}
+		if neg {
+			s.N = v
+		} else {
+			s.P = v
+		}
+	}
+	out := make([]crdt.Slot, 0, len(byRegion))
+	for _, s := range byRegion {
+		if s.P != 0 || s.N != 0 {
+			out = append(out, *s)
+		}
+	}
+	slices.SortFunc(out, func(a, b crdt.Slot) int { return strings.Compare(a.Region, b.Region) })
+	return out
 }

@@ -9,12 +9,16 @@
 -- ARGV[3]: mode: 'check', 'inspect', 'grant' or 'refund'
 -- ARGV[4]: the amount to give back ('grant', 'refund')
 -- ARGV[5]: when the refunded amount was taken, µs ('refund')
--- ARGV[6...]: per limit 7 values: algorithm, limit, rate, window, cost,
---            shadow, lease (0: none; else take up to lease, at least cost)
+-- ARGV[6]: this region's name: its slot of global counters
+-- ARGV[7...]: per limit 7 values: algorithm, limit, rate, window, cost,
+--            shadow, lease (0: none; else take up to lease, at least cost).
+--            A global limit (global.go) has algorithm 10 + its own, its
+--            allowance in place of the rate, and its ceiling (-1: strict)
+--            in place of the lease.
 --
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
--- retry_after, taken}; for 'refund', {now, then per limit the amount given
--- back}.
+-- retry_after, taken, and for a global limit the region's P and N after};
+-- for 'refund', {now, then per limit the amount given back}.
 --
 -- A counter's state is one string: its algorithm, then up to three numbers
 -- (see State in algorithm.go); state of another algorithm is no state.
@@ -42,6 +46,8 @@ local min_ttl = tonumber(ARGV[2]) or 0
 local mode = ARGV[3]
 local give_n = tonumber(ARGV[4]) or 0
 local give_at = tonumber(ARGV[5]) or -1
+local region = ARGV[6]
+local GLOBAL = 10
 
 -- settle is settle() in algorithm.go: the shortest whole wait after which
 -- allows(t, ...) holds, found exactly however far off the estimate is. The
@@ -228,156 +234,246 @@ local function give_back(alg, limit, rate, window, ex, a, b, c, logkey, n, at)
   return sum, seq, 0, given
 end
 
+-- Global counters (global.go): one hash per window, a field per region
+-- (its P) and "-region" (its N).
+local function gkey(key, start) return key .. ':' .. format('%d', floor(start / 1000)) end
+
+-- gview: this region's P and N in a window, and the sum of P less N.
+local function gview(h)
+  local vals = call('HGETALL', h)
+  local p, n, total = 0, 0, 0
+  for j = 1, #vals, 2 do
+    local f, x = vals[j], tonumber(vals[j + 1])
+    if string.byte(f, 1) == 45 then
+      total = total - x
+      if f == '-' .. region then n = x end
+    else
+      total = total + x
+      if f == region then p = x end
+    end
+  end
+  return p, n, total
+end
+
+local function gttl(alg, window, start)
+  local until_us = start + window + max(window, 60e6)
+  if alg == COUNTER then until_us = until_us + window end
+  return format('%d', max(min_ttl, floor(max(1, until_us - now) / 1000) + 1))
+end
+
+-- gadd counts n in field f of the window that holds now; returns the
+-- region's P and N after.
+local function gadd(key, alg, window, f, n)
+  local start = floor(now / window) * window
+  local h = gkey(key, start)
+  call('HINCRBY', h, f, n)
+  call('PEXPIRE', h, gttl(alg, window, start))
+  return tonumber(call('HGET', h, region)) or 0, tonumber(call('HGET', h, '-' .. region)) or 0
+end
+
+-- gdecide mirrors decideGlobal() in global.go.
+local function gdecide(key, alg, window, cost, allowance, ceiling)
+  local start = floor(now / window) * window
+  local p, n, total = gview(gkey(key, start))
+  local own = p - n
+  if alg == COUNTER then
+    local pp, pn, ptotal = gview(gkey(key, start - window))
+    local w = (window - (now - start)) / window
+    own = (pp - pn) * w + own
+    total = ptotal * w + total
+  end
+  local allowed = own + cost <= allowance or (ceiling >= 0 and total + cost <= ceiling)
+  local rem = allowance - own
+  if ceiling >= 0 then rem = max(rem, ceiling - total) end
+  local retry = 0
+  if allowed then rem = rem - cost else retry = start + window - now end
+  return allowed, floor(max(0, rem)), start + window, retry, p, n
+end
+
 -- Decide every limit, changing nothing yet; pending lists, flattened ten
 -- values a limit, what to store if the request goes ahead.
 local out, commit, pending, np = {now}, true, {}, 0
-local k, i = 1, 6
+local k, i = 1, 7
 while i + 6 <= #ARGV do
   local alg, limit, rate, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local cost, shadow, lease = tonumber(ARGV[i + 4]), ARGV[i + 5] == '1', tonumber(ARGV[i + 6])
   local key, logkey = KEYS[k], nil
   k = k + 1
-  if alg == LOG then
-    logkey = KEYS[k]
-    k = k + 1
-  end
-  local ex, a, b, c = false, 0, 0, 0
-  local v = call('GET', key)
-  if v then
-    local sa, x, y, z = match(v, '^(%d+) (%S+) (%S+) (%S+)$')
-    if tonumber(sa) == alg then
-      ex, a, b, c = true, tonumber(x), tonumber(y), tonumber(z)
-    end
-  end
-  if mode == 'grant' or mode == 'refund' then
-    local given
-    a, b, c, given = give_back(alg, limit, rate, window, ex, a, b, c, logkey, give_n, give_at)
-    if alg == LOG then
-      -- give_back trimmed the log's expired entries: its sum is stored
-      -- whether or not anything was given back.
-      if a == 0 and call('ZCARD', logkey) == 0 then
-        call('DEL', key)
-        ex = false
+  if alg > GLOBAL then
+    alg = alg - GLOBAL
+    if mode == 'refund' or mode == 'grant' then
+      -- Given back as N, into the window it was taken in (a refund), or
+      -- the current one (a grant).
+      local start = floor(now / window) * window
+      local given = 0
+      if give_at < 0 or floor(give_at / window) * window == start then
+        gadd(key, alg, window, '-' .. region, give_n)
+        given = give_n
+      end
+      if mode == 'refund' then
+        out[#out + 1] = given
       else
+        local _, rem, reset, _, p, n = gdecide(key, alg, window, 0, rate, lease)
+        local o = #out
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7] = 1, rem, reset, 0, 0, p, n
+      end
+    else
+      if mode == 'inspect' then cost = 0 end
+      local allowed, rem, reset, retry, p, n = gdecide(key, alg, window, cost, rate, lease)
+      if not allowed and not shadow then commit = false end
+      if allowed and mode == 'check' and cost > 0 then
+        pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg + GLOBAL, 0, 0, window
+        pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, #out + 6, 0, 0, ''
+        np = np + 10
+      end
+      local o = #out
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, rem, reset, retry
+      out[o + 5], out[o + 6], out[o + 7] = allowed and cost or 0, p, n
+    end
+    i = i + 7
+  else
+    if alg == LOG then
+      logkey = KEYS[k]
+      k = k + 1
+    end
+    local ex, a, b, c = false, 0, 0, 0
+    local v = call('GET', key)
+    if v then
+      local sa, x, y, z = match(v, '^(%d+) (%S+) (%S+) (%S+)$')
+      if tonumber(sa) == alg then
+        ex, a, b, c = true, tonumber(x), tonumber(y), tonumber(z)
+      end
+    end
+    if mode == 'grant' or mode == 'refund' then
+      local given
+      a, b, c, given = give_back(alg, limit, rate, window, ex, a, b, c, logkey, give_n, give_at)
+      if alg == LOG then
+        -- give_back trimmed the log's expired entries: its sum is stored
+        -- whether or not anything was given back.
+        if a == 0 and call('ZCARD', logkey) == 0 then
+          call('DEL', key)
+          ex = false
+        else
+          store(key, alg, limit, rate, window, a, b, c, now)
+          call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
+          ex = true
+        end
+      elseif given > 0 then
         store(key, alg, limit, rate, window, a, b, c, now)
-        call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
         ex = true
       end
-    elseif given > 0 then
-      store(key, alg, limit, rate, window, a, b, c, now)
-      ex = true
+      cost = 0
+      if mode == 'refund' then out[#out + 1] = given end
+    elseif mode == 'inspect' then
+      cost = 0
     end
-    cost = 0
-    if mode == 'refund' then out[#out + 1] = given end
-  elseif mode == 'inspect' then
-    cost = 0
-  end
-  if mode ~= 'refund' then
-    local take = mode == 'check' and lease > 0
-    local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
+    if mode ~= 'refund' then
+      local take = mode == 'check' and lease > 0
+      local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
 
-    if alg == TOKEN_BUCKET then
-      local tokens = tb_tokens(limit, rate, ex, a, b, now)
-      if take then cost = max(cost, min(lease, floor(tokens))) end
-      if tokens >= cost then
-        allowed = true
-        tokens = tokens - cost
-        ex, a, b = true, tokens, now
-      else
-        retry = settle(now, (cost - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, cost)
-      end
-      if tokens < limit then
-        reset = now + settle(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, limit)
-      end
-      remaining, na, nb = floor(tokens), a, b
-
-    elseif alg == FIXED then
-      local start = floor(now / window) * window
-      local n = 0
-      if ex and a == start then n = b end
-      if take then cost = max(cost, min(lease, limit - n)) end
-      if n + cost <= limit then
-        allowed = true
-        n = n + cost
-      else
-        retry = settle(now, start + window - now, function(t)
-          local st = floor(t / window) * window
-          local m = 0
-          if ex and a == st then m = b end
-          return m + cost <= limit
-        end)
-      end
-      remaining, reset, na, nb = limit - n, start + window, start, n
-
-    elseif alg == GCRA then
-      local burst = limit
-      local debt = gcra_debt(rate, ex, a, b, now)
-      if take then cost = max(cost, min(lease, gcra_fits(debt, burst))) end
-      local nxt = debt + cost
-      if nxt <= burst then
-        allowed = true
-        debt = nxt
-      else
-        retry = settle(now, (nxt - burst) * 1e6 / rate, gcra_within, rate, ex, a, b, cost, burst)
-      end
-      remaining, na, nb = gcra_fits(debt, burst), nxt, now
-      if debt > 0 then
-        -- The meter as it stands after the request: taken, or as it was.
-        local sx, sa, sb = ex, a, b
-        if allowed then sx, sa, sb = true, nxt, now end
-        reset = now + settle(now, debt * 1e6 / rate, gcra_within, rate, sx, sa, sb, 0, 0)
-      end
-
-    elseif alg == COUNTER then
-      local start = floor(now / window) * window
-      local cur, prev = 0, 0
-      if ex then
-        if a == start then cur, prev = b, c elseif a == start - window then prev = b end
-      end
-      local est = prev * ((window - (now - start)) / window) + cur
-      if take then cost = max(cost, min(lease, floor(limit - est))) end
-      if est + cost <= limit then
-        allowed = true
-        cur = cur + cost
-      else
-        local at
-        if cur + cost <= limit then
-          at = start + (window - (limit - cur - cost) * window / prev)
+      if alg == TOKEN_BUCKET then
+        local tokens = tb_tokens(limit, rate, ex, a, b, now)
+        if take then cost = max(cost, min(lease, floor(tokens))) end
+        if tokens >= cost then
+          allowed = true
+          tokens = tokens - cost
+          ex, a, b = true, tokens, now
         else
-          at = start + window + max(0, window - (limit - cost) * window / cur)
+          retry = settle(now, (cost - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, cost)
         end
-        retry = settle(now, at - now, function(t)
-          local st = floor(t / window) * window
-          local cu, pr = 0, 0
-          if ex then
-            if a == st then cu, pr = b, c elseif a == st - window then pr = b end
+        if tokens < limit then
+          reset = now + settle(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, limit)
+        end
+        remaining, na, nb = floor(tokens), a, b
+
+      elseif alg == FIXED then
+        local start = floor(now / window) * window
+        local n = 0
+        if ex and a == start then n = b end
+        if take then cost = max(cost, min(lease, limit - n)) end
+        if n + cost <= limit then
+          allowed = true
+          n = n + cost
+        else
+          retry = settle(now, start + window - now, function(t)
+            local st = floor(t / window) * window
+            local m = 0
+            if ex and a == st then m = b end
+            return m + cost <= limit
+          end)
+        end
+        remaining, reset, na, nb = limit - n, start + window, start, n
+
+      elseif alg == GCRA then
+        local burst = limit
+        local debt = gcra_debt(rate, ex, a, b, now)
+        if take then cost = max(cost, min(lease, gcra_fits(debt, burst))) end
+        local nxt = debt + cost
+        if nxt <= burst then
+          allowed = true
+          debt = nxt
+        else
+          retry = settle(now, (nxt - burst) * 1e6 / rate, gcra_within, rate, ex, a, b, cost, burst)
+        end
+        remaining, na, nb = gcra_fits(debt, burst), nxt, now
+        if debt > 0 then
+          -- The meter as it stands after the request: taken, or as it was.
+          local sx, sa, sb = ex, a, b
+          if allowed then sx, sa, sb = true, nxt, now end
+          reset = now + settle(now, debt * 1e6 / rate, gcra_within, rate, sx, sa, sb, 0, 0)
+        end
+
+      elseif alg == COUNTER then
+        local start = floor(now / window) * window
+        local cur, prev = 0, 0
+        if ex then
+          if a == start then cur, prev = b, c elseif a == start - window then prev = b end
+        end
+        local est = prev * ((window - (now - start)) / window) + cur
+        if take then cost = max(cost, min(lease, floor(limit - est))) end
+        if est + cost <= limit then
+          allowed = true
+          cur = cur + cost
+        else
+          local at
+          if cur + cost <= limit then
+            at = start + (window - (limit - cur - cost) * window / prev)
+          else
+            at = start + window + max(0, window - (limit - cost) * window / cur)
           end
-          return pr * ((window - (t - st)) / window) + cu + cost <= limit
-        end)
-      end
-      if cur > 0 then
-        reset = start + 2 * window
-      elseif prev > 0 then
-        reset = start + window
-      end
-      remaining = floor(limit - (prev * ((window - (now - start)) / window) + cur))
-      na, nb, nc = start, cur, prev
+          retry = settle(now, at - now, function(t)
+            local st = floor(t / window) * window
+            local cu, pr = 0, 0
+            if ex then
+              if a == st then cu, pr = b, c elseif a == st - window then pr = b end
+            end
+            return pr * ((window - (t - st)) / window) + cu + cost <= limit
+          end)
+        end
+        if cur > 0 then
+          reset = start + 2 * window
+        elseif prev > 0 then
+          reset = start + window
+        end
+        remaining = floor(limit - (prev * ((window - (now - start)) / window) + cur))
+        na, nb, nc = start, cur, prev
 
-    else
-      allowed, remaining, reset, retry, na, nb = logs().decide(limit, window, ex, a, b, logkey, cost)
-    end
+      else
+        allowed, remaining, reset, retry, na, nb = logs().decide(limit, window, ex, a, b, logkey, cost)
+      end
 
-    if not allowed and not shadow then commit = false end
-    if allowed and mode == 'check' and (alg ~= LOG or cost > 0) then
-      pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
-      pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
-      np = np + 10
+      if not allowed and not shadow then commit = false end
+      if allowed and mode == 'check' and (alg ~= LOG or cost > 0) then
+        pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
+        pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
+        np = np + 10
+      end
+      local o = #out
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry
+      out[o + 5] = allowed and cost or 0
     end
-    local o = #out
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry
-    out[o + 5] = allowed and cost or 0
+    i = i + 7
   end
-  i = i + 7
 end
 
 -- Then, if the request goes ahead, take its cost from every limit that allowed.
@@ -385,11 +481,16 @@ if commit then
   for j = 1, np, 10 do
     local key, alg, limit, rate, window = pending[j], pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4]
     local cost, a, b, c, logkey = pending[j + 5], pending[j + 6], pending[j + 7], pending[j + 8], pending[j + 9]
-    store(key, alg, limit, rate, window, a, b, c, now)
-    if alg == LOG then
-      call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
-      call('ZADD', logkey, format('%.17g', now), format('%d:%d', b, cost))
-      call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
+    if alg > GLOBAL then
+      -- a is where the region's P and N go in the reply.
+      out[a], out[a + 1] = gadd(key, alg - GLOBAL, window, region, cost)
+    else
+      store(key, alg, limit, rate, window, a, b, c, now)
+      if alg == LOG then
+        call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
+        call('ZADD', logkey, format('%.17g', now), format('%d:%d', b, cost))
+        call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
+      end
     end
   end
 end

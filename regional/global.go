@@ -1,0 +1,121 @@
+package regional
+
+import "math"
+
+// A global limit (scope: global) counts, per window, what each region
+// admitted: a G-counter per (counter key, window), one slot per region,
+// stored as a hash with a field per region (its P) and, for what was given
+// back, a field "-region" (its N). The hash's key is the counter key, a
+// colon and the window's start in Unix milliseconds (GlobalKey). The Redis
+// and in-memory stores keep the same fields; gossip brings in the other
+// regions' slots (MergeGlobal), each the maximum of what was held and what
+// arrived.
+//
+// A region admits a request if its own count stays within its allowance
+// (its budget lease, in units of the limit) or, in elastic mode, if the
+// global count stays within the ceiling (the limit less a headroom).
+
+// globalGrace keeps a global window's slots after the window ends, for
+// gossip and reconciliation to finish with it: one more window, and at
+// least a minute.
+const globalGrace = 60e6 // µs
+
+// GlobalKey is the key of a global counter's window that starts at
+// startMillis (Unix milliseconds).
+func GlobalKey(key []byte, startMillis int64) []byte {
+	return appendGlobalKey(nil, key, startMillis)
+}
+
+func appendGlobalKey(dst, key []byte, startMillis int64) []byte {
+	dst = append(dst, key...)
+	dst = append(dst, ':')
+	return appendInt(dst, startMillis)
+}
+
+func appendInt(dst []byte, n int64) []byte {
+	if n < 0 {
+		dst = append(dst, '-')
+		n = -n
+	}
+	var buf [20]byte
+	i := len(buf)
+	for {
+		i--
+		buf[i] = byte('0' + n%10)
+		if n /= 10; n == 0 {
+			break
+		}
+	}
+	return append(dst, buf[i:]...)
+}
+
+// globalView is what a store reads of one window of a global counter: this
+// region's P and N, and the sum of every region's P less their N.
+type globalView struct {
+	p, n, total float64
+}
+
+// sumSlots reads a window's fields as globalView.
+func sumSlots(fields map[string]uint64, region string) globalView {
+	var v globalView
+	for f, x := range fields {
+		if len(f) > 0 && f[0] == '-' {
+			v.total -= float64(x)
+			if f[1:] == region {
+				v.n = float64(x)
+			}
+		} else {
+			v.total += float64(x)
+			if f == region {
+				v.p = float64(x)
+			}
+		}
+	}
+	return v
+}
+
+// globalWindows is the start of the window that holds now and of the one
+// before, in µs.
+func globalWindows(p *Params, now float64) (start, prev float64) {
+	window := float64(p.Window)
+	start = math.Floor(now/window) * window
+	return start, start - window
+}
+
+// decideGlobal decides one global limit: cur is the window that holds now,
+// prev the one before (used by a sliding window counter). ceiling < 0 is
+// strict mode.
+func decideGlobal(p *Params, cur, prev *globalView, now, cost, allowance, ceiling float64, r *Result) {
+	window := float64(p.Window)
+	start, _ := globalWindows(p, now)
+	own, total := cur.p-cur.n, cur.total
+	if p.Algorithm == SlidingWindowCounter {
+		w := (window - (now - start)) / window
+		own = (prev.p-prev.n)*w + own
+		total = prev.total*w + total
+	}
+	allowed := own+cost <= allowance || (ceiling >= 0 && total+cost <= ceiling)
+	rem := allowance - own
+	if ceiling >= 0 {
+		rem = fmax(rem, ceiling-total)
+	}
+	if allowed {
+		rem -= cost
+		r.Allowed = true
+	} else {
+		r.RetryAfter = int64(start + window - now)
+	}
+	r.Remaining = int64(math.Floor(fmax(0, rem)))
+	r.ResetAt = int64(start + window)
+}
+
+// globalTTL is how long, in µs after now, a window starting at start is
+// kept.
+func globalTTL(p *Params, start, now float64) int64 {
+	window := float64(p.Window)
+	until := start + window + fmax(window, globalGrace)
+	if p.Algorithm == SlidingWindowCounter {
+		until += window
+	}
+	return max(1, int64(until-now))
+}

@@ -1,0 +1,238 @@
+package regional
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/crdt"
+	"pgregory.net/rapid"
+)
+
+// TestGlobalStoresDecideAlike drives global limits, strict and elastic,
+// through the in-memory store and a real redis-server, with other regions'
+// slots merged in between, and requires the same decisions, the same own
+// slots, and the same windows.
+func TestGlobalStoresDecideAlike(t *testing.T) {
+	rs, _ := newTestRedisStore(t, RedisOptions{Region: "eu"})
+	clock := newVirtualClock()
+	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
+	ctx := t.Context()
+	run := 0
+	rapid.Check(t, func(t *rapid.T) {
+		run++
+		mem := NewMemoryStore(clock.Now)
+		mem.SetRegion("eu")
+		p := Params{
+			Algorithm: rapid.SampledFrom([]Algorithm{FixedWindow, SlidingWindowCounter}).Draw(t, "algorithm"),
+			Limit:     rapid.Int64Range(1, 100).Draw(t, "limit"),
+			Window:    rapid.SampledFrom([]int64{1e6, 7e6, 60e6}).Draw(t, "window"),
+		}
+		keys := [][]byte{[]byte(fmt.Sprintf("gq:{g%d:a}", run)), []byte(fmt.Sprintf("gq:{g%d:b}", run))}
+		remote := map[string]uint64{}
+		for range rapid.IntRange(1, 40).Draw(t, "steps") {
+			clock.Advance(rapid.SampledFrom([]int64{0, 1, 999, 250e3, 1e6, 7e6, 61e6}).Draw(t, "advance"))
+			key := rapid.SampledFrom(keys).Draw(t, "key")
+			if rapid.IntRange(0, 3).Draw(t, "merge") == 0 {
+				// Another region's slot of this window arrives, or an
+				// old copy of it.
+				r := rapid.SampledFrom([]string{"us", "ap", "eu"}).Draw(t, "region")
+				remote[r] += rapid.Uint64Range(0, 30).Draw(t, "p")
+				start := clock.micros() / p.Window * p.Window
+				w := GlobalWindow{Key: key, StartMillis: start / 1000, TTL: time.Hour,
+					Slots: []crdt.Slot{{Region: r, P: remote[r] - rapid.Uint64Range(0, remote[r]).Draw(t, "older"), N: rapid.Uint64Range(0, 3).Draw(t, "n")}}}
+				m1, err1 := mem.MergeGlobal(ctx, []GlobalWindow{w})
+				m2, err2 := rs.MergeGlobal(ctx, []GlobalWindow{w})
+				if err1 != nil || err2 != nil || m1 != m2 {
+					t.Fatalf("merge %+v: memory raised %d (%v), redis %d (%v)", w, m1, err1, m2, err2)
+				}
+				continue
+			}
+			allowance := rapid.Int64Range(0, p.Limit).Draw(t, "allowance")
+			ceiling := int64(-1)
+			if rapid.Bool().Draw(t, "elastic") {
+				ceiling = rapid.Int64Range(0, p.Limit).Draw(t, "ceiling")
+			}
+			ops := []Op{{Key: key, Params: p, Cost: rapid.Int64Range(0, 5).Draw(t, "cost"), Global: true, Allowance: allowance, Ceiling: ceiling}}
+			if rapid.Bool().Draw(t, "with a regional limit") {
+				ops = append(ops, Op{Key: []byte(fmt.Sprintf("gq:{r%d}", run)), Params: Params{Algorithm: FixedWindow, Limit: 3, Window: 1e6}, Cost: 1})
+			}
+			mres, rres := make([]Result, len(ops)), make([]Result, len(ops))
+			if _, err := mem.Apply(ctx, ops, mres); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := rs.Apply(ctx, ops, rres); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(mres, rres) {
+				t.Fatalf("%+v: memory %+v, redis %+v", ops, mres, rres)
+			}
+			for _, k := range keys {
+				start := clock.micros() / p.Window * p.Window / 1000
+				for _, s := range []int64{start, start - p.Window/1000} {
+					ms, _ := mem.ReadGlobal(ctx, k, s)
+					rsl, err := rs.ReadGlobal(ctx, k, s)
+					if err != nil || !slices.Equal(ms, rsl) {
+						t.Fatalf("window %s@%d: memory %v, redis %v (%v)", k, s, ms, rsl, err)
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestGlobalStrictAndElastic spells out the two modes on one window.
+func TestGlobalStrictAndElastic(t *testing.T) {
+	clock := newVirtualClock()
+	mem := NewMemoryStore(clock.Now)
+	mem.SetRegion("eu")
+	ctx := t.Context()
+	p := Params{Algorithm: FixedWindow, Limit: 100, Window: 60e6}
+	key := []byte("gq:{tenant-global:sk_1}")
+	start := clock.micros() / p.Window * p.Window / 1000
+	// us has used 50 of the limit, ap 30.
+	if _, err := mem.MergeGlobal(ctx, []GlobalWindow{{Key: key, StartMillis: start, TTL: time.Hour,
+		Slots: []crdt.Slot{{Region: "ap", P: 30}, {Region: "us", P: 50}}}}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(ceiling int64) Result {
+		var r [1]Result
+		mem.Apply(ctx, []Op{{Key: key, Params: p, Cost: 1, Global: true, Allowance: 10, Ceiling: ceiling}}, r[:])
+		return r[0]
+	}
+	// Strict: eu admits its allowance of 10, and not one more.
+	for i := range 10 {
+		if r := check(-1); !r.Allowed || r.OwnP != uint64(i+1) || r.Remaining != int64(9-i) {
+			t.Fatalf("strict request %d: %+v", i, r)
+		}
+	}
+	if r := check(-1); r.Allowed || r.RetryAfter <= 0 {
+		t.Fatalf("strict request 11: %+v, want denied until the window ends", r)
+	}
+	// Elastic with a ceiling of 99: global usage is 90, so 9 more.
+	for i := range 9 {
+		if r := check(99); !r.Allowed {
+			t.Fatalf("elastic request %d: %+v", i, r)
+		}
+	}
+	if r := check(99); r.Allowed {
+		t.Fatalf("elastic request beyond the ceiling: %+v", r)
+	}
+	slots, _ := mem.ReadGlobal(ctx, key, start)
+	want := []crdt.Slot{{Region: "ap", P: 30}, {Region: "eu", P: 19}, {Region: "us", P: 50}}
+	if !slices.Equal(slots, want) {
+		t.Fatalf("slots %v, want %v", slots, want)
+	}
+}
+
+// countAllowed sends n requests for key and counts those allowed.
+func countAllowed(t *testing.T, e *Engine, key string, n int) int {
+	t.Helper()
+	allowed := 0
+	for range n {
+		if mustCheck(t, e, Request{APIKey: key, Endpoint: "/x"}).Allowed {
+			allowed++
+		}
+	}
+	return allowed
+}
+
+const globalRules = `
+rules:
+  - id: g-strict
+    match: { api_key: "s_*" }
+    by: [api_key]
+    scope: global
+    algorithm: fixed_window
+    limit: 1000
+    window: 1h
+  - id: g-elastic
+    match: { api_key: "e_*" }
+    by: [api_key]
+    scope: global
+    mode: elastic
+    algorithm: fixed_window
+    limit: 1000
+    window: 1h
+`
+
+// TestEngineGlobalLimits runs two regions' engines, each on its own store
+// (memory, and a real redis-server): before a lease a region keeps to its
+// floor; a lease raises it; elastic mode borrows global slack that gossip
+// shows, and no more; a region alone enforces the whole limit.
+func TestEngineGlobalLimits(t *testing.T) {
+	for _, kind := range []string{"memory", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			clock := newVirtualClock()
+			regions := []string{"eu", "us"}
+			engine := func(region string) *Engine {
+				var store Store
+				if kind == "redis" {
+					rs, _ := newTestRedisStore(t, RedisOptions{Region: region})
+					rs.testNow = clock.micros
+					store = rs
+				} else {
+					m := NewMemoryStore(clock.Now)
+					m.SetRegion(region)
+					store = m
+				}
+				return New(Config{Region: region, Store: store, Clock: clock.Now, Global: GlobalConfig{Regions: regions}}, mustParse(t, globalRules))
+			}
+			eu, us := engine("eu"), engine("us")
+
+			// No lease yet: the floor, 10% reserve over 2 regions = 5%.
+			if got := countAllowed(t, eu, "s_1", 80); got != 50 {
+				t.Fatalf("before a lease eu admitted %d, want its floor of 50", got)
+			}
+			if d := eu.Demand("g-strict"); d.Admitted != 0.05 || d.Denied != 0.03 || d.Used != 0.05 {
+				t.Fatalf("demand %+v: want 0.05 admitted, 0.03 denied, 0.05 used", d)
+			}
+			// A lease of 40%: 350 more.
+			l := budget.Lease{Rule: "g-strict", Region: "eu", Seq: 1, Floor: 0.05, Share: 0.35, Expires: clock.Now().Add(10 * time.Second)}
+			if !eu.SetLease(l) || eu.SetLease(l) {
+				t.Fatal("SetLease: want the lease taken once, and a repeat ignored")
+			}
+			clock.AdvanceBy(globalDenialHold * time.Microsecond) // the cached denials lapse
+			if got := countAllowed(t, eu, "s_1", 400); got != 350 {
+				t.Fatalf("with a 40%% lease eu admitted %d more, want 350", got)
+			}
+			// The lease lapses: back to the floor, already spent.
+			clock.AdvanceBy(11 * time.Second)
+			if got := countAllowed(t, eu, "s_1", 5); got != 0 {
+				t.Fatalf("after the lease lapsed eu admitted %d, want 0", got)
+			}
+
+			// Elastic: us borrows the slack it sees (all of it: it has
+			// heard nothing), then eu hears of us's 60 by gossip; eu may
+			// borrow up to the ceiling (limit less 1% headroom) less what
+			// the regions used.
+			if got := countAllowed(t, us, "e_1", 60); got != 60 {
+				t.Fatalf("us admitted %d, want all 60 from the slack it sees", got)
+			}
+			var d crdt.Delta
+			us.GlobalUsage().With(func(c *crdt.Counters) { d = c.OwnDeltaSince(0) })
+			rep, err := eu.MergeRemote(t.Context(), d)
+			if err != nil || rep.Applied == 0 {
+				t.Fatalf("merge: %+v, %v", rep, err)
+			}
+			if got := countAllowed(t, eu, "e_1", 1000); got != 990-60 {
+				t.Fatalf("eu admitted %d, want the ceiling 990 less us's 60 = 930", got)
+			}
+			// A replayed or unknown-origin delta changes nothing.
+			if rep, _ := eu.MergeRemote(t.Context(), d); rep.Applied != 0 || rep.Duplicate == 0 {
+				t.Fatalf("replayed delta: %+v", rep)
+			}
+			d.Origin = "mars"
+			if rep, _ := eu.MergeRemote(t.Context(), d); rep.UnknownRegion == 0 {
+				t.Fatalf("unknown origin: %+v", rep)
+			}
+		})
+	}
+	// Alone (--dev): the whole limit.
+	solo := New(Config{Region: "eu"}, mustParse(t, globalRules))
+	if got := countAllowed(t, solo, "s_2", 1010); got != 1000 || !solo.Alone() {
+		t.Fatalf("alone, admitted %d, want the whole limit of 1000", got)
+	}
+}

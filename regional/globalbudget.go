@@ -1,0 +1,311 @@
+package regional
+
+import (
+	"context"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/crdt"
+)
+
+// GlobalConfig says where this region stands among the others, for global
+// rules.
+type GlobalConfig struct {
+	// Regions are all the regions, this one included (--regions). Empty
+	// or naming this region alone: the region is the only one and
+	// enforces every global limit whole (--dev).
+	Regions []string
+	// Budget holds the reserve that makes the floors and the headroom of
+	// elastic mode; the zero value means budget.DefaultConfig().
+	Budget budget.Config
+}
+
+// Validate reports whether the configuration is usable for region.
+func (c GlobalConfig) Validate(region string) error {
+	if c.Budget != (budget.Config{}) {
+		if err := c.Budget.Validate(); err != nil {
+			return err
+		}
+	}
+	if len(c.Regions) == 0 {
+		return nil
+	}
+	_, err := crdt.NewCounters(region, c.Regions)
+	return err
+}
+
+// globalDenialHold bounds how long a global limit's denial is served from
+// the denial cache: a new lease or gossip from the other regions may free
+// room sooner than the window ends.
+const globalDenialHold = 250_000 // µs
+
+// globalState is the engine's part in global limits: leases, demand, and
+// this replica's copy of the global counters.
+type globalState struct {
+	alone  bool
+	floor  float64
+	budget budget.Config
+	usage  *GlobalUsage
+
+	leaseMu sync.Mutex
+	leases  atomic.Pointer[map[string]*heldLease]
+	demand  sync.Map // rule id → *ruleDemand
+}
+
+type heldLease struct {
+	lease   budget.Lease
+	adopted time.Time
+	acked   uint64 // the newest lease enforced long enough to acknowledge
+}
+
+// ruleDemand counts what a region was asked for under one global rule, in
+// millionths of the limit of each request's counter.
+type ruleDemand struct {
+	admitted, denied atomic.Int64
+	usedEpoch        atomic.Int64 // the window used is about, µs since the epoch / window
+	used             atomic.Int64 // the most any counter used in it, millionths
+}
+
+func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
+	g := &globalState{budget: cfg.Budget}
+	if g.budget == (budget.Config{}) {
+		g.budget = budget.DefaultConfig()
+	}
+	regions := cfg.Regions
+	if len(regions) == 0 || (len(regions) == 1 && regions[0] == region) {
+		g.alone, g.floor = true, 1
+		regions = []string{region}
+	} else {
+		g.floor = g.budget.Floor(len(regions))
+	}
+	u, err := NewGlobalUsage(region, regions)
+	if err != nil {
+		return nil, err
+	}
+	g.usage = u
+	g.leases.Store(new(map[string]*heldLease))
+	return g, nil
+}
+
+// GlobalUsage is this replica's copy of the global counters: the region's
+// own slots, as its store reports them after every check, and the other
+// regions' slots as gossip brings them. Safe for concurrent use.
+type GlobalUsage struct {
+	mu sync.Mutex
+	c  *crdt.Counters
+}
+
+// NewGlobalUsage returns an empty copy for region among regions.
+func NewGlobalUsage(region string, regions []string) (*GlobalUsage, error) {
+	c, err := crdt.NewCounters(region, regions)
+	if err != nil {
+		return nil, err
+	}
+	return &GlobalUsage{c: c}, nil
+}
+
+// With runs f with the counters, alone.
+func (u *GlobalUsage) With(f func(*crdt.Counters)) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	f(u.c)
+}
+
+// GlobalUsage returns the engine's copy of the global counters.
+func (e *Engine) GlobalUsage() *GlobalUsage { return e.global.usage }
+
+// Alone reports whether this region enforces global limits by itself.
+func (e *Engine) Alone() bool { return e.global.alone }
+
+// Floor is the fraction of every global limit the region may use without
+// a lease.
+func (e *Engine) Floor() float64 { return e.global.floor }
+
+// SetLease puts a budget lease in force. A lease older (by Seq) than the
+// one held is ignored, and so is one for another region.
+func (e *Engine) SetLease(l budget.Lease) bool {
+	g := e.global
+	if l.Region != e.cfg.Region || g.alone {
+		return false
+	}
+	g.leaseMu.Lock()
+	defer g.leaseMu.Unlock()
+	cur := *g.leases.Load()
+	old := cur[l.Rule]
+	if old != nil && l.Seq <= old.lease.Seq {
+		return false
+	}
+	next := make(map[string]*heldLease, len(cur)+1)
+	for k, v := range cur {
+		next[k] = v
+	}
+	h := &heldLease{lease: l, adopted: e.now()}
+	if old != nil {
+		h.acked = old.ackable(h.adopted, e.cfg.Timeout)
+	}
+	next[l.Rule] = h
+	g.leases.Store(&next)
+	return true
+}
+
+// ackable is the Seq the region may acknowledge at now: a lease's once it
+// has been enforced for longer than two store timeouts, so that no check
+// made under an older lease is still in flight.
+func (h *heldLease) ackable(now time.Time, timeout time.Duration) uint64 {
+	if now.Sub(h.adopted) > 2*timeout {
+		return h.lease.Seq
+	}
+	return h.acked
+}
+
+// Lease returns the lease held for a rule, and the Seq the region may
+// acknowledge.
+func (e *Engine) Lease(rule string) (budget.Lease, uint64, bool) {
+	h := (*e.global.leases.Load())[rule]
+	if h == nil {
+		return budget.Lease{}, 0, false
+	}
+	return h.lease, h.ackable(e.now(), e.cfg.Timeout), true
+}
+
+// allowance is the fraction of a global rule's limit the region may admit
+// at now.
+func (e *Engine) allowance(r *Rule, now time.Time) float64 {
+	g := e.global
+	if g.alone {
+		return 1
+	}
+	var l *budget.Lease
+	if h := (*g.leases.Load())[r.ID]; h != nil {
+		l = &h.lease
+	}
+	return budget.Allowance(l, g.floor, now)
+}
+
+// globalOp fills in a global limit's op: its allowance, and for elastic
+// mode its ceiling.
+func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
+	limit := float64(op.Params.Limit)
+	op.Global = true
+	op.Allowance = int64(math.Floor(e.allowance(r, now)*limit + 1e-9))
+	op.Ceiling = -1
+	if r.Mode == ModeElastic && !e.global.alone {
+		op.Ceiling = op.Params.Limit - int64(math.Ceil(e.global.budget.Headroom*limit))
+	}
+}
+
+// noteGlobal records a global limit's answer: the region's slot for the
+// gossip, and the demand for the budget.
+func (e *Engine) noteGlobal(it *item, allowed bool) {
+	r := &it.result
+	window := it.params.Window
+	start := it.storeNow / window * window
+	if r.OwnP != 0 || r.OwnN != 0 {
+		id := crdt.ID{Key: string(it.key), Epoch: start / 1000}
+		e.global.usage.With(func(c *crdt.Counters) { c.Observe(id, r.OwnP, r.OwnN) })
+	}
+	d := e.ruleDemand(it.rule.ID)
+	units := it.cost * 1e6 / max(1, it.params.Limit)
+	switch {
+	case r.Allowed && allowed:
+		d.admitted.Add(units)
+	case !r.Allowed:
+		d.denied.Add(units)
+	}
+	if it.cached || it.storeNow == 0 {
+		return // answered without the store: no slot, no window
+	}
+	own := int64(float64(int64(r.OwnP)-int64(r.OwnN)) * 1e6 / float64(max(1, it.params.Limit)))
+	ep := start / window
+	if d.usedEpoch.Load() != ep {
+		d.usedEpoch.Store(ep)
+		d.used.Store(0)
+	}
+	for {
+		cur := d.used.Load()
+		if own <= cur || d.used.CompareAndSwap(cur, own) {
+			break
+		}
+	}
+}
+
+func (e *Engine) ruleDemand(id string) *ruleDemand {
+	if d, ok := e.global.demand.Load(id); ok {
+		return d.(*ruleDemand)
+	}
+	d, _ := e.global.demand.LoadOrStore(id, new(ruleDemand))
+	return d.(*ruleDemand)
+}
+
+// Demand is what a region was asked for under a global rule since the
+// engine started, in limits (1: once the limit of the counter asked).
+type Demand struct {
+	Admitted, Denied float64
+	// Used is the most the region used of any counter of the rule in
+	// window UsedEpoch (window start / window length), as a fraction of
+	// its limit.
+	Used      float64
+	UsedEpoch int64
+}
+
+// Demand returns the demand counted for a global rule.
+func (e *Engine) Demand(rule string) Demand {
+	d := e.ruleDemand(rule)
+	return Demand{Admitted: float64(d.admitted.Load()) / 1e6, Denied: float64(d.denied.Load()) / 1e6,
+		Used: float64(d.used.Load()) / 1e6, UsedEpoch: d.usedEpoch.Load()}
+}
+
+// MergeRemote takes in another region's delta: into the engine's copy of
+// the counters and, for every slot of a known region, into the store, so
+// that the region's checks see it. It returns what the copy made of the
+// delta; a delta from an unknown origin changes nothing.
+func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeReport, error) {
+	var rep crdt.MergeReport
+	var known map[string]bool
+	e.global.usage.With(func(c *crdt.Counters) {
+		rep = c.Merge(d)
+		known = make(map[string]bool, len(c.Regions()))
+		for _, r := range c.Regions() {
+			known[r] = true
+		}
+	})
+	if !known[d.Origin] {
+		return rep, nil
+	}
+	gs, ok := e.store.(GlobalStore)
+	if !ok {
+		return rep, nil
+	}
+	rs := e.rules.Load()
+	windows := make([]GlobalWindow, 0, len(d.Entries))
+	for _, en := range d.Entries {
+		var slots []crdt.Slot
+		for _, s := range en.Slots {
+			if known[s.Region] {
+				slots = append(slots, s)
+			}
+		}
+		if len(slots) == 0 {
+			continue
+		}
+		windows = append(windows, GlobalWindow{Key: []byte(en.Key), StartMillis: en.Epoch, TTL: globalKeep(rs, en.Key, en.Epoch, e.now()), Slots: slots})
+	}
+	_, err := gs.MergeGlobal(ctx, windows)
+	return rep, err
+}
+
+// globalKeep is how long a window arriving by gossip is kept: as long as
+// the region's own checks would keep it, or two minutes for a rule it does
+// not know.
+func globalKeep(rs *RuleSet, key string, startMillis int64, now time.Time) time.Duration {
+	id, _, _ := strings.Cut(strings.TrimPrefix(key, "gq:{"), ":")
+	if r := rs.Rule(id); r != nil && r.Scope == ScopeGlobal {
+		ttl := globalTTL(&r.Base, float64(startMillis*1000), float64(now.UnixMicro()))
+		return time.Duration(ttl) * time.Microsecond
+	}
+	return 2 * time.Minute
+}
