@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/geoquota/geoquota/crdt"
 )
 
 // Admin operations on counters, and runtime blocks. Counters are named by
@@ -63,6 +65,21 @@ type Usage struct {
 	// WindowStart is the start of the current window, for window
 	// algorithms; zero otherwise.
 	WindowStart time.Time
+	// Global is set for a global rule: GlobalUsed is what all regions
+	// used in the window, as this region's store has them, and Regions
+	// each region's part.
+	Global     bool
+	GlobalUsed int64
+	Regions    []RegionUsage
+}
+
+// RegionUsage is one region's part of a global counter's window.
+type RegionUsage struct {
+	Region string
+	Used   int64
+	// Share is the fraction of the limit the region may admit, if this
+	// region knows it (its own), or -1.
+	Share float64
 }
 
 // Usage reports where rule's counter for req stands, changing nothing.
@@ -70,6 +87,9 @@ func (e *Engine) Usage(ctx context.Context, rule string, req *Request) (Usage, e
 	r, key, p, err := e.counter(rule, req)
 	if err != nil {
 		return Usage{}, err
+	}
+	if r.Scope == ScopeGlobal {
+		return e.globalUsage(ctx, r, key, p)
 	}
 	res, err := e.store.Inspect(ctx, key.store, p)
 	if err != nil {
@@ -335,4 +355,36 @@ func (e *Engine) Run(ctx context.Context, interval time.Duration) {
 			}
 		}
 	}
+}
+
+// globalUsage is Usage for a global rule: the window's slots.
+func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Params) (Usage, error) {
+	now := e.now()
+	start := now.UnixMicro() / p.Window * p.Window
+	var slots []crdt.Slot
+	if gs, ok := e.store.(GlobalStore); ok {
+		var err error
+		if slots, err = gs.ReadGlobal(ctx, key.store, start/1000); err != nil {
+			return Usage{}, err
+		}
+	}
+	u := Usage{Algorithm: p.Algorithm, Key: string(key.values), WindowStart: time.UnixMicro(start), Global: true}
+	used := map[string]int64{}
+	for _, s := range slots {
+		n := int64(s.P) - int64(s.N)
+		used[s.Region] = n
+		u.GlobalUsed += n
+	}
+	var regions []string
+	e.global.usage.With(func(c *crdt.Counters) { regions = c.Regions() })
+	for _, name := range regions {
+		ru := RegionUsage{Region: name, Used: used[name], Share: -1}
+		if name == e.cfg.Region {
+			ru.Share = e.allowance(r, now)
+		}
+		u.Regions = append(u.Regions, ru)
+	}
+	u.LimitStatus = LimitStatus{Rule: r, Allowed: u.GlobalUsed < p.Limit, Limit: p.Limit, Remaining: max(0, p.Limit-u.GlobalUsed),
+		Window: time.Duration(p.Window) * time.Microsecond, ResetAt: time.UnixMicro(start + p.Window)}
+	return u, nil
 }

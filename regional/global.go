@@ -112,10 +112,15 @@ func decideGlobal(p *Params, cur, prev *globalView, now, cost, allowance, ceilin
 // globalTTL is how long, in µs after now, a window starting at start is
 // kept.
 func globalTTL(p *Params, start, now float64) int64 {
+	return max(1, int64(globalUntil(p, start)-now))
+}
+
+// globalUntil is when a window starting at start stops mattering.
+func globalUntil(p *Params, start float64) float64 {
 	window := float64(p.Window)
 	until := start + window + fmax(window, globalGrace)
 	if p.Algorithm == SlidingWindowCounter {
 		until += window
 	}
-	return max(1, int64(until-now))
+	return until
 }

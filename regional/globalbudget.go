@@ -292,20 +292,48 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 		if len(slots) == 0 {
 			continue
 		}
-		windows = append(windows, GlobalWindow{Key: []byte(en.Key), StartMillis: en.Epoch, TTL: globalKeep(rs, en.Key, en.Epoch, e.now()), Slots: slots})
+		keep := globalKeep(rs, en.Key, en.Epoch, e.now())
+		if keep <= 0 {
+			continue // a window over and done with
+		}
+		windows = append(windows, GlobalWindow{Key: []byte(en.Key), StartMillis: en.Epoch, TTL: keep, Slots: slots})
 	}
 	_, err := gs.MergeGlobal(ctx, windows)
 	return rep, err
 }
 
-// globalKeep is how long a window arriving by gossip is kept: as long as
-// the region's own checks would keep it, or two minutes for a rule it does
-// not know.
+// globalKeep is how long from now a window is kept: as long as the
+// region's own checks would keep it, or two minutes from its start for a
+// rule it does not know; 0 once that is over.
 func globalKeep(rs *RuleSet, key string, startMillis int64, now time.Time) time.Duration {
 	id, _, _ := strings.Cut(strings.TrimPrefix(key, "gq:{"), ":")
+	start, t := float64(startMillis*1000), float64(now.UnixMicro())
 	if r := rs.Rule(id); r != nil && r.Scope == ScopeGlobal {
-		ttl := globalTTL(&r.Base, float64(startMillis*1000), float64(now.UnixMicro()))
-		return time.Duration(ttl) * time.Microsecond
+		return max(0, time.Duration(globalUntil(&r.Base, start)-t)*time.Microsecond)
 	}
-	return 2 * time.Minute
+	return max(0, time.Duration(start+2*60e6-t)*time.Microsecond)
+}
+
+// ExpireGlobal drops from the engine's copy of the global counters the
+// windows the store no longer keeps, and returns how many.
+func (e *Engine) ExpireGlobal(now time.Time) int {
+	rs := e.rules.Load()
+	n := 0
+	e.global.usage.With(func(c *crdt.Counters) {
+		n = c.Expire(func(id crdt.ID) bool {
+			return globalKeep(rs, id.Key, id.Epoch, now) <= 0
+		})
+	})
+	return n
+}
+
+// GlobalRules returns the ids and windows of the global rules in force.
+func (e *Engine) GlobalRules() []*Rule {
+	var out []*Rule
+	for _, r := range e.rules.Load().Rules() {
+		if r.Scope == ScopeGlobal {
+			out = append(out, r)
+		}
+	}
+	return out
 }

@@ -1,8 +1,8 @@
 // Package transport serves a regional engine to every kind of caller
 // (SPEC §6): the geoquota.v1 gRPC API, Envoy's RateLimitService v3 on the
 // same port, the HTTP JSON API with its rate-limit headers, a reverse
-// proxy, and a net/http middleware for any Go service. Usage gossip over
-// NATS and replica membership will live here too.
+// proxy, and a net/http middleware for any Go service; and the gossip
+// that carries global usage between regions over NATS (Gossip).
 //
 // # Use
 //
@@ -57,4 +57,18 @@
 // geoquota_breaker_state, geoquota_degraded_decisions_total, the denial
 // cache, lease and key-cap counters, geoquota_rule_reloads_total{result}.
 // No tenant or key is ever a label.
+// # Gossip
+//
+// StartGossip joins a region to the others over NATS. Every replica
+// publishes the region's slots of global counters changed since its last
+// tick (<prefix>.delta.<region>, every 250ms), merges the others' into the
+// region's store (per-slot maximum), publishes a digest every 10s
+// (<prefix>.digest.<region>) to which every other region answers with what
+// the digest shows missing (<prefix>.repair.<to>.<from>), and reports its
+// demand and the leases it may acknowledge to globalsync
+// (<prefix>.heartbeat.<region>, JSON, every 500ms). Messages carry the
+// sending replica and a sequence number in headers; malformed, replayed,
+// spoofed (a subject naming another region than the message), unknown-
+// region and regressing messages are counted (GossipStats, the
+// geoquota_gossip_refused_total metric) and never merged.
 package transport

@@ -369,6 +369,25 @@ func (s *Server) usageBody(rule string, u regional.Usage) usageBody {
 	if !u.WindowStart.IsZero() {
 		b.WindowStart = rfc3339(u.WindowStart)
 	}
+	if u.Global {
+		b.GlobalUsed, b.Regions = u.GlobalUsed, b.Regions[:0]
+		for _, r := range u.Regions {
+			rb := regionBody{Region: r.Region, Used: r.Used, Share: r.Share}
+			if r.Region == s.opts.Region {
+				b.Used = r.Used
+			} else if g := s.opts.Gossip; g != nil {
+				if at, ok := g.LastHeard(r.Region); ok {
+					rb.LastHeardMS = time.Since(at).Milliseconds()
+					rb.Stale = time.Since(at) > g.StaleAfter()
+				} else {
+					rb.LastHeardMS, rb.Stale = -1, true
+				}
+			} else {
+				rb.LastHeardMS, rb.Stale = -1, true
+			}
+			b.Regions = append(b.Regions, rb)
+		}
+	}
 	return b
 }
 

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,4 +153,70 @@ func (m *Metrics) count(rule string, decision int) {
 		m.mu.Unlock()
 	}
 	cs[decision].Inc()
+}
+
+// AttachGossip exposes the gossip's counters, the lag behind each remote
+// region, and this region's budget for each global rule.
+func (m *Metrics) AttachGossip(g *Gossip) {
+	st := g.Stats()
+	counter := func(name, help string, labels prometheus.Labels, v *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
+			func() float64 { return float64(v.Load()) })
+	}
+	const msgs, refused = "Gossip messages, by direction.", "Gossip messages or slots refused and never merged, by reason."
+	m.Registry.MustRegister(
+		counter("geoquota_gossip_messages_total", msgs, prometheus.Labels{"direction": "out"}, &st.Published),
+		counter("geoquota_gossip_messages_total", msgs, prometheus.Labels{"direction": "in"}, &st.Received),
+		counter("geoquota_gossip_slots_applied_total", "Slots of other regions that raised this region's copy.", nil, &st.Applied),
+		counter("geoquota_anti_entropy_repairs_total", "Slots this region missed and got back by anti-entropy.", nil, &st.Repaired),
+		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "malformed"}, &st.Malformed),
+		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "unknown_region"}, &st.UnknownRegion),
+		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "spoofed"}, &st.Spoofed),
+		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "replayed"}, &st.Replayed),
+		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "regressed"}, &st.Regressed),
+		counter("geoquota_gossip_store_errors_total", "Merges of gossip into the store that failed.", nil, &st.StoreErrors),
+		&gossipCollector{g: g},
+	)
+}
+
+// gossipCollector reports, when scraped, how long ago each remote region
+// was heard from, and the budget this region holds per global rule.
+type gossipCollector struct{ g *Gossip }
+
+var (
+	lagDesc = prometheus.NewDesc("geoquota_gossip_lag_seconds",
+		"Time since the last gossip message from each remote region.", []string{"region"}, nil)
+	shareDesc = prometheus.NewDesc("geoquota_budget_share",
+		"Fraction of each global rule's limit this region may admit now (its lease, or its floor).", []string{"rule"}, nil)
+	leaseDesc = prometheus.NewDesc("geoquota_budget_lease_valid",
+		"1 while this region holds a budget lease for the global rule, 0 on its floor.", []string{"rule"}, nil)
+)
+
+func (c *gossipCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- lagDesc
+	ch <- shareDesc
+	ch <- leaseDesc
+}
+
+func (c *gossipCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.g.cfg.Clock()
+	c.g.mu.Lock()
+	for r, t := range c.g.heard {
+		if r != c.g.cfg.Region {
+			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, now.Sub(t).Seconds(), r)
+		}
+	}
+	c.g.mu.Unlock()
+	e := c.g.engine
+	for _, r := range e.GlobalRules() {
+		share, valid := e.Floor(), 0.0
+		if l, _, ok := e.Lease(r.ID); ok && l.Holds(now) {
+			share, valid = l.Allowance(), 1
+		}
+		if e.Alone() {
+			share = 1
+		}
+		ch <- prometheus.MustNewConstMetric(shareDesc, prometheus.GaugeValue, share, r.ID)
+		ch <- prometheus.MustNewConstMetric(leaseDesc, prometheus.GaugeValue, valid, r.ID)
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/geoquota/geoquota/regional"
 )
 
 // config is regiond's configuration: the flags of SPEC §11 and a few more,
@@ -37,6 +39,9 @@ type config struct {
 	reloadDebounce   time.Duration
 	debugAddr        string
 	proxyUpstreamURL *url.URL
+	regionList       []string
+	gossipInterval   time.Duration
+	antiEntropy      time.Duration
 }
 
 func parseFlags(args []string, getenv func(string) string) (config, error) {
@@ -65,6 +70,8 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.Int64Var(&c.violationsMaxLen, "violations-maxlen", 10000, "about how many violations the audit stream keeps")
 	fs.DurationVar(&c.reloadDebounce, "reload-debounce", 100*time.Millisecond, "wait after a change to the rules file before reloading it")
 	fs.StringVar(&c.debugAddr, "debug-addr", "", "serve Go's profiler (net/http/pprof) on this address; off by default")
+	fs.DurationVar(&c.gossipInterval, "gossip-interval", 250*time.Millisecond, "how often this region publishes its global usage")
+	fs.DurationVar(&c.antiEntropy, "anti-entropy", 10*time.Second, "how often this region asks the others for what it missed")
 
 	// Variables first, so that the command line wins.
 	var errs []error
@@ -119,5 +126,40 @@ func (c *config) check() error {
 	if c.timeout <= 0 || c.shutdownTimeout <= 0 || c.maintainEvery <= 0 || c.reloadDebounce < 0 {
 		return errors.New("--timeout, --shutdown-timeout and --maintain-every must be positive")
 	}
+	if c.gossipInterval <= 0 || c.antiEntropy <= 0 {
+		return errors.New("--gossip-interval and --anti-entropy must be positive")
+	}
+	if !validRegionName(c.region) {
+		return fmt.Errorf("--region %q: want letters, digits, - and _ only", c.region)
+	}
+	c.regionList = nil
+	for _, r := range strings.Split(c.regions, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		if !validRegionName(r) {
+			return fmt.Errorf("--regions: %q: want letters, digits, - and _ only", r)
+		}
+		c.regionList = append(c.regionList, r)
+	}
+	if len(c.regionList) > 0 {
+		if err := (regional.GlobalConfig{Regions: c.regionList}).Validate(c.region); err != nil {
+			return fmt.Errorf("--regions: %w", err)
+		}
+	}
 	return nil
+}
+
+// validRegionName accepts names that are safe in NATS subjects and Redis
+// hash fields.
+func validRegionName(r string) bool {
+	if r == "" || len(r) > 64 {
+		return false
+	}
+	for _, c := range r {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return r[0] != '-'
 }

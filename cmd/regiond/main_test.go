@@ -303,3 +303,74 @@ func TestBadFlags(t *testing.T) {
 		t.Fatalf("a missing rules file: %v: %s", err, out)
 	}
 }
+
+// TestTwoRegionsShareAGlobalLimit runs two regiond processes, each on its
+// own redis-server, gossiping over one NATS server: one region's usage of
+// an elastic global limit holds the other back, and a strict one keeps
+// each region to its floor until globalsync hands out leases.
+func TestTwoRegionsShareAGlobalLimit(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{})
+	rules := filepath.Join(t.TempDir(), "rules.yaml")
+	os.WriteFile(rules, []byte(`
+rules:
+  - { id: shared, match: { api_key: "e_*" }, by: [api_key], scope: global, mode: elastic, algorithm: fixed_window, limit: 200, window: 1h }
+  - { id: split, match: { api_key: "s_*" }, by: [api_key], scope: global, algorithm: fixed_window, limit: 200, window: 1h }
+`), 0o644)
+	start := func(region string) *daemon {
+		r := harness.NewRedis(t, harness.RedisOptions{})
+		return startRegiond(t, nil, "--region", region, "--regions", "eu,us", "--redis", r.URL(), "--rules", rules,
+			"--nats", ns.ClientURL(), "--gossip-interval", "50ms")
+	}
+	eu, us := start("eu"), start("us")
+	allowed := func(d *daemon, key string, n int) int {
+		ok := 0
+		for range n {
+			if d.check(key, "/x").StatusCode == http.StatusOK {
+				ok++
+			}
+		}
+		return ok
+	}
+	// Strict, no globalsync: each region keeps to its floor, 5% of 200.
+	if a, b := allowed(eu, "s_1", 20), allowed(us, "s_1", 20); a != 10 || b != 10 {
+		t.Fatalf("strict floors: eu %d, us %d, want 10 each", a, b)
+	}
+	// Elastic: eu takes 150; once us hears of it, us borrows only up to
+	// the ceiling (198: 1% headroom) less 150.
+	if got := allowed(eu, "e_1", 150); got != 150 {
+		t.Fatalf("eu admitted %d of 150", got)
+	}
+	// us's GET /v1/usage shows eu's part as gossip brings it.
+	type usage struct {
+		GlobalUsed int64 `json:"global_used"`
+		Used       int64 `json:"used"`
+		Regions    []struct {
+			Region string
+			Used   int64
+			Share  float64
+			Stale  bool
+		}
+	}
+	var u usage
+	deadline := time.Now().Add(10 * time.Second)
+	for u.GlobalUsed != 150 {
+		if time.Now().After(deadline) {
+			t.Fatalf("us never heard all of eu's usage: %+v\n%s", u, us.logs())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the condition, with a deadline
+		resp, err := http.Get(us.http + "/v1/usage?rule=shared&api_key=e_1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		u = usage{}
+		json.NewDecoder(resp.Body).Decode(&u)
+		resp.Body.Close()
+	}
+	if len(u.Regions) != 2 || u.Regions[0].Region != "eu" || u.Regions[0].Used != 150 || u.Regions[0].Stale ||
+		u.Regions[1].Region != "us" || u.Regions[1].Used != 0 || u.Regions[1].Share != 0.05 || u.Used != 0 {
+		t.Fatalf("usage breakdown %+v", u)
+	}
+	if got := allowed(us, "e_1", 100); got != 48 {
+		t.Fatalf("us admitted %d, want 48 (ceiling 198 less eu's 150)", got)
+	}
+}

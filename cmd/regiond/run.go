@@ -20,6 +20,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -41,7 +42,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	var store regional.Store
 	var violations regional.ViolationLog
 	if c.redis != "" {
-		rs, err := regional.NewRedisStore(ctx, c.redis, regional.RedisOptions{Timeout: c.timeout, Observe: metrics.ObserveRedis})
+		rs, err := regional.NewRedisStore(ctx, c.redis, regional.RedisOptions{Region: c.region, Timeout: c.timeout, Observe: metrics.ObserveRedis})
 		if err != nil {
 			return err
 		}
@@ -52,20 +53,41 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		violations = regional.NewMemoryViolations(int(c.violationsMaxLen))
 	}
 
-	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log}, rules)
+	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log,
+		Global: regional.GlobalConfig{Regions: c.regionList}}, rules)
 	metrics.Attach(engine)
 
-	if c.dev && c.nats == "" {
+	natsURL := c.nats
+	if c.dev && natsURL == "" {
 		ns, err := startEmbeddedNATS()
 		if err != nil {
 			return err
 		}
 		defer ns.Shutdown()
-		log.Info("embedded NATS started", "url", ns.ClientURL())
+		natsURL = ns.ClientURL()
+		log.Info("embedded NATS started", "url", natsURL)
+	}
+	var gossip *transport.Gossip
+	if natsURL != "" {
+		// NATS down at start is no reason not to serve: the region
+		// enforces alone on its floor and connects when it can.
+		nc, err := nats.Connect(natsURL, nats.Name("regiond "+c.region), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
+		if err != nil {
+			return fmt.Errorf("--nats: %w", err)
+		}
+		defer nc.Close()
+		gossip, err = transport.StartGossip(nc, engine, transport.GossipConfig{Region: c.region,
+			Interval: c.gossipInterval, AntiEntropy: c.antiEntropy, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer gossip.Close()
+		metrics.AttachGossip(gossip)
 	}
 
 	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken,
-		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, Metrics: metrics, Logger: log})
+		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, Metrics: metrics, Gossip: gossip, Logger: log})
 	grpcLis, err := net.Listen("tcp", c.grpcAddr)
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
