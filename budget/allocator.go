@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
@@ -399,4 +400,33 @@ func (s *ruleState) hwRegions(first, last int64, regions []string) map[string]bo
 		}
 	}
 	return all
+}
+
+// Restore tells the allocator of leases another allocator issued (a
+// globalsync leader that went away): they count as given, until they lapse
+// or the regions acknowledge newer ones, and this allocator numbers its
+// leases after them. Restore before the first Rebalance of the rule.
+func (a *Allocator) Restore(rule string, leases []Lease) {
+	s := a.state(rule)
+	for _, l := range leases {
+		if l.Rule != rule && l.Rule != "" {
+			continue
+		}
+		s.seq = max(s.seq, l.Seq)
+		s.grants[l.Region] = append(s.grants[l.Region], grant{seq: l.Seq, fraction: l.Floor + l.Share, expires: l.Expires})
+		s.floors[l.Region] = max(s.floors[l.Region], l.Floor)
+		s.share[l.Region] = l.Share
+	}
+	for r, gs := range s.grants {
+		slices.SortFunc(gs, func(x, y grant) int { return cmp.Compare(x.seq, y.seq) })
+		s.grants[r] = gs
+	}
+}
+
+// Seq returns the Seq of the rule's newest lease.
+func (a *Allocator) Seq(rule string) uint64 {
+	if s := a.rules[rule]; s != nil {
+		return s.seq
+	}
+	return 0
 }

@@ -401,3 +401,28 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("bogus report kept: acked %v demand %v", s.acked["a"], s.sample["a"])
 	}
 }
+
+// TestRestoredLeasesCount: an allocator that takes over from another
+// counts the other's leases until they lapse, and numbers after them.
+func TestRestoredLeasesCount(t *testing.T) {
+	a, _ := NewAllocator(DefaultConfig())
+	rule := Rule{ID: "g", Window: time.Minute}
+	held := map[string]*Lease{}
+	old := steady(t, a, rule, t0, 3, map[string]float64{"eu": 0.2, "us": 2}, held)
+	b, _ := NewAllocator(DefaultConfig())
+	b.Restore(rule.ID, old)
+	// eu's demand jumps; b may not give eu what us may still use.
+	b.Report(rule.ID, Report{Region: "eu", Demand: 2})
+	b.Report(rule.ID, Report{Region: "us", Demand: 0.01})
+	ls, err := b.Rebalance(t0.Add(3*time.Second), rule, []string{"eu", "us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls[0].Seq <= old[0].Seq {
+		t.Fatalf("seq %d after restoring %d", ls[0].Seq, old[0].Seq)
+	}
+	usOld := old[1].Floor + old[1].Share
+	if got := ls[0].Floor + ls[0].Share; got+usOld > 1+1e-9 {
+		t.Fatalf("eu given %v while us may still use %v", got, usOld)
+	}
+}

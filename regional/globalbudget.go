@@ -57,9 +57,15 @@ type globalState struct {
 }
 
 type heldLease struct {
-	lease   budget.Lease
-	adopted time.Time
-	acked   uint64 // the newest lease enforced long enough to acknowledge
+	lease budget.Lease
+	// recent lists the leases taken lately, newest last: the one to
+	// acknowledge is the newest taken long enough ago.
+	recent []adoption
+}
+
+type adoption struct {
+	seq uint64
+	at  time.Time
 }
 
 // ruleDemand counts what a region was asked for under one global rule, in
@@ -143,23 +149,40 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 	for k, v := range cur {
 		next[k] = v
 	}
-	h := &heldLease{lease: l, adopted: e.now()}
+	now := e.now()
+	h := &heldLease{lease: l}
 	if old != nil {
-		h.acked = old.ackable(h.adopted, e.cfg.Timeout)
+		// Keep what is still needed to tell the newest ackable lease:
+		// the newest adoption older than the ack delay, and all after.
+		keep := 0
+		for i, a := range old.recent {
+			if now.Sub(a.at) > ackDelay(e.cfg.Timeout) {
+				keep = i
+			}
+		}
+		h.recent = append(h.recent, old.recent[keep:]...)
 	}
+	h.recent = append(h.recent, adoption{seq: l.Seq, at: now})
 	next[l.Rule] = h
 	g.leases.Store(&next)
 	return true
 }
 
-// ackable is the Seq the region may acknowledge at now: a lease's once it
-// has been enforced for longer than two store timeouts, so that no check
-// made under an older lease is still in flight.
+// ackDelay is how long a lease must have been in force before the region
+// acknowledges it: two store timeouts, so that no check made under an
+// older lease is still in flight.
+func ackDelay(timeout time.Duration) time.Duration { return 2 * timeout }
+
+// ackable is the Seq the region may acknowledge at now: that of the
+// newest lease taken more than ackDelay ago.
 func (h *heldLease) ackable(now time.Time, timeout time.Duration) uint64 {
-	if now.Sub(h.adopted) > 2*timeout {
-		return h.lease.Seq
+	var seq uint64
+	for _, a := range h.recent {
+		if now.Sub(a.at) > ackDelay(timeout) {
+			seq = a.seq
+		}
 	}
-	return h.acked
+	return seq
 }
 
 // Lease returns the lease held for a rule, and the Seq the region may

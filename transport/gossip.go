@@ -140,8 +140,10 @@ type RuleReport struct {
 	Acked     uint64  `json:"acked,omitempty"`
 	Used      float64 `json:"used"`
 	UsedEpoch int64   `json:"used_epoch"`
-	// WindowMillis is the rule's window, which UsedEpoch counts in.
-	WindowMillis int64 `json:"window_ms"`
+	// WindowMillis is the rule's window, which UsedEpoch counts in, and
+	// Algorithm its algorithm.
+	WindowMillis int64  `json:"window_ms"`
+	Algorithm    string `json:"algorithm"`
 }
 
 // Gossip publishes this region's global usage over NATS and merges the
@@ -160,6 +162,7 @@ type Gossip struct {
 	replicas  map[string]replicaSeen
 
 	stats  GossipStats
+	kick   chan struct{} // publish the digest now: a region is heard again
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -177,7 +180,8 @@ func StartGossip(nc *nats.Conn, engine *regional.Engine, cfg GossipConfig) (*Gos
 	if cfg.Region == "" || strings.ContainsAny(cfg.Region, ".*> ") {
 		return nil, fmt.Errorf("transport: gossip: region %q: want a name without dots, spaces or wildcards", cfg.Region)
 	}
-	g := &Gossip{cfg: cfg, nc: nc, engine: engine, heard: map[string]time.Time{}, replicas: map[string]replicaSeen{}, done: make(chan struct{})}
+	g := &Gossip{cfg: cfg, nc: nc, engine: engine, heard: map[string]time.Time{}, replicas: map[string]replicaSeen{},
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	for _, s := range []struct {
 		subject string
 		handle  func(*nats.Msg)
@@ -254,6 +258,11 @@ func (g *Gossip) run(ctx context.Context) {
 			g.PublishDelta()
 		case <-ae.C:
 			g.engine.ExpireGlobal(g.cfg.Clock())
+			g.PublishDigest()
+		case <-g.kick:
+			// A region silent for a while is back (a partition healed):
+			// trade digests now rather than at the next anti-entropy
+			// round, so that both sides agree within a heartbeat or two.
 			g.PublishDigest()
 		case <-hb.C:
 			g.PublishHeartbeat()
@@ -335,7 +344,8 @@ func (g *Gossip) PublishHeartbeat() {
 	hb := Heartbeat{Region: g.cfg.Region, Replica: g.cfg.Replica, SentMillis: g.cfg.Clock().UnixMilli(), Rules: map[string]RuleReport{}}
 	for _, r := range g.engine.GlobalRules() {
 		d := g.engine.Demand(r.ID)
-		rep := RuleReport{Admitted: d.Admitted, Denied: d.Denied, Used: d.Used, UsedEpoch: d.UsedEpoch, WindowMillis: r.Base.Window / 1000}
+		rep := RuleReport{Admitted: d.Admitted, Denied: d.Denied, Used: d.Used, UsedEpoch: d.UsedEpoch,
+			WindowMillis: r.Base.Window / 1000, Algorithm: r.Base.Algorithm.String()}
 		if _, acked, ok := g.engine.Lease(r.ID); ok {
 			rep.Acked = acked
 		}
@@ -377,6 +387,12 @@ func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 		return "", false
 	}
 	g.replicas[stream] = replicaSeen{region: region, seq: seq, at: now}
+	if last, ok := g.heard[region]; ok && region != g.cfg.Region && now.Sub(last) > g.StaleAfter() {
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
+	}
 	g.heard[region] = now
 	return region, true
 }

@@ -1,11 +1,165 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/regional"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "globalsync: not built yet; see the status list in README.md")
-	os.Exit(2)
+	c, err := parseFlags(os.Args[1:], os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "globalsync:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, c, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "globalsync:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	nats, grpcAddr, httpAddr, rules, adminToken, regions, id, logFormat string
+	rebalance, leaderTTL, leaseTTL                                       time.Duration
+	reserve                                                              float64
+	regionList                                                           []string
+}
+
+func parseFlags(args []string, getenv func(string) string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("globalsync", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.nats, "nats", "", "NATS URL(s), with JetStream (required)")
+	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:9081", "address of the gRPC API (health)")
+	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API: /healthz, /v1/budgets, /v1/regions")
+	fs.StringVar(&c.rules, "rules", "", "rules file (YAML), checked at start; global rules are learned from the regions")
+	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token for admin calls")
+	fs.StringVar(&c.regions, "regions", "", "every region, comma-separated; empty: the regions heard from")
+	fs.StringVar(&c.id, "id", "", "this instance's name among the globalsync instances; default: the host name and a random suffix")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
+	fs.DurationVar(&c.rebalance, "rebalance", time.Second, "how often budgets are recomputed and published")
+	fs.DurationVar(&c.leaderTTL, "leader-ttl", 3*time.Second, "how long the leader's lease lasts unless renewed")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds")
+	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "GEOQUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(name); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %v", name, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if c.nats == "" {
+		return c, errors.New("--nats is required")
+	}
+	if c.rebalance <= 0 || c.leaderTTL <= 0 || c.leaseTTL <= 0 {
+		return c, errors.New("--rebalance, --leader-ttl and --lease-ttl must be positive")
+	}
+	for _, r := range strings.Split(c.regions, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			c.regionList = append(c.regionList, r)
+		}
+	}
+	if c.id == "" {
+		host, _ := os.Hostname()
+		var b [3]byte
+		rand.Read(b[:])
+		c.id = host + "-" + hex.EncodeToString(b[:])
+	}
+	return c, nil
+}
+
+func run(ctx context.Context, c config, logw io.Writer) error {
+	var log *slog.Logger
+	if c.logFormat == "json" {
+		log = slog.New(slog.NewJSONHandler(logw, nil))
+	} else {
+		log = slog.New(slog.NewTextHandler(logw, nil))
+	}
+	if c.rules != "" {
+		if _, err := regional.LoadFile(c.rules); err != nil {
+			return err
+		}
+	}
+	bc := budget.DefaultConfig()
+	bc.LeaseTTL, bc.Reserve = c.leaseTTL, c.reserve
+	if err := bc.Validate(); err != nil {
+		return err
+	}
+	nc, err := nats.Connect(c.nats, nats.Name("globalsync "+c.id), nats.MaxReconnects(-1), nats.Timeout(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("--nats: %w", err)
+	}
+	defer nc.Close()
+	svc, err := Start(ctx, nc, Config{ID: c.id, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
+		Budget: bc, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+
+	grpcLis, err := net.Listen("tcp", c.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	httpLis, err := net.Listen("tcp", c.httpAddr)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	g := grpc.NewServer()
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(g, hs)
+	reflection.Register(g)
+	go g.Serve(grpcLis)
+	defer g.Stop()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /v1/budgets", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.Budgets()) })
+	mux.HandleFunc("GET /v1/regions", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, map[string]any{"leader": svc.Leader(), "id": c.id, "regions": svc.Regions()})
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(httpLis)
+	defer srv.Close()
+	log.Info("globalsync serving", "id", c.id, "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String())
+	<-ctx.Done()
+	log.Info("shutting down")
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -84,6 +85,14 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		}
 		defer gossip.Close()
 		metrics.AttachGossip(gossip)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return fmt.Errorf("--nats: %w", err)
+		}
+		watchCtx, stopWatch := context.WithCancel(context.Background())
+		watched := make(chan struct{})
+		go func() { defer close(watched); transport.WatchBudgets(watchCtx, js, engine, c.region, log) }()
+		defer func() { stopWatch(); <-watched }()
 	}
 
 	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken,

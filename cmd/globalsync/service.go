@@ -1,0 +1,449 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/transport"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LeaderBucket holds the lease that makes one globalsync the leader.
+const (
+	LeaderBucket = "geoquota-leader"
+	leaderKey    = "globalsync"
+)
+
+// Config configures the service. Zero fields take defaults.
+type Config struct {
+	// ID tells this instance from the others.
+	ID string
+	// Regions are every region; empty: the regions heard from.
+	Regions []string
+	// Rebalance is how often budgets are recomputed and published. 1s.
+	Rebalance time.Duration
+	// LeaderTTL is how long a leader's lease lasts unless renewed; a
+	// follower takes over once it has lapsed. 3s.
+	LeaderTTL time.Duration
+	// Budget configures the allocator.
+	Budget budget.Config
+	// Prefix starts the gossip subjects. "geoquota".
+	Prefix string
+	Clock  func() time.Time
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Rebalance <= 0 {
+		c.Rebalance = time.Second
+	}
+	if c.LeaderTTL <= 0 {
+		c.LeaderTTL = 3 * time.Second
+	}
+	if c.Budget == (budget.Config{}) {
+		c.Budget = budget.DefaultConfig()
+	}
+	if c.Prefix == "" {
+		c.Prefix = "geoquota"
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Service is one globalsync instance: it hears every replica's heartbeat,
+// and while it leads, computes and publishes the budgets.
+type Service struct {
+	cfg     Config
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	budgets jetstream.KeyValue
+	leases  jetstream.KeyValue
+	sub     *nats.Subscription
+
+	mu        sync.Mutex
+	replicas  map[string]*replica // by replica id
+	rules     map[string]budget.Rule
+	regions   map[string]time.Time // heard from, when
+	alloc     *budget.Allocator    // while leading
+	leader    bool
+	leaderRev uint64
+	revs      map[string]uint64 // budget key → last revision seen
+	docs      map[string]transport.BudgetDoc
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type replica struct {
+	region string
+	heard  time.Time
+	rules  map[string]*demandTrack
+}
+
+// demandTrack turns a replica's cumulative demand into a rate.
+type demandTrack struct {
+	last   transport.RuleReport
+	base   float64 // admitted+denied at baseAt
+	baseAt time.Time
+	rate   float64 // limits per window
+}
+
+// Start makes the buckets if need be, subscribes to heartbeats, and starts
+// the rebalancing loop. Stop it with Close.
+func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Budget.Validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, nc: nc, js: js, replicas: map[string]*replica{}, rules: map[string]budget.Rule{},
+		regions: map[string]time.Time{}, revs: map[string]uint64{}, docs: map[string]transport.BudgetDoc{}, done: make(chan struct{})}
+	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if s.budgets, err = js.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: transport.BudgetsBucket,
+		History: transport.BudgetHistory, Description: "geoquota budget leases, one key per global rule"}); err != nil {
+		return nil, fmt.Errorf("globalsync: bucket %s: %w", transport.BudgetsBucket, err)
+	}
+	if s.leases, err = js.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: LeaderBucket,
+		Description: "the lease of the leading globalsync"}); err != nil {
+		return nil, fmt.Errorf("globalsync: bucket %s: %w", LeaderBucket, err)
+	}
+	if s.sub, err = nc.Subscribe(cfg.Prefix+".heartbeat.*", s.onHeartbeat); err != nil {
+		return nil, err
+	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		cfg.Logger.Warn("globalsync: subscription not confirmed", "err", err)
+	}
+	loop, stop := context.WithCancel(context.Background())
+	s.cancel = stop
+	go s.run(loop)
+	return s, nil
+}
+
+// Close stops the service. A leader's lease is left to lapse: a follower
+// takes over within one LeaderTTL.
+func (s *Service) Close() {
+	s.cancel()
+	<-s.done
+	s.sub.Unsubscribe()
+}
+
+// Leader reports whether this instance leads.
+func (s *Service) Leader() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leader
+}
+
+func (s *Service) onHeartbeat(m *nats.Msg) {
+	var hb transport.Heartbeat
+	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.Region == "" || hb.Replica == "" ||
+		hb.Region != m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] {
+		return
+	}
+	now := s.cfg.Clock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.regions[hb.Region] = now
+	r := s.replicas[hb.Replica]
+	if r == nil || r.region != hb.Region {
+		r = &replica{region: hb.Region, rules: map[string]*demandTrack{}}
+		s.replicas[hb.Replica] = r
+	}
+	r.heard = now
+	for id, rep := range hb.Rules {
+		if rep.WindowMillis <= 0 {
+			continue
+		}
+		s.rules[id] = budget.Rule{ID: id, Window: time.Duration(rep.WindowMillis) * time.Millisecond,
+			Sliding: rep.Algorithm == "sliding_window_counter"}
+		t := r.rules[id]
+		total := rep.Admitted + rep.Denied
+		if t == nil {
+			r.rules[id] = &demandTrack{last: rep, base: total, baseAt: now}
+			continue
+		}
+		t.last = rep
+		if el := now.Sub(t.baseAt); el >= time.Second {
+			// Demand is measured over a second or more: a heartbeat's
+			// worth is too noisy.
+			t.rate = max(0, total-t.base) / el.Seconds() * (float64(rep.WindowMillis) / 1000)
+			t.base, t.baseAt = total, now
+		}
+	}
+}
+
+func (s *Service) run(ctx context.Context) {
+	defer close(s.done)
+	t := time.NewTicker(s.cfg.Rebalance)
+	defer t.Stop()
+	for {
+		s.tick(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// tick keeps or seeks the lead and, leading, rebalances every rule.
+func (s *Service) tick(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Rebalance)
+	defer cancel()
+	if !s.lead(ctx) {
+		return
+	}
+	if err := s.rebalance(ctx); err != nil {
+		s.cfg.Logger.Warn("globalsync: rebalance", "err", err)
+	}
+}
+
+type leaderLease struct {
+	ID         string `json:"id"`
+	UntilMilli int64  `json:"until_ms"`
+}
+
+// lead renews this instance's lease, or takes the lead if the lease has
+// lapsed; it reports whether this instance leads. Compare-and-swap on the
+// key's revision makes sure only one instance holds it.
+func (s *Service) lead(ctx context.Context) bool {
+	now := s.cfg.Clock()
+	val, _ := json.Marshal(leaderLease{ID: s.cfg.ID, UntilMilli: now.Add(s.cfg.LeaderTTL).UnixMilli()})
+	s.mu.Lock()
+	leading, rev := s.leader, s.leaderRev
+	s.mu.Unlock()
+	if leading {
+		nrev, err := s.leases.Update(ctx, leaderKey, val, rev)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err != nil {
+			s.leader = false
+			s.cfg.Logger.Warn("globalsync: lost the lead", "err", err)
+			return false
+		}
+		s.leaderRev = nrev
+		return true
+	}
+	var nrev uint64
+	en, err := s.leases.Get(ctx, leaderKey)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		nrev, err = s.leases.Create(ctx, leaderKey, val)
+	case err == nil:
+		var cur leaderLease
+		if json.Unmarshal(en.Value(), &cur) == nil && now.UnixMilli() < cur.UntilMilli+s.cfg.Budget.Skew.Milliseconds() {
+			return false // another leads
+		}
+		nrev, err = s.leases.Update(ctx, leaderKey, val, en.Revision())
+	}
+	if err != nil {
+		return false
+	}
+	if err := s.takeOver(ctx); err != nil {
+		s.cfg.Logger.Warn("globalsync: taking the lead", "err", err)
+		return false
+	}
+	s.mu.Lock()
+	s.leader, s.leaderRev = true, nrev
+	s.mu.Unlock()
+	s.cfg.Logger.Info("globalsync: leading", "id", s.cfg.ID)
+	return true
+}
+
+// takeOver starts a fresh allocator that knows every lease the previous
+// leaders issued that may still be in force.
+func (s *Service) takeOver(ctx context.Context) error {
+	alloc, err := budget.NewAllocator(s.cfg.Budget)
+	if err != nil {
+		return err
+	}
+	revs, docs := map[string]uint64{}, map[string]transport.BudgetDoc{}
+	keys, err := s.budgets.ListKeys(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	cutoff := s.cfg.Clock().Add(-s.cfg.Budget.Skew)
+	for key := range keys.Keys() {
+		hist, err := s.budgets.History(ctx, key)
+		if err != nil {
+			return err
+		}
+		for _, en := range hist {
+			revs[key] = max(revs[key], en.Revision())
+			d, err := transport.DecodeBudgetDoc(en.Value())
+			if err != nil {
+				continue
+			}
+			docs[key] = d
+			var live []budget.Lease
+			for _, l := range d.All() {
+				if l.Expires.After(cutoff) {
+					live = append(live, l)
+				}
+			}
+			alloc.Restore(d.Rule, live)
+		}
+	}
+	s.mu.Lock()
+	s.alloc, s.revs, s.docs = alloc, revs, docs
+	s.mu.Unlock()
+	return nil
+}
+
+// rebalance computes every rule's leases from the replicas' reports and
+// publishes them.
+func (s *Service) rebalance(ctx context.Context) error {
+	now := s.cfg.Clock()
+	s.mu.Lock()
+	regions := s.knownRegions()
+	type pub struct {
+		key string
+		doc transport.BudgetDoc
+		rev uint64
+	}
+	var pubs []pub
+	for _, rule := range s.sortedRules() {
+		for _, region := range regions {
+			if rep, ok := s.regionReport(rule, region, now); ok {
+				s.alloc.Report(rule.ID, rep)
+			}
+		}
+		leases, err := s.alloc.Rebalance(now, rule, regions)
+		if err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		key := transport.BudgetKey(rule.ID)
+		pubs = append(pubs, pub{key, transport.NewBudgetDoc(s.cfg.ID, leases), s.revs[key]})
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, p := range pubs {
+		b, _ := json.Marshal(p.doc)
+		var rev uint64
+		var err error
+		if p.rev == 0 {
+			rev, err = s.budgets.Create(ctx, p.key, b)
+		} else {
+			rev, err = s.budgets.Update(ctx, p.key, b, p.rev)
+		}
+		if err != nil {
+			// Another instance wrote since: it leads now, or did.
+			errs = append(errs, fmt.Errorf("publish %s: %w", p.doc.Rule, err))
+			s.mu.Lock()
+			s.leader = false
+			s.mu.Unlock()
+			break
+		}
+		s.mu.Lock()
+		s.revs[p.key], s.docs[p.key] = rev, p.doc
+		s.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// regionReport sums a region's live replicas' reports on a rule: demand
+// adds up; the lease acknowledged is the oldest any replica acknowledges
+// (each replica enforces its own); what was used is the most any saw, if
+// all speak of the same window. The caller holds s.mu.
+func (s *Service) regionReport(rule budget.Rule, region string, now time.Time) (budget.Report, bool) {
+	rep := budget.Report{Region: region}
+	found, sameEpoch, epoch := false, true, int64(0)
+	for _, r := range s.replicas {
+		if r.region != region || now.Sub(r.heard) > s.cfg.Budget.LeaseTTL {
+			continue
+		}
+		t := r.rules[rule.ID]
+		if t == nil {
+			continue
+		}
+		if !found {
+			rep.Acked, epoch = t.last.Acked, t.last.UsedEpoch
+		}
+		found = true
+		rep.Demand += t.rate
+		rep.Acked = min(rep.Acked, t.last.Acked)
+		rep.Used = max(rep.Used, t.last.Used)
+		if t.last.UsedEpoch != epoch {
+			sameEpoch = false
+		}
+	}
+	rep.UsedEpoch, rep.HasUsed = epoch, found && sameEpoch && rep.Acked > 0
+	return rep, found
+}
+
+func (s *Service) knownRegions() []string {
+	if len(s.cfg.Regions) > 0 {
+		return s.cfg.Regions
+	}
+	return slices.Sorted(maps.Keys(s.regions))
+}
+
+func (s *Service) sortedRules() []budget.Rule {
+	ids := slices.Sorted(maps.Keys(s.rules))
+	out := make([]budget.Rule, len(ids))
+	for i, id := range ids {
+		out[i] = s.rules[id]
+	}
+	return out
+}
+
+// Budgets returns the last published leases of every rule.
+func (s *Service) Budgets() []transport.BudgetDoc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Collect(maps.Values(s.docs))
+	slices.SortFunc(out, func(a, b transport.BudgetDoc) int { return strings.Compare(a.Rule, b.Rule) })
+	return out
+}
+
+// RegionStatus is what globalsync knows of a region.
+type RegionStatus struct {
+	Region      string `json:"region"`
+	LastHeardMS int64  `json:"last_heard_ms"`
+	Replicas    int    `json:"replicas"`
+	// Suspect is set when the region has been silent for longer than a
+	// lease: cut off, or down.
+	Suspect bool `json:"partition_suspected"`
+}
+
+// Regions returns every region's status.
+func (s *Service) Regions() []RegionStatus {
+	now := s.cfg.Clock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []RegionStatus
+	for _, name := range s.knownRegions() {
+		st := RegionStatus{Region: name, LastHeardMS: -1, Suspect: true}
+		if at, ok := s.regions[name]; ok {
+			st.LastHeardMS = now.Sub(at).Milliseconds()
+			st.Suspect = now.Sub(at) > 3*s.cfg.Rebalance
+		}
+		for _, r := range s.replicas {
+			if r.region == name && now.Sub(r.heard) <= s.cfg.Budget.LeaseTTL {
+				st.Replicas++
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/deploy/local/harness"
+	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// region is one region's regiond in this process: Redis store, engine,
+// gossip, and the budget watcher.
+type region struct {
+	name   string
+	store  *regional.RedisStore
+	engine *regional.Engine
+}
+
+func startRegion(t *testing.T, name, natsURL string, regions []string, rules string) *region {
+	t.Helper()
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	store, err := regional.NewRedisStore(t.Context(), srv.URL(), regional.RedisOptions{Region: name, Timeout: 250 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	rs, err := regional.Parse("rules.yaml", []byte(rules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &region{name: name, store: store}
+	r.engine = regional.New(regional.Config{Region: name, Store: store, Logger: quiet(), Timeout: 250 * time.Millisecond,
+		Global: regional.GlobalConfig{Regions: regions}}, rs)
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := transport.StartGossip(nc, r.engine, transport.GossipConfig{Region: name, Interval: 50 * time.Millisecond,
+		Heartbeat: 100 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); transport.WatchBudgets(ctx, js, r.engine, name, quiet()) }()
+	t.Cleanup(func() { cancel(); <-done; g.Close(); nc.Close() })
+	return r
+}
+
+func startService(t *testing.T, id, natsURL string, cfg Config) *Service {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ID, cfg.Logger = id, quiet()
+	s, err := Start(t.Context(), nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	t.Cleanup(func() { once.Do(s.Close); nc.Close() })
+	return s
+}
+
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the condition, with a deadline
+	}
+}
+
+// load sends requests for key from the region while stop is open: as
+// fast as it can while *rate is 0, else about *rate a second.
+func (r *region) load(key string, rate *atomic.Int64, stop <-chan struct{}, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		next := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var d regional.Decision
+			r.engine.Check(context.Background(), &regional.Request{APIKey: key, Endpoint: "/x"}, &d)
+			if n := rate.Load(); n > 0 {
+				next = next.Add(time.Second / time.Duration(n))
+				time.Sleep(time.Until(next)) // pacing the load, not waiting for a result
+			} else {
+				next = time.Now()
+			}
+		}
+	}()
+}
+
+// windowTotal reads a window's slots from the region's Redis.
+func (r *region) windowTotal(t *testing.T, key string, startMillis int64) map[string]int64 {
+	slots, err := r.store.ReadGlobal(t.Context(), []byte("gq:{g:"+key+"}"), startMillis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, s := range slots {
+		out[s.Region] = int64(s.P) - int64(s.N)
+	}
+	return out
+}
+
+const strictRules = `
+rules:
+  - { id: g, match: { api_key: "k*" }, by: [api_key], scope: global, algorithm: fixed_window, limit: 600, window: 2s }
+`
+
+// TestBudgetsFollowDemand: two regions, demand far above a strict global
+// limit in one and modest in the other. Once leases follow the demand,
+// every window admits within 1% of the limit and never more; when the
+// demand moves to the other region, the leases follow it within a few
+// rebalances.
+func TestBudgetsFollowDemand(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	regions := []string{"eu", "us"}
+	eu := startRegion(t, "eu", ns.ClientURL(), regions, strictRules)
+	us := startRegion(t, "us", ns.ClientURL(), regions, strictRules)
+	startService(t, "gs1", ns.ClientURL(), Config{Regions: regions, Rebalance: 250 * time.Millisecond})
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var euRate, usRate atomic.Int64
+	usRate.Store(30) // 60 a window, a tenth of the limit; eu: as fast as it can
+	eu.load("k1", &euRate, stop, &wg)
+	us.load("k1", &usRate, stop, &wg)
+	defer func() { close(stop); wg.Wait() }()
+	waitFor(t, 10*time.Second, "both regions hold leases", func() bool {
+		_, _, a := eu.engine.Lease("g")
+		_, _, b := us.engine.Lease("g")
+		return a && b
+	})
+	const w = 2000 // the window, ms
+	// judge checks n whole windows starting at or after from.
+	judge := func(what string, from time.Time, n int) {
+		t.Helper()
+		first := (from.UnixMilli() + w - 1) / w * w
+		time.Sleep(time.Until(time.UnixMilli(first + int64(n)*w + 300))) // the windows pass, gossip settles
+		for i := range n {
+			got := eu.windowTotal(t, "k1", first+int64(i)*w)
+			total := got["eu"] + got["us"]
+			t.Logf("%s: window %d: %v", what, i, got)
+			if total > 600 {
+				t.Fatalf("%s: window %d admitted %d, above the strict limit of 600", what, i, total)
+			}
+			if total < 594 {
+				t.Fatalf("%s: window %d admitted %d, not within 1%% of 600", what, i, total)
+			}
+		}
+	}
+	judge("eu busy", time.Now().Add(3*time.Second), 3)
+
+	// The demand moves to us. The leases follow in a few rebalances (and
+	// the acknowledgement delay of 2 store timeouts): the next whole
+	// window after a second is full again.
+	shift := time.Now()
+	euRate.Store(30)
+	usRate.Store(0)
+	judge("us busy", shift.Add(time.Second), 2)
+	if l, _, _ := us.engine.Lease("g"); l.Allowance() < 0.85 {
+		t.Fatalf("us's lease after the shift: %+v", l)
+	}
+}
+
+// TestLeaderTakeover: two globalsync instances; the leader goes away and
+// the other leads within one leader lease, knowing the leases in force;
+// the regions' leases are renewed throughout and never lapse.
+func TestLeaderTakeover(t *testing.T) {
+	for _, binary := range []bool{false, true} {
+		t.Run(fmt.Sprintf("binary=%v", binary), func(t *testing.T) { testLeaderTakeover(t, binary) })
+	}
+}
+
+// testLeaderTakeover runs on the embedded server and on Debian's
+// nats-server (2.9), whose JetStream KV production deployments may run.
+func testLeaderTakeover(t *testing.T, binary bool) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true, Binary: binary})
+	regions := []string{"eu", "us"}
+	eu := startRegion(t, "eu", ns.ClientURL(), regions, strictRules)
+	cfg := Config{Regions: regions, Rebalance: 200 * time.Millisecond, LeaderTTL: time.Second}
+	a := startService(t, "a", ns.ClientURL(), cfg)
+	b := startService(t, "b", ns.ClientURL(), cfg)
+	waitFor(t, 10*time.Second, "one leads", func() bool { return a.Leader() != b.Leader() })
+	waitFor(t, 10*time.Second, "eu holds a lease", func() bool { _, _, ok := eu.engine.Lease("g"); return ok })
+	leader, follower := a, b
+	if b.Leader() {
+		leader, follower = b, a
+	}
+	before, _, _ := eu.engine.Lease("g")
+	gone := time.Now()
+	leader.Close()
+	waitFor(t, 5*time.Second, "the follower leads", follower.Leader)
+	if took := time.Since(gone); took > cfg.LeaderTTL+budget.DefaultConfig().Skew+2*cfg.Rebalance {
+		t.Fatalf("takeover took %v, want within the leader lease %v (and the skew allowance)", took, cfg.LeaderTTL)
+	}
+	waitFor(t, 5*time.Second, "eu's lease renewed by the new leader", func() bool {
+		l, _, _ := eu.engine.Lease("g")
+		return l.Seq > before.Seq && l.Holds(time.Now())
+	})
+	for _, d := range follower.Budgets() {
+		if d.Rule == "g" && d.Leader != follower.cfg.ID {
+			t.Fatalf("budgets published by %q, want the new leader %q", d.Leader, follower.cfg.ID)
+		}
+	}
+}

@@ -1,0 +1,139 @@
+package transport
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/regional"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// BudgetsBucket is the JetStream KV bucket where globalsync publishes the
+// leases of every global rule, one key per rule (BudgetKey), and every
+// regiond watches it.
+const BudgetsBucket = "geoquota-budgets"
+
+// BudgetHistory is how many revisions of each rule's leases the bucket
+// keeps: enough to cover a lease's life at one rebalance a second, so that
+// a globalsync taking over knows every lease still in force.
+const BudgetHistory = 32
+
+// BudgetKey is a rule's key in the bucket: its id, base64url-encoded, so
+// that any rule id makes a valid key.
+func BudgetKey(rule string) string { return "r." + base64.RawURLEncoding.EncodeToString([]byte(rule)) }
+
+// BudgetDoc is one global rule's leases, one per region, as published.
+type BudgetDoc struct {
+	Rule   string              `json:"rule"`
+	Seq    uint64              `json:"seq"`
+	Leader string              `json:"leader"`
+	Issued time.Time           `json:"issued"`
+	Leases map[string]LeaseDoc `json:"leases"` // by region
+}
+
+// LeaseDoc is one region's lease in a BudgetDoc.
+type LeaseDoc struct {
+	Floor   float64   `json:"floor"`
+	Share   float64   `json:"share"`
+	Debt    float64   `json:"debt,omitempty"`
+	Expires time.Time `json:"expires"`
+}
+
+// NewBudgetDoc puts one rebalance's leases in a document.
+func NewBudgetDoc(leader string, leases []budget.Lease) BudgetDoc {
+	d := BudgetDoc{Leader: leader, Leases: make(map[string]LeaseDoc, len(leases))}
+	for _, l := range leases {
+		d.Rule, d.Seq, d.Issued = l.Rule, l.Seq, l.Issued
+		d.Leases[l.Region] = LeaseDoc{Floor: l.Floor, Share: l.Share, Debt: l.Debt, Expires: l.Expires}
+	}
+	return d
+}
+
+// Lease returns region's lease in the document.
+func (d BudgetDoc) Lease(region string) (budget.Lease, bool) {
+	l, ok := d.Leases[region]
+	return budget.Lease{Rule: d.Rule, Region: region, Seq: d.Seq, Floor: l.Floor, Share: l.Share, Debt: l.Debt,
+		Issued: d.Issued, Expires: l.Expires}, ok
+}
+
+// All returns every lease in the document.
+func (d BudgetDoc) All() []budget.Lease {
+	out := make([]budget.Lease, 0, len(d.Leases))
+	for r := range d.Leases {
+		l, _ := d.Lease(r)
+		out = append(out, l)
+	}
+	return out
+}
+
+// DecodeBudgetDoc reads a document, refusing one that names no rule or
+// holds an impossible lease.
+func DecodeBudgetDoc(b []byte) (BudgetDoc, error) {
+	var d BudgetDoc
+	if err := json.Unmarshal(b, &d); err != nil {
+		return d, fmt.Errorf("transport: budget document: %w", err)
+	}
+	if d.Rule == "" || d.Seq == 0 {
+		return d, errors.New("transport: budget document: rule and seq are required")
+	}
+	for r, l := range d.Leases {
+		if !(l.Floor >= 0 && l.Share >= 0 && l.Debt >= 0 && l.Floor+l.Share <= 1+1e-9) {
+			return d, fmt.Errorf("transport: budget document for %s: lease of %s out of range: %+v", d.Rule, r, l)
+		}
+	}
+	return d, nil
+}
+
+// WatchBudgets keeps the engine's leases current from the bucket until ctx
+// ends, waiting for the bucket if globalsync has not made it yet and
+// watching again after errors. It returns when ctx ends.
+func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, region string, log *slog.Logger) {
+	for ctx.Err() == nil {
+		if err := watchBudgets(ctx, js, e, region, log); err != nil && ctx.Err() == nil {
+			log.Debug("budgets: watching again", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+}
+
+func watchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, region string, log *slog.Logger) error {
+	kv, err := js.KeyValue(ctx, BudgetsBucket)
+	if err != nil {
+		return err
+	}
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case en, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watch ended")
+			}
+			if en == nil {
+				continue // the initial values are in
+			}
+			d, err := DecodeBudgetDoc(en.Value())
+			if err != nil {
+				log.Warn("budgets: bad document ignored", "key", en.Key(), "err", err)
+				continue
+			}
+			if l, ok := d.Lease(region); ok {
+				e.SetLease(l)
+			}
+		}
+	}
+}
