@@ -44,9 +44,9 @@ func main() {
 
 type config struct {
 	nats, grpcAddr, httpAddr, rules, adminToken, regions, id, logFormat string
-	rebalance, leaderTTL, leaseTTL                                       time.Duration
-	reserve                                                              float64
-	regionList                                                           []string
+	rebalance, leaderTTL, leaseTTL                                      time.Duration
+	reserve                                                             float64
+	regionList                                                          []string
 }
 
 func parseFlags(args []string, getenv func(string) string) (config, error) {
