@@ -28,10 +28,14 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // region is one region's regiond in this process: Redis store, engine,
 // gossip, and the budget watcher.
 type region struct {
-	name   string
-	store  *regional.RedisStore
-	engine *regional.Engine
+	name        string
+	store       *regional.RedisStore
+	engine      *regional.Engine
+	reconnected chan time.Time
 }
+
+// gossipInterval is the regions' gossip interval in these tests.
+const gossipInterval = 100 * time.Millisecond
 
 func startRegion(t *testing.T, name, natsURL string, regions []string, rules string) *region {
 	t.Helper()
@@ -48,11 +52,18 @@ func startRegion(t *testing.T, name, natsURL string, regions []string, rules str
 	r := &region{name: name, store: store}
 	r.engine = regional.New(regional.Config{Region: name, Store: store, Logger: quiet(), Timeout: 250 * time.Millisecond,
 		Global: regional.GlobalConfig{Regions: regions}}, rs)
-	nc, err := nats.Connect(natsURL)
+	r.reconnected = make(chan time.Time, 16)
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			select {
+			case r.reconnected <- time.Now():
+			default:
+			}
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := transport.StartGossip(nc, r.engine, transport.GossipConfig{Region: name, Interval: 50 * time.Millisecond,
+	g, err := transport.StartGossip(nc, r.engine, transport.GossipConfig{Region: name, Interval: gossipInterval,
 		Heartbeat: 100 * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

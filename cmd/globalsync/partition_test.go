@@ -1,0 +1,115 @@
+package main
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/deploy/local/harness"
+)
+
+// TestStrictPartition: three regions, each its own Redis and NATS cluster
+// joined into a supercluster; every region's regiond reaches NATS through
+// a link the test cuts. ap is cut off for longer than a lease under load
+// far above a strict limit: no window admits more than the limit, ap keeps
+// serving on its floor once its lease has lapsed, and when the link heals
+// every region agrees on every window within two gossip intervals of ap
+// being back.
+func TestStrictPartition(t *testing.T) {
+	names := []string{"ap", "eu", "us"}
+	sc := harness.NewSupercluster(t, harness.SuperclusterOptions{Clusters: names, JetStream: true})
+	regions := map[string]*region{}
+	links := map[string]*harness.Link{}
+	for _, n := range names {
+		links[n] = harness.NewLink(t, sc.Cluster(n).Servers[0].ClientAddr())
+		regions[n] = startRegion(t, n, "nats://"+links[n].Addr(), names, strictRules)
+	}
+	bc := budget.DefaultConfig()
+	bc.LeaseTTL = 2 * time.Second
+	startService(t, "gs", sc.Cluster("eu").ClientURLs(), Config{Regions: names, Rebalance: 250 * time.Millisecond, Budget: bc})
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var unlimited atomic.Int64
+	for _, n := range names {
+		regions[n].load("k1", &unlimited, stop, &wg)
+	}
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopLoad()
+	waitFor(t, 30*time.Second, "every region holds a lease", func() bool {
+		for _, r := range regions {
+			if _, _, ok := r.engine.Lease("g"); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(2 * time.Second) // leases settle to the demand
+
+	const w = 2000
+	first := time.Now().UnixMilli()/w*w + w
+	time.Sleep(time.Until(time.UnixMilli(first)))
+	for len(regions["ap"].reconnected) > 0 {
+		<-regions["ap"].reconnected // an earlier hiccup is not the heal
+	}
+	links["ap"].Cut()
+	cutAt := time.Now()
+	time.Sleep(5 * time.Second) // longer than the 2s lease
+	if err := links["ap"].Heal(); err != nil {
+		t.Fatal(err)
+	}
+	var back time.Time
+	select {
+	case back = <-regions["ap"].reconnected:
+	case <-time.After(20 * time.Second):
+		t.Fatal("ap did not reconnect within 20s of the heal")
+	}
+	last := time.Now().UnixMilli() / w * w // the window in progress
+	stopLoad()
+
+	// Agreement: every region's Redis holds the same slots for every
+	// window, within two gossip intervals of ap being back.
+	agree := func() bool {
+		for s := first; s <= last; s += w {
+			want := regions["eu"].windowTotal(t, "k1", s)
+			for _, n := range names {
+				got := regions[n].windowTotal(t, "k1", s)
+				if len(got) != len(want) {
+					return false
+				}
+				for r, v := range want {
+					if got[r] != v {
+						return false
+					}
+				}
+			}
+		}
+		return true
+	}
+	waitFor(t, 10*time.Second, "agreement after the heal", agree)
+	took := time.Since(back)
+	t.Logf("agreement %v after ap reconnected", took)
+	if took > 2*gossipInterval+100*time.Millisecond {
+		// The poll itself reads 3 Redis servers per window: allow it.
+		t.Errorf("agreement took %v after ap reconnected, want within two gossip intervals (%v)", took, 2*gossipInterval)
+	}
+
+	floor := int64(bc.Floor(len(names)) * 600)
+	for s := first; s <= last; s += w {
+		got := regions["eu"].windowTotal(t, "k1", s)
+		total := got["ap"] + got["eu"] + got["us"]
+		t.Logf("window at +%v: %v, total %d", time.UnixMilli(s).Sub(cutAt).Round(time.Millisecond), got, total)
+		if total > 600 {
+			t.Errorf("window at %d admitted %d: over the strict limit of 600", s, total)
+		}
+		// A window wholly inside the cut and after ap's lease lapsed:
+		// ap serves on its floor, no more and not nothing.
+		if s >= cutAt.Add(bc.LeaseTTL+bc.Skew).UnixMilli() && s+w <= cutAt.Add(5*time.Second).UnixMilli() {
+			if got["ap"] == 0 || got["ap"] > floor {
+				t.Errorf("window at %d, ap cut off on its floor of %d: admitted %d", s, floor, got["ap"])
+			}
+		}
+	}
+}
