@@ -72,8 +72,9 @@ type ruleState struct {
 	share   map[string]float64 // the share of the last lease, for hysteresis
 	grants  map[string][]grant // leases that may still be in force, oldest first
 	hw      map[int64]map[string]float64
-	debt    map[string]float64 // still to charge
-	held    map[string]float64 // charged in heldEpoch
+	past    map[int64]map[string]float64 // marks of windows no longer live, for Granted
+	debt    map[string]float64           // still to charge
+	held    map[string]float64           // charged in heldEpoch
 	heldEp  int64
 	started bool
 }
@@ -94,7 +95,7 @@ func (a *Allocator) state(id string) *ruleState {
 	if s == nil {
 		s = &ruleState{
 			demand: map[string]float64{}, sample: map[string]float64{}, heard: map[string]time.Time{}, acked: map[string]uint64{}, used: map[string]Report{},
-			share: map[string]float64{}, grants: map[string][]grant{}, hw: map[int64]map[string]float64{},
+			share: map[string]float64{}, grants: map[string][]grant{}, hw: map[int64]map[string]float64{}, past: map[int64]map[string]float64{},
 			debt: map[string]float64{}, held: map[string]float64{}, floors: map[string]float64{},
 		}
 		a.rules[id] = s
@@ -204,9 +205,15 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 		}
 		s.hw[e] = hw
 	}
-	for e := range s.hw {
+	for e, hw := range s.hw {
 		if e < first {
+			s.past[e] = hw
 			delete(s.hw, e)
+		}
+	}
+	for e := range s.past {
+		if e < first-pastWindows {
+			delete(s.past, e)
 		}
 	}
 	s.prune(now, a.cfg.Skew)
@@ -421,6 +428,24 @@ func (a *Allocator) Restore(rule string, leases []Lease) {
 		slices.SortFunc(gs, func(x, y grant) int { return cmp.Compare(x.seq, y.seq) })
 		s.grants[r] = gs
 	}
+}
+
+// pastWindows is how many windows back Granted can tell.
+const pastWindows = 8
+
+// Granted returns, for window epoch of a rule (its start / its length),
+// the most each region may have admitted in it, as a fraction of the
+// limit: what reconciliation holds a region to. It knows the last few
+// windows only.
+func (a *Allocator) Granted(rule string, epoch int64) map[string]float64 {
+	s := a.rules[rule]
+	if s == nil {
+		return nil
+	}
+	if hw := s.hw[epoch]; hw != nil {
+		return maps.Clone(hw)
+	}
+	return maps.Clone(s.past[epoch])
 }
 
 // Seq returns the Seq of the rule's newest lease.

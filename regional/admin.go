@@ -380,7 +380,7 @@ func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Par
 	for _, name := range regions {
 		ru := RegionUsage{Region: name, Used: used[name], Share: -1}
 		if name == e.cfg.Region {
-			ru.Share = e.allowance(r, now)
+			ru.Share, _ = e.allowance(r, now)
 		}
 		u.Regions = append(u.Regions, ru)
 	}

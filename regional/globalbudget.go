@@ -196,28 +196,33 @@ func (e *Engine) Lease(rule string) (budget.Lease, uint64, bool) {
 }
 
 // allowance is the fraction of a global rule's limit the region may admit
-// at now.
-func (e *Engine) allowance(r *Rule, now time.Time) float64 {
+// at now, and the part of it withheld as debt.
+func (e *Engine) allowance(r *Rule, now time.Time) (float64, float64) {
 	g := e.global
 	if g.alone {
-		return 1
+		return 1, 0
 	}
 	var l *budget.Lease
 	if h := (*g.leases.Load())[r.ID]; h != nil {
 		l = &h.lease
 	}
-	return budget.Allowance(l, g.floor, now)
+	if l != nil && l.Holds(now) {
+		return l.Allowance(), l.Debt
+	}
+	return g.floor, 0
 }
 
 // globalOp fills in a global limit's op: its allowance, and for elastic
-// mode its ceiling.
+// mode its ceiling: the limit less the headroom, and less any debt the
+// region owes (an over-admitting region borrows less).
 func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	limit := float64(op.Params.Limit)
+	frac, debt := e.allowance(r, now)
 	op.Global = true
-	op.Allowance = int64(math.Floor(e.allowance(r, now)*limit + 1e-9))
+	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
 	if r.Mode == ModeElastic && !e.global.alone {
-		op.Ceiling = op.Params.Limit - int64(math.Ceil(e.global.budget.Headroom*limit))
+		op.Ceiling = max(0, op.Params.Limit-int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9)))
 	}
 }
 
@@ -359,4 +364,27 @@ func (e *Engine) GlobalRules() []*Rule {
 		}
 	}
 	return out
+}
+
+// GlobalLimitOf returns the global rule a counter key (gq:{id:values})
+// belongs to and the limit the regions apply to it; ok is false for a key
+// of no global rule, or one whose limit depends on a tier the key does not
+// carry.
+func (rs *RuleSet) GlobalLimitOf(key string) (r *Rule, limit int64, ok bool) {
+	inner, found := strings.CutPrefix(key, "gq:{")
+	inner, found2 := strings.CutSuffix(inner, "}")
+	if !found || !found2 {
+		return nil, 0, false
+	}
+	id, values, _ := strings.Cut(inner, ":")
+	if r = rs.Rule(id); r == nil || r.Scope != ScopeGlobal {
+		return nil, 0, false
+	}
+	if n, ok := r.Overrides[values]; ok {
+		return r, n, true
+	}
+	if len(r.Tiers) > 0 || r.Base.Limit == 0 {
+		return r, 0, false
+	}
+	return r, r.Base.Limit, true
 }

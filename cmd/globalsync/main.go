@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -56,7 +58,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.nats, "nats", "", "NATS URL(s), with JetStream (required)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:9081", "address of the gRPC API (health)")
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API: /healthz, /v1/budgets, /v1/regions")
-	fs.StringVar(&c.rules, "rules", "", "rules file (YAML), checked at start; global rules are learned from the regions")
+	fs.StringVar(&c.rules, "rules", "", "rules file (YAML): with it, each window's books are closed (over-admission, carry_debt)")
 	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token for admin calls")
 	fs.StringVar(&c.regions, "regions", "", "every region, comma-separated; empty: the regions heard from")
 	fs.StringVar(&c.id, "id", "", "this instance's name among the globalsync instances; default: the host name and a random suffix")
@@ -107,11 +109,14 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	} else {
 		log = slog.New(slog.NewTextHandler(logw, nil))
 	}
+	var rules *regional.RuleSet
 	if c.rules != "" {
-		if _, err := regional.LoadFile(c.rules); err != nil {
+		var err error
+		if rules, err = regional.LoadFile(c.rules); err != nil {
 			return err
 		}
 	}
+	reg := prometheus.NewRegistry()
 	bc := budget.DefaultConfig()
 	bc.LeaseTTL, bc.Reserve = c.leaseTTL, c.reserve
 	if err := bc.Validate(); err != nil {
@@ -123,7 +128,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	defer nc.Close()
 	svc, err := Start(ctx, nc, Config{ID: c.id, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
-		Budget: bc, Logger: log})
+		Budget: bc, Rules: rules, Registry: reg, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -146,6 +151,8 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	defer g.Stop()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/over-admissions", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.OverAdmissions()) })
 	mux.HandleFunc("GET /v1/budgets", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.Budgets()) })
 	mux.HandleFunc("GET /v1/regions", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, map[string]any{"leader": svc.Leader(), "id": c.id, "regions": svc.Regions()})

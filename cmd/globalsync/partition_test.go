@@ -8,6 +8,7 @@ import (
 
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/deploy/local/harness"
+	"github.com/geoquota/geoquota/regional"
 )
 
 // TestStrictPartition: three regions, each its own Redis and NATS cluster
@@ -112,4 +113,90 @@ func TestStrictPartition(t *testing.T) {
 			}
 		}
 	}
+}
+
+const elasticRules = `
+rules:
+  - { id: g, match: { api_key: "k*" }, by: [api_key], scope: global, mode: elastic, carry_debt: true, algorithm: fixed_window, limit: 600, window: 2s }
+`
+
+// TestReconcileAfterPartition: two regions on an elastic limit with
+// carry_debt; us is cut off and both borrow the slack each sees, so
+// together they admit more than the limit. When the link heals, globalsync
+// and both regions agree on the windows, the leader finds the
+// over-admission and puts it on the regions, and charges it to their next
+// windows as debt.
+func TestReconcileAfterPartition(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	names := []string{"eu", "us"}
+	regions := map[string]*region{}
+	links := map[string]*harness.Link{}
+	for _, n := range names {
+		links[n] = harness.NewLink(t, ns.ClientAddr())
+		regions[n] = startRegion(t, n, "nats://"+links[n].Addr(), names, elasticRules)
+	}
+	rules, err := regional.Parse("rules.yaml", []byte(elasticRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := startService(t, "gs", ns.ClientURL(), Config{Regions: names, Rebalance: 250 * time.Millisecond,
+		AntiEntropy: time.Second, Rules: rules})
+	waitFor(t, 30*time.Second, "both regions hold leases", func() bool {
+		_, _, a := regions["eu"].engine.Lease("g")
+		_, _, b := regions["us"].engine.Lease("g")
+		return a && b
+	})
+	const w = 2000
+	first := time.Now().UnixMilli()/w*w + w
+	time.Sleep(time.Until(time.UnixMilli(first)))
+	links["us"].Cut()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var unlimited atomic.Int64
+	for _, n := range names {
+		regions[n].load("k1", &unlimited, stop, &wg)
+	}
+	time.Sleep(time.Until(time.UnixMilli(first + w - 200))) // most of one window, cut off
+	close(stop)
+	wg.Wait()
+	if err := links["us"].Heal(); err != nil {
+		t.Fatal(err)
+	}
+	key := "gq:{g:k1}"
+	var got map[string]int64
+	waitFor(t, 10*time.Second, "globalsync and the regions agree on the window", func() bool {
+		got = svc.GlobalUsage(key, first)
+		for _, r := range regions {
+			if w := r.windowTotal(t, "k1", first); w["eu"] != got["eu"] || w["us"] != got["us"] {
+				return false
+			}
+		}
+		return got["eu"] > 0 && got["us"] > 0
+	})
+	total := got["eu"] + got["us"]
+	t.Logf("window cut off: %v, total %d", got, total)
+	if total <= 600 {
+		t.Fatalf("the cut-off window admitted %d: the test meant to over-admit", total)
+	}
+	var found []OverAdmission
+	waitFor(t, 10*time.Second, "over-admission found", func() bool { found = svc.OverAdmissions(); return len(found) > 0 })
+	sum := int64(0)
+	for _, oa := range found {
+		t.Logf("over-admission: %+v", oa)
+		if oa.Rule != "g" || oa.Key != key || !oa.WindowStart.Equal(time.UnixMilli(first)) {
+			t.Fatalf("over-admission %+v: wrong rule, key or window", oa)
+		}
+		sum += oa.Amount
+	}
+	if sum < total-600-int64(len(names)) || sum > total-600 {
+		t.Fatalf("over-admission put on regions sums to %d, want %d (less rounding)", sum, total-600)
+	}
+	waitFor(t, 10*time.Second, "debt withheld from a region's lease", func() bool {
+		for _, r := range regions {
+			if l, _, _ := r.engine.Lease("g"); l.Debt > 0 {
+				return true
+			}
+		}
+		return false
+	})
 }

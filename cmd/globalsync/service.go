@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // LeaderBucket holds the lease that makes one globalsync the leader.
@@ -39,8 +42,17 @@ type Config struct {
 	Budget budget.Config
 	// Prefix starts the gossip subjects. "geoquota".
 	Prefix string
-	Clock  func() time.Time
-	Logger *slog.Logger
+	// Rules, if set, are the rules the regions enforce: with them the
+	// leader knows each counter's limit and closes the books of every
+	// window (over-admission, carry_debt).
+	Rules *regional.RuleSet
+	// AntiEntropy is how often globalsync asks the regions for usage it
+	// missed. 10s.
+	AntiEntropy time.Duration
+	// Registry, if set, gets the service's metrics.
+	Registry *prometheus.Registry
+	Clock    func() time.Time
+	Logger   *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -55,6 +67,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Prefix == "" {
 		c.Prefix = "geoquota"
+	}
+	if c.AntiEntropy <= 0 {
+		c.AntiEntropy = 10 * time.Second
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
@@ -73,7 +88,7 @@ type Service struct {
 	js      jetstream.JetStream
 	budgets jetstream.KeyValue
 	leases  jetstream.KeyValue
-	sub     *nats.Subscription
+	subs    []*nats.Subscription
 
 	mu        sync.Mutex
 	replicas  map[string]*replica // by replica id
@@ -84,6 +99,13 @@ type Service struct {
 	leaderRev uint64
 	revs      map[string]uint64 // budget key → last revision seen
 	docs      map[string]transport.BudgetDoc
+
+	usage        *usageView
+	rulesSet     *regional.RuleSet
+	reconciled   map[crdt.ID]bool
+	overAdmitted *prometheus.CounterVec
+	found        []OverAdmission // the latest, for tests and the API
+	digestSeq    uint64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -115,7 +137,17 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, nc: nc, js: js, replicas: map[string]*replica{}, rules: map[string]budget.Rule{},
-		regions: map[string]time.Time{}, revs: map[string]uint64{}, docs: map[string]transport.BudgetDoc{}, done: make(chan struct{})}
+		regions: map[string]time.Time{}, revs: map[string]uint64{}, docs: map[string]transport.BudgetDoc{}, done: make(chan struct{}),
+		rulesSet: cfg.Rules, reconciled: map[crdt.ID]bool{}, overAdmitted: newOverAdmittedMetric()}
+	if cfg.Registry != nil {
+		cfg.Registry.MustRegister(s.overAdmitted, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_globalsync_leader",
+			Help: "1 while this globalsync instance leads."}, func() float64 {
+			if s.Leader() {
+				return 1
+			}
+			return 0
+		}))
+	}
 	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if s.budgets, err = js.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: transport.BudgetsBucket,
@@ -126,8 +158,19 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 		Description: "the lease of the leading globalsync"}); err != nil {
 		return nil, fmt.Errorf("globalsync: bucket %s: %w", LeaderBucket, err)
 	}
-	if s.sub, err = nc.Subscribe(cfg.Prefix+".heartbeat.*", s.onHeartbeat); err != nil {
-		return nil, err
+	for subject, h := range map[string]nats.MsgHandler{
+		cfg.Prefix + ".heartbeat.*":               s.onHeartbeat,
+		cfg.Prefix + ".delta.*":                   s.onDelta,
+		cfg.Prefix + ".repair." + selfName + ".*": s.onDelta,
+	} {
+		sub, err := nc.Subscribe(subject, h)
+		if err != nil {
+			for _, sub := range s.subs {
+				sub.Unsubscribe()
+			}
+			return nil, err
+		}
+		s.subs = append(s.subs, sub)
 	}
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
 		cfg.Logger.Warn("globalsync: subscription not confirmed", "err", err)
@@ -143,7 +186,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 func (s *Service) Close() {
 	s.cancel()
 	<-s.done
-	s.sub.Unsubscribe()
+	for _, sub := range s.subs {
+		sub.Unsubscribe()
+	}
 }
 
 // Leader reports whether this instance leads.
@@ -195,11 +240,16 @@ func (s *Service) run(ctx context.Context) {
 	defer close(s.done)
 	t := time.NewTicker(s.cfg.Rebalance)
 	defer t.Stop()
+	ae := time.NewTicker(s.cfg.AntiEntropy)
+	defer ae.Stop()
+	s.publishDigest()
 	for {
 		s.tick(ctx)
 		select {
 		case <-ctx.Done():
 			return
+		case <-ae.C:
+			s.publishDigest()
 		case <-t.C:
 		}
 	}
@@ -314,6 +364,9 @@ func (s *Service) takeOver(ctx context.Context) error {
 func (s *Service) rebalance(ctx context.Context) error {
 	now := s.cfg.Clock()
 	s.mu.Lock()
+	if found := s.reconcile(now); len(found) > 0 {
+		s.found = append(s.found, found...)
+	}
 	regions := s.knownRegions()
 	type pub struct {
 		key string
@@ -413,6 +466,28 @@ func (s *Service) Budgets() []transport.BudgetDoc {
 	defer s.mu.Unlock()
 	out := slices.Collect(maps.Values(s.docs))
 	slices.SortFunc(out, func(a, b transport.BudgetDoc) int { return strings.Compare(a.Rule, b.Rule) })
+	return out
+}
+
+// OverAdmissions returns every over-admission found so far.
+func (s *Service) OverAdmissions() []OverAdmission {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.found)
+}
+
+// GlobalUsage returns what every region admitted of one counter's window,
+// as globalsync's copy has it.
+func (s *Service) GlobalUsage(key string, startMillis int64) map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int64{}
+	if c := s.view(); c != nil {
+		pn := c.Get(crdt.ID{Key: key, Epoch: startMillis})
+		for r, p := range pn.P.All() {
+			out[r] = int64(p) - int64(pn.N.Get(r))
+		}
+	}
 	return out
 }
 

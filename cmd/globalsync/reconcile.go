@@ -1,0 +1,201 @@
+package main
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/geoquota/geoquota/crdt"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// selfName is globalsync's name in the gossip: it takes the regions'
+// deltas and asks them for what it misses with its digest, but counts
+// nothing of its own.
+const selfName = "globalsync"
+
+// settleAfter is how long after a window ends its books are closed: for
+// the last deltas and repairs to arrive.
+const settleAfter = 2 * time.Second
+
+// usageView is globalsync's copy of every region's usage.
+type usageView struct {
+	c       *crdt.Counters
+	regions []string
+}
+
+// view returns the copy for the regions known now, rebuilt (keeping what
+// it held) when a region appears. The caller holds s.mu.
+func (s *Service) view() *crdt.Counters {
+	regions := append(slices.Clone(s.knownRegions()), selfName)
+	slices.Sort(regions)
+	if s.usage != nil && slices.Equal(s.usage.regions, regions) {
+		return s.usage.c
+	}
+	c, err := crdt.NewCounters(selfName, regions)
+	if err != nil {
+		return nil
+	}
+	if s.usage != nil {
+		c.Merge(s.usage.c.DeltaSince(0))
+	}
+	s.usage = &usageView{c: c, regions: regions}
+	return c
+}
+
+func (s *Service) onDelta(m *nats.Msg) {
+	from := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	d, err := crdt.DecodeDelta(m.Data)
+	if err != nil {
+		return
+	}
+	if !strings.HasPrefix(m.Subject, s.cfg.Prefix+".repair.") && d.Origin != from {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.view(); c != nil {
+		c.Merge(d)
+	}
+}
+
+// publishDigest asks the regions for what the copy misses.
+func (s *Service) publishDigest() {
+	s.mu.Lock()
+	c := s.view()
+	var dg crdt.Digest
+	var err error
+	if c != nil {
+		dg, err = c.Digest(crdt.DefaultDigestBuckets)
+	}
+	s.mu.Unlock()
+	if c == nil || err != nil {
+		return
+	}
+	b, err := crdt.AppendDigest(nil, dg)
+	if err != nil {
+		return
+	}
+	m := nats.NewMsg(s.cfg.Prefix + ".digest." + selfName)
+	m.Data = b
+	m.Header.Set("Geoquota-Replica", "globalsync-"+s.cfg.ID)
+	s.digestSeq++
+	m.Header.Set("Geoquota-Seq", itoa(s.digestSeq))
+	s.nc.PublishMsg(m)
+}
+
+func itoa(n uint64) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		if n /= 10; n == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+// OverAdmission is one region's part of a window that admitted more than
+// its limit.
+type OverAdmission struct {
+	Rule, Key, Region string
+	WindowStart       time.Time
+	Amount            int64
+}
+
+// reconcile closes the books of windows that ended: a counter whose
+// regions together admitted more than its limit is over-admission, put on
+// the regions that went beyond what they were granted (in proportion), or
+// on all in proportion to their usage if none did; it is counted, logged,
+// and, for carry_debt rules, charged to the regions' next windows. Only
+// the leader reconciles. The caller holds s.mu.
+func (s *Service) reconcile(now time.Time) []OverAdmission {
+	if s.rulesSet == nil || s.alloc == nil {
+		return nil
+	}
+	c := s.view()
+	if c == nil {
+		return nil
+	}
+	var found []OverAdmission
+	var done []crdt.ID
+	for _, id := range s.pendingWindows(c) {
+		rule, limit, ok := s.rulesSet.GlobalLimitOf(id.Key)
+		if !ok {
+			done = append(done, id)
+			continue
+		}
+		window := rule.Base.Window / 1000 // ms
+		if now.Before(time.UnixMilli(id.Epoch + window).Add(settleAfter)) {
+			continue
+		}
+		done = append(done, id)
+		pn := c.Get(id)
+		total := pn.Value()
+		if total <= limit {
+			continue
+		}
+		over := total - limit
+		granted := s.alloc.Granted(rule.ID, id.Epoch*1000/rule.Base.Window)
+		used := map[string]int64{}
+		excess, sumExcess, sumUsed := map[string]int64{}, int64(0), int64(0)
+		for r, p := range pn.P.All() {
+			used[r] = int64(p) - int64(pn.N.Get(r))
+			sumUsed += used[r]
+			if e := used[r] - int64(granted[r]*float64(limit)); e > 0 && granted != nil {
+				excess[r] = e
+				sumExcess += e
+			}
+		}
+		weights, sum := excess, sumExcess
+		if sum == 0 {
+			weights, sum = used, sumUsed
+		}
+		for _, r := range slices.Sorted(maps.Keys(weights)) {
+			part := over * weights[r] / max(1, sum)
+			if part <= 0 {
+				continue
+			}
+			oa := OverAdmission{Rule: rule.ID, Key: id.Key, Region: r, WindowStart: time.UnixMilli(id.Epoch), Amount: part}
+			found = append(found, oa)
+			s.overAdmitted.WithLabelValues(rule.ID, r).Add(float64(part))
+			s.cfg.Logger.Warn("over-admission", "rule", rule.ID, "key", id.Key, "region", r,
+				"window_start", oa.WindowStart, "admitted", used[r], "over", part, "carry_debt", rule.CarryDebt)
+			if rule.CarryDebt {
+				s.alloc.Charge(rule.ID, r, float64(part)/float64(limit))
+			}
+		}
+	}
+	for _, id := range done {
+		s.reconciled[id] = true
+	}
+	// Forget windows long closed, in the copy and in the ledger.
+	c.Expire(func(id crdt.ID) bool { return now.Sub(time.UnixMilli(id.Epoch)) > time.Hour*25 && s.reconciled[id] })
+	for id := range s.reconciled {
+		if now.Sub(time.UnixMilli(id.Epoch)) > 25*time.Hour {
+			delete(s.reconciled, id)
+		}
+	}
+	return found
+}
+
+// pendingWindows lists the windows in the copy not yet reconciled.
+func (s *Service) pendingWindows(c *crdt.Counters) []crdt.ID {
+	var ids []crdt.ID
+	for _, e := range c.DeltaSince(0).Entries {
+		if !s.reconciled[e.ID] {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids
+}
+
+// newOverAdmittedMetric is geoquota_over_admitted_total.
+func newOverAdmittedMetric() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "geoquota_over_admitted_total",
+		Help: "Requests (in cost) admitted beyond a global limit, found when a window's books close, by rule and the region held to account."},
+		[]string{"rule", "region"})
+}
