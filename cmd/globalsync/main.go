@@ -128,7 +128,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	defer nc.Close()
 	svc, err := Start(ctx, nc, Config{ID: c.id, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
-		Budget: bc, Rules: rules, Registry: reg, Logger: log})
+		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules)})
 	if err != nil {
 		return err
 	}
@@ -164,6 +164,14 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	<-ctx.Done()
 	log.Info("shutting down")
 	return nil
+}
+
+// rulesReader reads the rules file for publishing, or nil without one.
+func rulesReader(path string) func() ([]byte, error) {
+	if path == "" {
+		return nil
+	}
+	return func() ([]byte, error) { return os.ReadFile(path) }
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -46,6 +47,10 @@ type Config struct {
 	// leader knows each counter's limit and closes the books of every
 	// window (over-admission, carry_debt).
 	Rules *regional.RuleSet
+	// RulesYAML, if set, reads the rules to publish to every region: the
+	// leader calls it every rebalance and publishes what changed. The
+	// rules it publishes are also those it closes the books with.
+	RulesYAML func() ([]byte, error)
 	// AntiEntropy is how often globalsync asks the regions for usage it
 	// missed. 10s.
 	AntiEntropy time.Duration
@@ -88,6 +93,7 @@ type Service struct {
 	js      jetstream.JetStream
 	budgets jetstream.KeyValue
 	leases  jetstream.KeyValue
+	rulesKV jetstream.KeyValue
 	subs    []*nats.Subscription
 
 	mu        sync.Mutex
@@ -100,12 +106,13 @@ type Service struct {
 	revs      map[string]uint64 // budget key → last revision seen
 	docs      map[string]transport.BudgetDoc
 
-	usage        *usageView
-	rulesSet     *regional.RuleSet
-	reconciled   map[crdt.ID]bool
-	overAdmitted *prometheus.CounterVec
-	found        []OverAdmission // the latest, for tests and the API
-	digestSeq    uint64
+	usage          *usageView
+	rulesSet       *regional.RuleSet
+	reconciled     map[crdt.ID]bool
+	overAdmitted   *prometheus.CounterVec
+	found          []OverAdmission // the latest, for tests and the API
+	digestSeq      uint64
+	rulesPublished bool
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -153,6 +160,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	if s.budgets, err = js.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: transport.BudgetsBucket,
 		History: transport.BudgetHistory, Description: "geoquota budget leases, one key per global rule"}); err != nil {
 		return nil, fmt.Errorf("globalsync: bucket %s: %w", transport.BudgetsBucket, err)
+	}
+	if s.rulesKV, err = js.CreateOrUpdateKeyValue(kctx, transport.RulesBucketConfig); err != nil {
+		return nil, fmt.Errorf("globalsync: bucket %s: %w", transport.RulesBucket, err)
 	}
 	if s.leases, err = js.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: LeaderBucket,
 		Description: "the lease of the leading globalsync"}); err != nil {
@@ -262,9 +272,40 @@ func (s *Service) tick(ctx context.Context) {
 	if !s.lead(ctx) {
 		return
 	}
+	if err := s.publishRules(ctx); err != nil {
+		s.cfg.Logger.Warn("globalsync: rules not published", "err", err)
+	}
 	if err := s.rebalance(ctx); err != nil {
 		s.cfg.Logger.Warn("globalsync: rebalance", "err", err)
 	}
+}
+
+// publishRules publishes the rules if they changed since last published.
+func (s *Service) publishRules(ctx context.Context) error {
+	if s.cfg.RulesYAML == nil {
+		return nil
+	}
+	yaml, err := s.cfg.RulesYAML()
+	if err != nil {
+		return err
+	}
+	if s.rulesSet != nil && bytes.Equal(yaml, s.rulesSet.YAML()) && s.rulesPublished {
+		return nil
+	}
+	rs, err := regional.Parse("rules", yaml)
+	if err != nil {
+		return err // the last good rules stay published
+	}
+	if en, err := s.rulesKV.Get(ctx, transport.RulesKey); err != nil || !bytes.Equal(en.Value(), yaml) {
+		if _, err := transport.PublishRules(ctx, s.rulesKV, yaml); err != nil {
+			return err
+		}
+		s.cfg.Logger.Info("rules published", "rules", len(rs.Rules()))
+	}
+	s.mu.Lock()
+	s.rulesSet, s.rulesPublished = rs, true
+	s.mu.Unlock()
+	return nil
 }
 
 type leaderLease struct {

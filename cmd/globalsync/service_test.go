@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"io"
 	"log/slog"
 	"sync"
@@ -71,7 +72,14 @@ func startRegion(t *testing.T, name, natsURL string, regions []string, rules str
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); transport.WatchBudgets(ctx, js, r.engine, name, quiet()) }()
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); transport.WatchBudgets(ctx, js, r.engine, name, quiet()) }()
+		go func() { defer wg.Done(); transport.WatchRules(ctx, js, r.engine, quiet()) }()
+		wg.Wait()
+	}()
 	t.Cleanup(func() { cancel(); <-done; g.Close(); nc.Close() })
 	return r
 }
@@ -241,5 +249,44 @@ func testLeaderTakeover(t *testing.T, binary bool) {
 		if d.Rule == "g" && d.Leader != follower.cfg.ID {
 			t.Fatalf("budgets published by %q, want the new leader %q", d.Leader, follower.cfg.ID)
 		}
+	}
+}
+
+// TestRulesReachRegions: rules globalsync publishes are in force in every
+// region within 2 seconds; rules that do not compile are not published,
+// and the regions keep the last good ones.
+func TestRulesReachRegions(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	regions := []string{"eu", "us"}
+	eu := startRegion(t, "eu", ns.ClientURL(), regions, strictRules)
+	us := startRegion(t, "us", ns.ClientURL(), regions, strictRules)
+	var yaml atomic.Value
+	yaml.Store([]byte(strings.Replace(strictRules, "limit: 600", "limit: 700", 1)))
+	svc := startService(t, "gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 200 * time.Millisecond,
+		RulesYAML: func() ([]byte, error) { return yaml.Load().([]byte), nil }})
+	limitIs := func(n int64) func() bool {
+		return func() bool {
+			for _, r := range []*region{eu, us} {
+				if g := r.engine.Rules().Rule("g"); g == nil || g.Base.Limit != n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitFor(t, 10*time.Second, "the first rules published", limitIs(700))
+	yaml.Store([]byte(strings.Replace(strictRules, "limit: 600", "limit: 900", 1)))
+	changed := time.Now()
+	waitFor(t, 5*time.Second, "the changed rules in force", limitIs(900))
+	if took := time.Since(changed); took > 2*time.Second {
+		t.Errorf("rules took %v to reach every region, want within 2s", took)
+	}
+	yaml.Store([]byte("rules: [ { id: broken, algorithm: nonsense } ]"))
+	time.Sleep(600 * time.Millisecond) // three rebalances: the bad rules would be out by now
+	if !limitIs(900)() {
+		t.Fatal("invalid rules reached a region")
+	}
+	if !svc.Leader() {
+		t.Fatal("the only globalsync does not lead")
 	}
 }

@@ -91,7 +91,11 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		}
 		watchCtx, stopWatch := context.WithCancel(context.Background())
 		watched := make(chan struct{})
-		go func() { defer close(watched); transport.WatchBudgets(watchCtx, js, engine, c.region, log) }()
+		var watchers sync.WaitGroup
+		watchers.Add(2)
+		go func() { defer watchers.Done(); transport.WatchBudgets(watchCtx, js, engine, c.region, log) }()
+		go func() { defer watchers.Done(); transport.WatchRules(watchCtx, js, engine, log) }()
+		go func() { watchers.Wait(); close(watched) }()
 		defer func() { stopWatch(); <-watched }()
 	}
 

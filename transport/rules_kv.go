@@ -1,0 +1,82 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/geoquota/geoquota/regional"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// RulesBucket is the JetStream KV bucket where globalsync publishes the
+// rules (key RulesKey, the YAML of a rules file) and every regiond watches
+// it: a published change is in force in every region within a second or
+// two.
+const (
+	RulesBucket = "geoquota-rules"
+	RulesKey    = "rules"
+)
+
+// RulesBucketConfig is the bucket's configuration.
+var RulesBucketConfig = jetstream.KeyValueConfig{Bucket: RulesBucket, History: 8,
+	Description: "geoquota rules, as YAML, for every region"}
+
+// PublishRules puts rules (YAML) in the bucket, after checking that they
+// compile: an invalid set is refused here rather than in every region.
+func PublishRules(ctx context.Context, kv jetstream.KeyValue, yaml []byte) (uint64, error) {
+	if _, err := regional.Parse("published rules", yaml); err != nil {
+		return 0, err
+	}
+	return kv.Put(ctx, RulesKey, yaml)
+}
+
+// WatchRules puts the rules published in the bucket in force in the
+// engine, until ctx ends: each published set as it comes (an invalid one
+// is rejected whole, logged and counted, and the last good rules stay).
+// Whatever changed last, the rules file or the bucket, is in force.
+func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) {
+	for ctx.Err() == nil {
+		if err := watchRules(ctx, js, e, log); err != nil && ctx.Err() == nil {
+			log.Debug("rules: watching again", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+}
+
+func watchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) error {
+	kv, err := js.KeyValue(ctx, RulesBucket)
+	if err != nil {
+		return err
+	}
+	w, err := kv.Watch(ctx, RulesKey, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case en, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watch ended")
+			}
+			if en == nil || bytes.Equal(en.Value(), e.Rules().YAML()) {
+				continue
+			}
+			source := fmt.Sprintf("%s/%s@%d", RulesBucket, RulesKey, en.Revision())
+			if rs, err := e.PutRules(source, en.Value()); err != nil {
+				log.Error("published rules rejected; the last good rules stay in force", "revision", en.Revision(), "error", err)
+			} else {
+				log.Info("published rules in force", "revision", en.Revision(), "rules", len(rs.Rules()))
+			}
+		}
+	}
+}
