@@ -45,6 +45,20 @@
 // The engine starts no goroutines of its own; Run (or calls to Maintain)
 // does its periodic work. A RedisStore runs its pipelines until Close.
 //
+// # Global limits
+//
+// A rule with scope: global counts, per window, what each region admitted,
+// in the region's own slot of a G-counter (global.go): a hash per window
+// with a field per region, in both stores. Config.Global names every
+// region; SetLease puts the budget lease globalsync hands out in force
+// (package budget), and before one, or once it lapses, the region keeps to
+// its floor. A strict rule admits within the region's allowance; an elastic
+// one also up to the global count its store holds, less a headroom and any
+// debt. MergeRemote takes in other regions' slots (per-slot maximum), and
+// GlobalUsage is the engine's copy of the counters that the gossip
+// publishes from. Demand reports, for the budgets, what the region was
+// asked for.
+//
 // # Figures
 //
 // Measured on the project's 2-core machines (a shared VM whose speed varies

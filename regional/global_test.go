@@ -236,3 +236,27 @@ func TestEngineGlobalLimits(t *testing.T) {
 		t.Fatalf("alone, admitted %d, want the whole limit of 1000", got)
 	}
 }
+
+// TestGlobalWindowMemory: one window of a global counter with five
+// regions' slots takes at most 200 bytes of Redis memory (SPEC §9).
+func TestGlobalWindowMemory(t *testing.T) {
+	rs, _ := newTestRedisStore(t, RedisOptions{Region: "us-east"})
+	ctx := t.Context()
+	key := []byte("gq:{tenant-global:sk_prod_000001}")
+	start := time.Now().UnixMilli() / 60_000 * 60_000
+	var slots []crdt.Slot
+	for _, r := range []string{"ap-south", "eu-west", "sa-east", "us-east", "us-west"} {
+		slots = append(slots, crdt.Slot{Region: r, P: 1234, N: 0})
+	}
+	if _, err := rs.MergeGlobal(ctx, []GlobalWindow{{Key: key, StartMillis: start, TTL: time.Hour, Slots: slots}}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := rs.Client().MemoryUsage(ctx, string(GlobalKey(key, start))).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("MEMORY USAGE of a window with 5 regions: %d bytes", n)
+	if n > 200 {
+		t.Fatalf("a window with 5 regions takes %d bytes of Redis, want at most 200", n)
+	}
+}

@@ -22,7 +22,13 @@
 // On SIGTERM or SIGINT health turns NOT_SERVING, in-flight requests finish,
 // and pending audit entries are written.
 //
-// --nats, --regions, --peers and --memberlist-addr are accepted for the
-// global limits, which are not built yet: today each region enforces its
-// rules alone.
+// With --nats (or --dev's embedded server) the region gossips its usage of
+// global limits with the others, watches the budget leases and the rules
+// globalsync publishes in JetStream KV, and sends its heartbeat; --regions
+// names every region, this one included (each region's floor is the
+// reserve split over them; without --regions, or naming this region alone,
+// the region enforces every global limit whole). NATS down at start is no
+// reason not to serve: the region enforces on its floor and connects when
+// it can. --peers and --memberlist-addr are accepted for replica
+// membership, which is not built yet.
 package main
