@@ -41,6 +41,10 @@ type GossipConfig struct {
 	// MaxEntries bounds the counters in one message, so that a message
 	// stays within NATS's payload limit (1 MB by default). 20,000.
 	MaxEntries int
+	// Elected, if set, says whether this replica is the one its region
+	// elected (Members.Elected) to trade digests for anti-entropy; the
+	// others leave it to it. Unset: every replica does.
+	Elected func() bool
 	// Clock returns the time; nil means time.Now.
 	Clock  func() time.Time
 	Logger *slog.Logger
@@ -114,6 +118,8 @@ type GossipStats struct {
 	// Regressed slots went below what the sending region had sent before.
 	Regressed   atomic.Int64
 	StoreErrors atomic.Int64
+	// Digests published, and other regions' digests answered.
+	Digests, DigestsAnswered atomic.Int64
 }
 
 // Refused returns the messages and slots refused as bad.
@@ -258,8 +264,13 @@ func (g *Gossip) run(ctx context.Context) {
 			g.PublishDelta()
 		case <-ae.C:
 			g.engine.ExpireGlobal(g.cfg.Clock())
-			g.PublishDigest()
+			if g.elected() {
+				g.PublishDigest()
+			}
 		case <-g.kick:
+			if !g.elected() {
+				continue
+			}
 			// A region silent for a while is back (a partition healed):
 			// trade digests now rather than at the next anti-entropy
 			// round, so that both sides agree within a heartbeat or two.
@@ -269,6 +280,8 @@ func (g *Gossip) run(ctx context.Context) {
 		}
 	}
 }
+
+func (g *Gossip) elected() bool { return g.cfg.Elected == nil || g.cfg.Elected() }
 
 // PublishDelta publishes the region's slots changed since the last call.
 func (g *Gossip) PublishDelta() {
@@ -332,6 +345,9 @@ func (g *Gossip) PublishDigest() {
 		var b []byte
 		if b, err = crdt.AppendDigest(nil, dg); err == nil {
 			err = g.publish(g.subject(kindDigest, g.cfg.Region), b)
+		}
+		if err == nil {
+			g.stats.Digests.Add(1)
 		}
 	}
 	if err != nil {
@@ -451,9 +467,10 @@ func (g *Gossip) onHeartbeat(m *nats.Msg) { g.accept(m) }
 
 func (g *Gossip) onDigest(m *nats.Msg) {
 	region, ok := g.accept(m)
-	if !ok || region == g.cfg.Region {
-		return // a sibling replica's digest: the same store
+	if !ok || region == g.cfg.Region || !g.elected() {
+		return // a sibling replica's digest (the same store), or not ours to answer
 	}
+	g.stats.DigestsAnswered.Add(1)
 	dg, err := crdt.DecodeDigest(m.Data)
 	if err != nil || dg.Origin != region {
 		g.stats.Malformed.Add(1)

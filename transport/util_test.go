@@ -16,7 +16,11 @@ func TestMain(m *testing.M) {
 		// Idle keep-alive connections of http.DefaultClient end on their own.
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		// memberlist's Shutdown does not wait for a probe in flight; it
+		// ends at the probe's timeout.
+		goleak.IgnoreAnyFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"),
+		goleak.IgnoreAnyFunction("github.com/hashicorp/memberlist.(*Memberlist).triggerFunc"))
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

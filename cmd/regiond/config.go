@@ -1,7 +1,11 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"net"
+	"os"
 	"flag"
 	"fmt"
 	"io"
@@ -40,6 +44,10 @@ type config struct {
 	debugAddr        string
 	proxyUpstreamURL *url.URL
 	regionList       []string
+	memberlistKey    string
+	replicaName      string
+	peerList         []string
+	memberKey        []byte
 	gossipInterval   time.Duration
 	antiEntropy      time.Duration
 }
@@ -70,6 +78,8 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.Int64Var(&c.violationsMaxLen, "violations-maxlen", 10000, "about how many violations the audit stream keeps")
 	fs.DurationVar(&c.reloadDebounce, "reload-debounce", 100*time.Millisecond, "wait after a change to the rules file before reloading it")
 	fs.StringVar(&c.debugAddr, "debug-addr", "", "serve Go's profiler (net/http/pprof) on this address; off by default")
+	fs.StringVar(&c.memberlistKey, "memberlist-key", "", "encrypts membership traffic among the region's replicas: 16, 24 or 32 bytes, hex-encoded")
+	fs.StringVar(&c.replicaName, "replica-name", "", "this replica's name among its siblings (default: the host name and a random suffix)")
 	fs.DurationVar(&c.gossipInterval, "gossip-interval", 250*time.Millisecond, "how often this region publishes its global usage")
 	fs.DurationVar(&c.antiEntropy, "anti-entropy", 10*time.Second, "how often this region asks the others for what it missed")
 
@@ -146,6 +156,36 @@ func (c *config) check() error {
 		if err := (regional.GlobalConfig{Regions: c.regionList}).Validate(c.region); err != nil {
 			return fmt.Errorf("--regions: %w", err)
 		}
+	}
+	c.peerList = nil
+	for _, p := range strings.Split(c.peers, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			if _, _, err := net.SplitHostPort(p); err != nil {
+				return fmt.Errorf("--peers: %q: want host:port", p)
+			}
+			c.peerList = append(c.peerList, p)
+		}
+	}
+	if len(c.peerList) > 0 && c.memberlistAddr == "" {
+		return errors.New("--peers needs --memberlist-addr: the address this replica listens on for its siblings")
+	}
+	if c.memberlistAddr != "" {
+		if _, _, err := net.SplitHostPort(c.memberlistAddr); err != nil {
+			return fmt.Errorf("--memberlist-addr %q: want host:port", c.memberlistAddr)
+		}
+	}
+	if c.memberlistKey != "" {
+		k, err := hex.DecodeString(c.memberlistKey)
+		if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
+			return errors.New("--memberlist-key: want 16, 24 or 32 bytes, hex-encoded (32, 48 or 64 hex digits)")
+		}
+		c.memberKey = k
+	}
+	if c.replicaName == "" {
+		host, _ := os.Hostname()
+		var b [3]byte
+		rand.Read(b[:])
+		c.replicaName = host + "-" + hex.EncodeToString(b[:])
 	}
 	return nil
 }

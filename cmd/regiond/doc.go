@@ -29,6 +29,14 @@
 // reserve split over them; without --regions, or naming this region alone,
 // the region enforces every global limit whole). NATS down at start is no
 // reason not to serve: the region enforces on its floor and connects when
-// it can. --peers and --memberlist-addr are accepted for replica
-// membership, which is not built yet.
+// it can.
+//
+// --memberlist-addr (and --peers, the siblings to join) makes the region's
+// replicas find each other (memberlist, LAN profile; --memberlist-key
+// encrypts it): the first alive replica by name (--replica-name) is
+// elected to trade digests for anti-entropy, another within seconds when
+// it dies, and every replica tells the others of keys it found over their
+// limits, for their denial caches. Every replica sends its own heartbeat:
+// each enforces the leases itself, so globalsync needs each one's
+// acknowledgement, and adds their demand up.
 package main

@@ -374,3 +374,40 @@ rules:
 		t.Fatalf("us admitted %d, want 48 (ceiling 198 less eu's 150)", got)
 	}
 }
+
+// TestSiblingsShareDenials: two replicas of one region find each other
+// with memberlist; a key one of them found over its limit is refused by
+// the other from its denial cache (each runs on its own in-memory store
+// here, so that only the message can tell it: b's own store would allow
+// 500).
+func TestSiblingsShareDenials(t *testing.T) {
+	rules := filepath.Join(t.TempDir(), "rules.yaml")
+	os.WriteFile(rules, []byte("rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 500, window: 1h }\n"), 0o644)
+	key := "--memberlist-key=000102030405060708090a0b0c0d0e0f"
+	a := startRegiond(t, nil, "--dev", "--rules", rules, "--memberlist-addr", "127.0.0.1:0", "--replica-name", "a", key)
+	var addr string
+	for _, line := range strings.Split(a.logs(), "\n") {
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "members: listening" {
+			addr = rec.Addr
+		}
+	}
+	if addr == "" {
+		t.Fatalf("no membership address in the log:\n%s", a.logs())
+	}
+	b := startRegiond(t, nil, "--dev", "--rules", rules, "--memberlist-addr", "127.0.0.1:0", "--peers", addr, "--replica-name", "b", key)
+	for range 500 {
+		a.check("k9", "/x")
+	}
+	if resp := a.check("k9", "/x"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a's 501st: %s", resp.Status)
+	}
+	for i := range 499 {
+		if b.check("k9", "/x").StatusCode == http.StatusTooManyRequests {
+			t.Logf("b refused k9 at its request %d", i+1)
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // spreading b's requests over 10s
+	}
+	t.Fatalf("b allowed 499 requests of a key a had found over its limit:\n%s", b.logs())
+}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -54,9 +55,26 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		violations = regional.NewMemoryViolations(int(c.violationsMaxLen))
 	}
 
+	var members atomic.Pointer[transport.Members]
 	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log,
-		Global: regional.GlobalConfig{Regions: c.regionList}}, rules)
+		Global: regional.GlobalConfig{Regions: c.regionList}, OnDenied: func(d regional.Denial) {
+			if m := members.Load(); m != nil {
+				m.TellDenial(d)
+			}
+		}}, rules)
 	metrics.Attach(engine)
+	var elected func() bool
+	if c.memberlistAddr != "" {
+		m, err := transport.StartMembers(transport.MembersConfig{Name: c.replicaName, Addr: c.memberlistAddr,
+			Peers: c.peerList, SecretKey: c.memberKey, Logger: log}, engine)
+		if err != nil {
+			return err
+		}
+		defer m.Leave(time.Second)
+		members.Store(m)
+		elected = m.Elected
+		log.Info("members: listening", "addr", m.Addr(), "peers", c.peerList)
+	}
 
 	natsURL := c.nats
 	if c.dev && natsURL == "" {
@@ -78,8 +96,8 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 			return fmt.Errorf("--nats: %w", err)
 		}
 		defer nc.Close()
-		gossip, err = transport.StartGossip(nc, engine, transport.GossipConfig{Region: c.region,
-			Interval: c.gossipInterval, AntiEntropy: c.antiEntropy, Logger: log})
+		gossip, err = transport.StartGossip(nc, engine, transport.GossipConfig{Region: c.region, Replica: c.replicaName,
+			Interval: c.gossipInterval, AntiEntropy: c.antiEntropy, Elected: elected, Logger: log})
 		if err != nil {
 			return err
 		}
