@@ -342,3 +342,13 @@ func (c *Counters) Observe(id ID, p, n uint64) bool {
 	c.touch(e, s)
 	return true
 }
+
+// Own returns the local region's slot of counter id.
+func (c *Counters) Own(id ID) (p, n uint64) {
+	if e := c.entries[id]; e != nil {
+		if i, ok := e.find(uint32(c.self)); ok {
+			return e.slots[i].p, e.slots[i].n
+		}
+	}
+	return 0, 0
+}

@@ -56,6 +56,13 @@ func TestGlobalStoresDecideAlike(t *testing.T) {
 				ceiling = rapid.Int64Range(0, p.Limit).Draw(t, "ceiling")
 			}
 			ops := []Op{{Key: key, Params: p, Cost: rapid.Int64Range(0, 5).Draw(t, "cost"), Global: true, Allowance: allowance, Ceiling: ceiling}}
+			if rapid.IntRange(0, 3).Draw(t, "known") == 0 {
+				// The engine remembers more than the store holds (or
+				// less, or of another window).
+				start := clock.micros() / p.Window * p.Window / 1000
+				ops[0].KnownStart = start - rapid.SampledFrom([]int64{0, 0, p.Window / 1000}).Draw(t, "known window")
+				ops[0].KnownP, ops[0].KnownN = rapid.Uint64Range(0, 40).Draw(t, "known p"), rapid.Uint64Range(0, 3).Draw(t, "known n")
+			}
 			if rapid.Bool().Draw(t, "with a regional limit") {
 				ops = append(ops, Op{Key: []byte(fmt.Sprintf("gq:{r%d}", run)), Params: Params{Algorithm: FixedWindow, Limit: 3, Window: 1e6}, Cost: 1})
 			}
@@ -258,5 +265,23 @@ func TestGlobalWindowMemory(t *testing.T) {
 	t.Logf("MEMORY USAGE of a window with 5 regions: %d bytes", n)
 	if n > 200 {
 		t.Fatalf("a window with 5 regions takes %d bytes of Redis, want at most 200", n)
+	}
+}
+
+// TestStrictSurvivesAFlushedRedis: a region's Redis loses its data in the
+// middle of a window; the engine remembers what the region counted, so the
+// window does not admit its allowance a second time.
+func TestStrictSurvivesAFlushedRedis(t *testing.T) {
+	rs, _ := newTestRedisStore(t, RedisOptions{Region: "eu"})
+	e := New(Config{Region: "eu", Store: rs, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	if got := countAllowed(t, e, "s_9", 60); got != 50 {
+		t.Fatalf("before the flush: %d admitted, want the floor of 50", got)
+	}
+	if err := rs.Client().FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.forgetDenials()
+	if got := countAllowed(t, e, "s_9", 60); got != 0 {
+		t.Fatalf("after the flush: %d more admitted in the same window, want 0", got)
 	}
 }

@@ -224,6 +224,12 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	if r.Mode == ModeElastic && !e.global.alone {
 		op.Ceiling = max(0, op.Params.Limit-int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9)))
 	}
+	// What this replica knows the region counted in the window, in case
+	// the store lost it.
+	window := op.Params.Window
+	op.KnownStart = now.UnixMicro() / window * window / 1000
+	id := crdt.ID{Key: string(op.Key), Epoch: op.KnownStart}
+	e.global.usage.With(func(c *crdt.Counters) { op.KnownP, op.KnownN = c.Own(id) })
 }
 
 // noteGlobal records a global limit's answer: the region's slot for the

@@ -285,3 +285,11 @@ func (e *Engine) admitKey(r *Rule, key []byte, now time.Time) keyAdmission {
 	})
 	return keyAdmitted
 }
+
+// forgetDenials empties the denial cache (tests).
+func (e *Engine) forgetDenials() {
+	e.denials.sweep(func(string, *denial) bool {
+		e.denialCount.Add(-1)
+		return true
+	})
+}

@@ -153,6 +153,9 @@ func (m *MemoryStore) globalWindow(sh *memShard, key []byte, start float64, now 
 // shard's lock.
 func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) {
 	start, prevStart := globalWindows(&op.Params, float64(now))
+	if (op.KnownP > 0 || op.KnownN > 0) && op.KnownStart*1000 == int64(start) {
+		m.raiseGlobal(sh, op, start, now)
+	}
 	_, cur := m.globalWindow(sh, op.Key, start, now)
 	var prev globalView
 	if op.Params.Algorithm == SlidingWindowCounter {
@@ -163,6 +166,28 @@ func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) {
 	r.OwnP, r.OwnN = uint64(cur.p), uint64(cur.n)
 	if r.Allowed {
 		r.Taken = op.Cost
+	}
+}
+
+// raiseGlobal raises this region's fields of the window at start to the
+// op's known P and N (see Op.KnownP); the caller holds the shard's lock.
+func (m *MemoryStore) raiseGlobal(sh *memShard, op *Op, start float64, now int64) {
+	var buf [160]byte
+	k := appendGlobalKey(buf[:0], op.Key, int64(start)/1000)
+	g := sh.globals[string(k)]
+	if g == nil || g.expires <= now {
+		g = &memGlobal{fields: map[string]uint64{}}
+	}
+	raised := false
+	if op.KnownP > g.fields[m.region] {
+		g.fields[m.region], raised = op.KnownP, true
+	}
+	if op.KnownN > g.fields["-"+m.region] {
+		g.fields["-"+m.region], raised = op.KnownN, true
+	}
+	if raised {
+		g.expires = now + globalTTL(&op.Params, start, float64(now))
+		sh.globals[string(k)] = g
 	}
 }
 

@@ -211,6 +211,7 @@ type redisLimit struct {
 	lease              int64
 	global             bool
 	allowance, ceiling int64
+	known              [3]int64 // window start (ms), P, N
 }
 
 // redisGroup is the limits of one call that share a Cluster slot, and the
@@ -230,7 +231,8 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	clear(c.results)
 	for i, op := range ops {
 		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, lease: op.Lease,
-			global: op.Global, allowance: op.Allowance, ceiling: op.Ceiling})
+			global: op.Global, allowance: op.Allowance, ceiling: op.Ceiling,
+			known: [3]int64{op.KnownStart, int64(op.KnownP), int64(op.KnownN)}})
 		slot := keySlot(op.Key)
 		g := 0
 		// A single server runs all limits in one script; a Cluster, one
@@ -283,7 +285,7 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 	}
 	if l.global {
 		return keys, append(args, globalAlgorithm+int(l.params.Algorithm), l.params.Limit,
-			l.allowance, l.params.Window, l.cost, shadow, l.ceiling)
+			l.allowance, l.params.Window, l.cost, shadow, l.ceiling, l.known[0], l.known[1], l.known[2])
 	}
 	return keys, append(args, int(l.params.Algorithm), l.params.Limit,
 		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow, l.lease)

@@ -59,6 +59,11 @@ type Op struct {
 	Global    bool
 	Allowance int64
 	Ceiling   int64
+	// KnownP and KnownN are what the engine knows this region counted in
+	// the window starting at KnownStart (Unix ms): a store that has less
+	// (it lost its data) is raised to them before it decides.
+	KnownStart     int64
+	KnownP, KnownN uint64
 }
 
 // decideOp decides one op against state s, in place (see decide), taking a

@@ -255,6 +255,11 @@ func (g *Gossip) run(ctx context.Context) {
 	defer pub.Stop()
 	defer ae.Stop()
 	defer hb.Stop()
+	if g.elected() {
+		// A replica that starts may have lost what its region counted
+		// (a new process, or a flushed Redis): ask at once.
+		g.PublishDigest()
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -13,8 +13,9 @@
 -- ARGV[7...]: per limit 7 values: algorithm, limit, rate, window, cost,
 --            shadow, lease (0: none; else take up to lease, at least cost).
 --            A global limit (global.go) has algorithm 10 + its own, its
---            allowance in place of the rate, and its ceiling (-1: strict)
---            in place of the lease.
+--            allowance in place of the rate, its ceiling (-1: strict) in
+--            place of the lease, and 3 more: the window (ms) the engine
+--            knows this region's slot of, and that slot's P and N.
 --
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
 -- retry_after, taken, and for a global limit the region's P and N after};
@@ -271,6 +272,21 @@ local function gadd(key, alg, window, f, n)
   return tonumber(call('HGET', h, region)) or 0, tonumber(call('HGET', h, '-' .. region)) or 0
 end
 
+-- graise raises this region's fields of the window that holds now to at
+-- least p and n, if the window starts at known (ms): the engine's memory of
+-- its own slot, so that a store that lost its data (flushed, failed over
+-- to an empty replica) does not admit the window's usage again.
+local function graise(key, alg, window, known, p, n)
+  local start = floor(now / window) * window
+  if (p <= 0 and n <= 0) or known * 1000 ~= start then return end
+  local h = gkey(key, start)
+  local cp = tonumber(call('HGET', h, region)) or 0
+  local cn = tonumber(call('HGET', h, '-' .. region)) or 0
+  if p > cp then call('HSET', h, region, format('%d', p)) end
+  if n > cn then call('HSET', h, '-' .. region, format('%d', n)) end
+  if p > cp or n > cn then call('PEXPIRE', h, gttl(alg, window, start)) end
+end
+
 -- gdecide mirrors decideGlobal() in global.go.
 local function gdecide(key, alg, window, cost, allowance, ceiling)
   local start = floor(now / window) * window
@@ -319,6 +335,7 @@ while i + 6 <= #ARGV do
       end
     else
       if mode == 'inspect' then cost = 0 end
+      graise(key, alg, window, tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9]))
       local allowed, rem, reset, retry, p, n = gdecide(key, alg, window, cost, rate, lease)
       if not allowed and not shadow then commit = false end
       if allowed and mode == 'check' and cost > 0 then
@@ -330,7 +347,7 @@ while i + 6 <= #ARGV do
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, rem, reset, retry
       out[o + 5], out[o + 6], out[o + 7] = allowed and cost or 0, p, n
     end
-    i = i + 7
+    i = i + 10
   else
     if alg == LOG then
       logkey = KEYS[k]
