@@ -16,6 +16,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/regional"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
@@ -283,4 +285,41 @@ func (s adminServer) ListViolations(ctx context.Context, in *pb.ListViolationsRe
 			Cost: v.Cost, RetryAfterMs: v.RetryAfter.Milliseconds(), Count: v.Count})
 	}
 	return out, nil
+}
+
+// ListRegions reports every region as this one sees it.
+func (s rateLimiter) ListRegions(context.Context, *pb.ListRegionsRequest) (*pb.ListRegionsResponse, error) {
+	return s.regionList(), nil
+}
+
+// regionList is ListRegions' answer: every known region, when the gossip
+// last heard it, and this region's own leases.
+func (s *Server) regionList() *pb.ListRegionsResponse {
+	out := &pb.ListRegionsResponse{AnsweredBy: s.opts.Region}
+	var regions []string
+	s.engine.GlobalUsage().With(func(c *crdt.Counters) { regions = c.Regions() })
+	now := time.Now()
+	for _, r := range regions {
+		st := &pb.RegionStatus{Region: r, LastHeardMs: -1, PartitionSuspected: true}
+		if r == s.opts.Region {
+			st.LastHeardMs, st.PartitionSuspected = 0, false
+			for _, rule := range s.engine.GlobalRules() {
+				if l, _, ok := s.engine.Lease(rule.ID); ok {
+					st.Leases = append(st.Leases, LeaseProto(l, now))
+				}
+			}
+		} else if g := s.opts.Gossip; g != nil {
+			if at, ok := g.LastHeard(r); ok {
+				st.LastHeardMs, st.PartitionSuspected = now.Sub(at).Milliseconds(), now.Sub(at) > g.StaleAfter()
+			}
+		}
+		out.Regions = append(out.Regions, st)
+	}
+	return out
+}
+
+// LeaseProto is a budget lease in geoquota.v1 terms.
+func LeaseProto(l budget.Lease, now time.Time) *pb.Lease {
+	return &pb.Lease{Rule: l.Rule, Region: l.Region, Seq: l.Seq, Floor: l.Floor, Share: l.Share, Debt: l.Debt,
+		ExpiresUnixMs: l.Expires.UnixMilli(), Valid: l.Holds(now)}
 }

@@ -11,7 +11,15 @@
 //
 //	globalsync --nats nats://127.0.0.1:4222 --grpc-addr 127.0.0.1:9081 --http-addr 127.0.0.1:9080 [--regions a,b,c]
 //
-// HTTP: GET /healthz, GET /v1/budgets (the leases last published), GET
-// /v1/regions (regions heard from, replicas, partition suspicion, and
-// whether this instance leads).
+// gRPC: geoquota.v1.GlobalSync (GetGlobalUsage, GetBudgets, ListRegions),
+// health and reflection. HTTP: GET /healthz, /metrics, /v1/budgets (the
+// leases last published), /v1/regions (regions heard from, replicas,
+// partition suspicion, and whether this instance leads),
+// /v1/over-admissions.
+//
+// With --rules the leader publishes the rules to every region (JetStream
+// KV bucket geoquota-rules) and closes each window's books: over-admission
+// is put on the regions that went beyond their grants, counted
+// (geoquota_over_admitted_total), logged, and for carry_debt rules
+// withheld from their next windows.
 package main

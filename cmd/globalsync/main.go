@@ -28,6 +28,7 @@ import (
 
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/regional"
+	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
 
 func main() {
@@ -56,7 +57,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs := flag.NewFlagSet("globalsync", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.nats, "nats", "", "NATS URL(s), with JetStream (required)")
-	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:9081", "address of the gRPC API (health)")
+	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:9081", "address of the gRPC API: geoquota.v1.GlobalSync, health, reflection")
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API: /healthz, /v1/budgets, /v1/regions")
 	fs.StringVar(&c.rules, "rules", "", "rules file (YAML): with it, each window's books are closed (over-admission, carry_debt)")
 	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token for admin calls")
@@ -146,6 +147,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	g := grpc.NewServer()
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
+	pb.RegisterGlobalSyncServer(g, grpcServer{s: svc})
 	reflection.Register(g)
 	go g.Serve(grpcLis)
 	defer g.Stop()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
 
 func TestMain(m *testing.M) {
@@ -292,5 +299,62 @@ func TestRulesReachRegions(t *testing.T) {
 	}
 	if !svc.Leader() {
 		t.Fatal("the only globalsync does not lead")
+	}
+}
+
+// TestGlobalSyncAPI serves geoquota.v1.GlobalSync over gRPC on loopback:
+// the global usage of a window as merged from the regions, the leases,
+// and the regions; bad input is InvalidArgument naming the field.
+func TestGlobalSyncAPI(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	regions := []string{"eu", "us"}
+	eu := startRegion(t, "eu", ns.ClientURL(), regions, strictRules)
+	startRegion(t, "us", ns.ClientURL(), regions, strictRules)
+	svc := startService(t, "gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 200 * time.Millisecond})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	pb.RegisterGlobalSyncServer(srv, grpcServer{s: svc})
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := pb.NewGlobalSyncClient(conn)
+	ctx := t.Context()
+
+	waitFor(t, 10*time.Second, "eu holds a lease", func() bool { _, _, ok := eu.engine.Lease("g"); return ok })
+	for range 7 {
+		var d regional.Decision
+		eu.engine.Check(ctx, &regional.Request{APIKey: "k7", Endpoint: "/x"}, &d)
+	}
+	var u *pb.GetGlobalUsageResponse
+	waitFor(t, 10*time.Second, "globalsync's copy has eu's 7", func() bool {
+		u, err = client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "g", Key: "k7"})
+		return err == nil && u.GetGlobalUsed() == 7
+	})
+	if len(u.Regions) != 2 || u.Regions[0].Region != "eu" || u.Regions[0].Used != 7 || u.Regions[0].Share <= 0 || u.Regions[1].Used != 0 {
+		t.Fatalf("GetGlobalUsage: %v", u)
+	}
+	b, err := client.GetBudgets(ctx, &pb.GetBudgetsRequest{})
+	if err != nil || len(b.Budgets) != 1 || b.Budgets[0].Rule != "g" || len(b.Budgets[0].Leases) != 2 || !b.Budgets[0].Leases[0].Valid {
+		t.Fatalf("GetBudgets: %v, %v", b, err)
+	}
+	lr, err := client.ListRegions(ctx, &pb.ListRegionsRequest{})
+	if err != nil || !lr.Leader || len(lr.Regions) != 2 || lr.Regions[0].PartitionSuspected || lr.Regions[0].Replicas != 1 || len(lr.Regions[0].Leases) != 1 {
+		t.Fatalf("ListRegions: %v, %v", lr, err)
+	}
+	for _, in := range []*pb.GetGlobalUsageRequest{{Key: "k7"}, {Rule: "g"}} {
+		_, err := client.GetGlobalUsage(ctx, in)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("GetGlobalUsage(%v): %v, want InvalidArgument", in, err)
+		}
+	}
+	if _, err := client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "nope", Key: "k"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("GetGlobalUsage of an unknown rule: %v, want NotFound", err)
 	}
 }

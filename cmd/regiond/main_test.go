@@ -17,7 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/geoquota/geoquota/deploy/local/harness"
+	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
 
 var binary string
@@ -372,6 +376,18 @@ rules:
 	}
 	if got := allowed(us, "e_1", 100); got != 48 {
 		t.Fatalf("us admitted %d, want 48 (ceiling 198 less eu's 150)", got)
+	}
+	// ListRegions from us: eu heard from lately, us itself on its floor
+	// (no globalsync here, so no lease).
+	conn, err := grpc.NewClient(us.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	lr, err := pb.NewRateLimiterClient(conn).ListRegions(t.Context(), &pb.ListRegionsRequest{})
+	if err != nil || lr.AnsweredBy != "us" || len(lr.Regions) != 2 || lr.Regions[0].Region != "eu" || lr.Regions[0].PartitionSuspected ||
+		lr.Regions[0].LastHeardMs < 0 || lr.Regions[1].Region != "us" || len(lr.Regions[1].Leases) != 0 {
+		t.Fatalf("ListRegions: %v, %v", lr, err)
 	}
 }
 

@@ -1538,6 +1538,583 @@ func (x *Violation) GetCount() int64 {
 	return 0
 }
 
+type ListRegionsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRegionsRequest) Reset() {
+	*x = ListRegionsRequest{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRegionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRegionsRequest) ProtoMessage() {}
+
+func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
+func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{25}
+}
+
+type ListRegionsResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Regions []*RegionStatus        `protobuf:"bytes,1,rep,name=regions,proto3" json:"regions,omitempty"`
+	// Who answers: a region's name, or the globalsync instance's id.
+	AnsweredBy string `protobuf:"bytes,2,opt,name=answered_by,json=answeredBy,proto3" json:"answered_by,omitempty"`
+	// For globalsync: whether the instance that answers leads.
+	Leader        bool `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRegionsResponse) Reset() {
+	*x = ListRegionsResponse{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRegionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRegionsResponse) ProtoMessage() {}
+
+func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
+func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListRegionsResponse) GetRegions() []*RegionStatus {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *ListRegionsResponse) GetAnsweredBy() string {
+	if x != nil {
+		return x.AnsweredBy
+	}
+	return ""
+}
+
+func (x *ListRegionsResponse) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+type RegionStatus struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// How long ago the region was last heard from; -1 if never.
+	LastHeardMs int64 `protobuf:"varint,2,opt,name=last_heard_ms,json=lastHeardMs,proto3" json:"last_heard_ms,omitempty"`
+	// Silent for longer than a few heartbeats: cut off, or down.
+	PartitionSuspected bool `protobuf:"varint,3,opt,name=partition_suspected,json=partitionSuspected,proto3" json:"partition_suspected,omitempty"`
+	// Replicas heard from lately (globalsync only).
+	Replicas int32 `protobuf:"varint,4,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// The region's budget leases, one per global rule, as known here.
+	Leases        []*Lease `protobuf:"bytes,5,rep,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionStatus) Reset() {
+	*x = RegionStatus{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionStatus) ProtoMessage() {}
+
+func (x *RegionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
+func (*RegionStatus) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RegionStatus) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionStatus) GetLastHeardMs() int64 {
+	if x != nil {
+		return x.LastHeardMs
+	}
+	return 0
+}
+
+func (x *RegionStatus) GetPartitionSuspected() bool {
+	if x != nil {
+		return x.PartitionSuspected
+	}
+	return false
+}
+
+func (x *RegionStatus) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *RegionStatus) GetLeases() []*Lease {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
+type Lease struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Rule   string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Region string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Seq    uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Fractions of the limit: the floor the region may always use, its
+	// share above it, and what is withheld as debt.
+	Floor         float64 `protobuf:"fixed64,4,opt,name=floor,proto3" json:"floor,omitempty"`
+	Share         float64 `protobuf:"fixed64,5,opt,name=share,proto3" json:"share,omitempty"`
+	Debt          float64 `protobuf:"fixed64,6,opt,name=debt,proto3" json:"debt,omitempty"`
+	ExpiresUnixMs int64   `protobuf:"varint,7,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	// Whether the lease is in force now (else the region is on its floor).
+	Valid         bool `protobuf:"varint,8,opt,name=valid,proto3" json:"valid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Lease) Reset() {
+	*x = Lease{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Lease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Lease) ProtoMessage() {}
+
+func (x *Lease) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Lease.ProtoReflect.Descriptor instead.
+func (*Lease) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Lease) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *Lease) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *Lease) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Lease) GetFloor() float64 {
+	if x != nil {
+		return x.Floor
+	}
+	return 0
+}
+
+func (x *Lease) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *Lease) GetDebt() float64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
+}
+
+func (x *Lease) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+func (x *Lease) GetValid() bool {
+	if x != nil {
+		return x.Valid
+	}
+	return false
+}
+
+type GetGlobalUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// The counter key: the rule's descriptor values, as GetUsage reports it.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The window's start; 0 for the window in progress (needs the rule's
+	// window, known from the regions' heartbeats).
+	WindowStartUnixMs int64 `protobuf:"varint,3,opt,name=window_start_unix_ms,json=windowStartUnixMs,proto3" json:"window_start_unix_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *GetGlobalUsageRequest) Reset() {
+	*x = GetGlobalUsageRequest{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetGlobalUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetGlobalUsageRequest) ProtoMessage() {}
+
+func (x *GetGlobalUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetGlobalUsageRequest.ProtoReflect.Descriptor instead.
+func (*GetGlobalUsageRequest) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *GetGlobalUsageRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *GetGlobalUsageRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *GetGlobalUsageRequest) GetWindowStartUnixMs() int64 {
+	if x != nil {
+		return x.WindowStartUnixMs
+	}
+	return 0
+}
+
+type GetGlobalUsageResponse struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Rule              string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Key               string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	WindowStartUnixMs int64                  `protobuf:"varint,3,opt,name=window_start_unix_ms,json=windowStartUnixMs,proto3" json:"window_start_unix_ms,omitempty"`
+	GlobalUsed        int64                  `protobuf:"varint,4,opt,name=global_used,json=globalUsed,proto3" json:"global_used,omitempty"`
+	Regions           []*RegionUsage         `protobuf:"bytes,5,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *GetGlobalUsageResponse) Reset() {
+	*x = GetGlobalUsageResponse{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetGlobalUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetGlobalUsageResponse) ProtoMessage() {}
+
+func (x *GetGlobalUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetGlobalUsageResponse.ProtoReflect.Descriptor instead.
+func (*GetGlobalUsageResponse) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetGlobalUsageResponse) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *GetGlobalUsageResponse) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *GetGlobalUsageResponse) GetWindowStartUnixMs() int64 {
+	if x != nil {
+		return x.WindowStartUnixMs
+	}
+	return 0
+}
+
+func (x *GetGlobalUsageResponse) GetGlobalUsed() int64 {
+	if x != nil {
+		return x.GlobalUsed
+	}
+	return 0
+}
+
+func (x *GetGlobalUsageResponse) GetRegions() []*RegionUsage {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type GetBudgetsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBudgetsRequest) Reset() {
+	*x = GetBudgetsRequest{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBudgetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBudgetsRequest) ProtoMessage() {}
+
+func (x *GetBudgetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBudgetsRequest.ProtoReflect.Descriptor instead.
+func (*GetBudgetsRequest) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{31}
+}
+
+type GetBudgetsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Budgets       []*Budget              `protobuf:"bytes,1,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBudgetsResponse) Reset() {
+	*x = GetBudgetsResponse{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBudgetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBudgetsResponse) ProtoMessage() {}
+
+func (x *GetBudgetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBudgetsResponse.ProtoReflect.Descriptor instead.
+func (*GetBudgetsResponse) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *GetBudgetsResponse) GetBudgets() []*Budget {
+	if x != nil {
+		return x.Budgets
+	}
+	return nil
+}
+
+type Budget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Seq   uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The globalsync instance that published it.
+	Leader        string   `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	IssuedUnixMs  int64    `protobuf:"varint,4,opt,name=issued_unix_ms,json=issuedUnixMs,proto3" json:"issued_unix_ms,omitempty"`
+	Leases        []*Lease `protobuf:"bytes,5,rep,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Budget) Reset() {
+	*x = Budget{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Budget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Budget) ProtoMessage() {}
+
+func (x *Budget) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Budget.ProtoReflect.Descriptor instead.
+func (*Budget) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *Budget) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *Budget) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Budget) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *Budget) GetIssuedUnixMs() int64 {
+	if x != nil {
+		return x.IssuedUnixMs
+	}
+	return 0
+}
+
+func (x *Budget) GetLeases() []*Lease {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
 var File_transport_geoquotav1_geoquota_proto protoreflect.FileDescriptor
 
 const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
@@ -1643,16 +2220,64 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	" \x01(\x03R\x05limit\x12\x12\n" +
 	"\x04cost\x18\v \x01(\x03R\x04cost\x12$\n" +
 	"\x0eretry_after_ms\x18\f \x01(\x03R\fretryAfterMs\x12\x14\n" +
-	"\x05count\x18\r \x01(\x03R\x05count*l\n" +
+	"\x05count\x18\r \x01(\x03R\x05count\"\x14\n" +
+	"\x12ListRegionsRequest\"\x83\x01\n" +
+	"\x13ListRegionsResponse\x123\n" +
+	"\aregions\x18\x01 \x03(\v2\x19.geoquota.v1.RegionStatusR\aregions\x12\x1f\n" +
+	"\vanswered_by\x18\x02 \x01(\tR\n" +
+	"answeredBy\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\bR\x06leader\"\xc3\x01\n" +
+	"\fRegionStatus\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\"\n" +
+	"\rlast_heard_ms\x18\x02 \x01(\x03R\vlastHeardMs\x12/\n" +
+	"\x13partition_suspected\x18\x03 \x01(\bR\x12partitionSuspected\x12\x1a\n" +
+	"\breplicas\x18\x04 \x01(\x05R\breplicas\x12*\n" +
+	"\x06leases\x18\x05 \x03(\v2\x12.geoquota.v1.LeaseR\x06leases\"\xc3\x01\n" +
+	"\x05Lease\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05floor\x18\x04 \x01(\x01R\x05floor\x12\x14\n" +
+	"\x05share\x18\x05 \x01(\x01R\x05share\x12\x12\n" +
+	"\x04debt\x18\x06 \x01(\x01R\x04debt\x12&\n" +
+	"\x0fexpires_unix_ms\x18\a \x01(\x03R\rexpiresUnixMs\x12\x14\n" +
+	"\x05valid\x18\b \x01(\bR\x05valid\"n\n" +
+	"\x15GetGlobalUsageRequest\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12/\n" +
+	"\x14window_start_unix_ms\x18\x03 \x01(\x03R\x11windowStartUnixMs\"\xc4\x01\n" +
+	"\x16GetGlobalUsageResponse\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12/\n" +
+	"\x14window_start_unix_ms\x18\x03 \x01(\x03R\x11windowStartUnixMs\x12\x1f\n" +
+	"\vglobal_used\x18\x04 \x01(\x03R\n" +
+	"globalUsed\x122\n" +
+	"\aregions\x18\x05 \x03(\v2\x18.geoquota.v1.RegionUsageR\aregions\"\x13\n" +
+	"\x11GetBudgetsRequest\"C\n" +
+	"\x12GetBudgetsResponse\x12-\n" +
+	"\abudgets\x18\x01 \x03(\v2\x13.geoquota.v1.BudgetR\abudgets\"\x98\x01\n" +
+	"\x06Budget\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\tR\x06leader\x12$\n" +
+	"\x0eissued_unix_ms\x18\x04 \x01(\x03R\fissuedUnixMs\x12*\n" +
+	"\x06leases\x18\x05 \x03(\v2\x12.geoquota.v1.LeaseR\x06leases*l\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\x17\n" +
 	"\x13RATE_LIMIT_EXCEEDED\x10\x02\x12\x0f\n" +
 	"\vKEY_BLOCKED\x10\x03\x12\x1c\n" +
-	"\x18RATE_LIMITER_UNAVAILABLE\x10\x042\x96\x01\n" +
+	"\x18RATE_LIMITER_UNAVAILABLE\x10\x042\xe8\x01\n" +
 	"\vRateLimiter\x12>\n" +
 	"\x05Check\x12\x19.geoquota.v1.CheckRequest\x1a\x1a.geoquota.v1.CheckResponse\x12G\n" +
-	"\bGetUsage\x12\x1c.geoquota.v1.GetUsageRequest\x1a\x1d.geoquota.v1.GetUsageResponse2\xd2\x04\n" +
+	"\bGetUsage\x12\x1c.geoquota.v1.GetUsageRequest\x1a\x1d.geoquota.v1.GetUsageResponse\x12P\n" +
+	"\vListRegions\x12\x1f.geoquota.v1.ListRegionsRequest\x1a .geoquota.v1.ListRegionsResponse2\x88\x02\n" +
+	"\n" +
+	"GlobalSync\x12Y\n" +
+	"\x0eGetGlobalUsage\x12\".geoquota.v1.GetGlobalUsageRequest\x1a#.geoquota.v1.GetGlobalUsageResponse\x12M\n" +
+	"\n" +
+	"GetBudgets\x12\x1e.geoquota.v1.GetBudgetsRequest\x1a\x1f.geoquota.v1.GetBudgetsResponse\x12P\n" +
+	"\vListRegions\x12\x1f.geoquota.v1.ListRegionsRequest\x1a .geoquota.v1.ListRegionsResponse2\xd2\x04\n" +
 	"\x05Admin\x12G\n" +
 	"\bResetKey\x12\x1c.geoquota.v1.ResetKeyRequest\x1a\x1d.geoquota.v1.ResetKeyResponse\x12>\n" +
 	"\x05Grant\x12\x19.geoquota.v1.GrantRequest\x1a\x1a.geoquota.v1.GrantResponse\x12>\n" +
@@ -1677,7 +2302,7 @@ func file_transport_geoquotav1_geoquota_proto_rawDescGZIP() []byte {
 }
 
 var file_transport_geoquotav1_geoquota_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_transport_geoquotav1_geoquota_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_transport_geoquotav1_geoquota_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_transport_geoquotav1_geoquota_proto_goTypes = []any{
 	(Code)(0),                      // 0: geoquota.v1.Code
 	(*Request)(nil),                // 1: geoquota.v1.Request
@@ -1705,10 +2330,19 @@ var file_transport_geoquotav1_geoquota_proto_goTypes = []any{
 	(*ListViolationsRequest)(nil),  // 23: geoquota.v1.ListViolationsRequest
 	(*ListViolationsResponse)(nil), // 24: geoquota.v1.ListViolationsResponse
 	(*Violation)(nil),              // 25: geoquota.v1.Violation
-	nil,                            // 26: geoquota.v1.Request.DescriptorsEntry
+	(*ListRegionsRequest)(nil),     // 26: geoquota.v1.ListRegionsRequest
+	(*ListRegionsResponse)(nil),    // 27: geoquota.v1.ListRegionsResponse
+	(*RegionStatus)(nil),           // 28: geoquota.v1.RegionStatus
+	(*Lease)(nil),                  // 29: geoquota.v1.Lease
+	(*GetGlobalUsageRequest)(nil),  // 30: geoquota.v1.GetGlobalUsageRequest
+	(*GetGlobalUsageResponse)(nil), // 31: geoquota.v1.GetGlobalUsageResponse
+	(*GetBudgetsRequest)(nil),      // 32: geoquota.v1.GetBudgetsRequest
+	(*GetBudgetsResponse)(nil),     // 33: geoquota.v1.GetBudgetsResponse
+	(*Budget)(nil),                 // 34: geoquota.v1.Budget
+	nil,                            // 35: geoquota.v1.Request.DescriptorsEntry
 }
 var file_transport_geoquotav1_geoquota_proto_depIdxs = []int32{
-	26, // 0: geoquota.v1.Request.descriptors:type_name -> geoquota.v1.Request.DescriptorsEntry
+	35, // 0: geoquota.v1.Request.descriptors:type_name -> geoquota.v1.Request.DescriptorsEntry
 	1,  // 1: geoquota.v1.CheckRequest.requests:type_name -> geoquota.v1.Request
 	4,  // 2: geoquota.v1.CheckResponse.decisions:type_name -> geoquota.v1.Decision
 	0,  // 3: geoquota.v1.Decision.code:type_name -> geoquota.v1.Code
@@ -1720,31 +2354,44 @@ var file_transport_geoquotav1_geoquota_proto_depIdxs = []int32{
 	5,  // 9: geoquota.v1.GrantResponse.status:type_name -> geoquota.v1.LimitStatus
 	13, // 10: geoquota.v1.ListBlocksResponse.blocks:type_name -> geoquota.v1.BlockRequest
 	25, // 11: geoquota.v1.ListViolationsResponse.violations:type_name -> geoquota.v1.Violation
-	2,  // 12: geoquota.v1.RateLimiter.Check:input_type -> geoquota.v1.CheckRequest
-	6,  // 13: geoquota.v1.RateLimiter.GetUsage:input_type -> geoquota.v1.GetUsageRequest
-	9,  // 14: geoquota.v1.Admin.ResetKey:input_type -> geoquota.v1.ResetKeyRequest
-	11, // 15: geoquota.v1.Admin.Grant:input_type -> geoquota.v1.GrantRequest
-	13, // 16: geoquota.v1.Admin.Block:input_type -> geoquota.v1.BlockRequest
-	15, // 17: geoquota.v1.Admin.Unblock:input_type -> geoquota.v1.UnblockRequest
-	17, // 18: geoquota.v1.Admin.ListBlocks:input_type -> geoquota.v1.ListBlocksRequest
-	19, // 19: geoquota.v1.Admin.PutRules:input_type -> geoquota.v1.PutRulesRequest
-	21, // 20: geoquota.v1.Admin.GetRules:input_type -> geoquota.v1.GetRulesRequest
-	23, // 21: geoquota.v1.Admin.ListViolations:input_type -> geoquota.v1.ListViolationsRequest
-	3,  // 22: geoquota.v1.RateLimiter.Check:output_type -> geoquota.v1.CheckResponse
-	7,  // 23: geoquota.v1.RateLimiter.GetUsage:output_type -> geoquota.v1.GetUsageResponse
-	10, // 24: geoquota.v1.Admin.ResetKey:output_type -> geoquota.v1.ResetKeyResponse
-	12, // 25: geoquota.v1.Admin.Grant:output_type -> geoquota.v1.GrantResponse
-	14, // 26: geoquota.v1.Admin.Block:output_type -> geoquota.v1.BlockResponse
-	16, // 27: geoquota.v1.Admin.Unblock:output_type -> geoquota.v1.UnblockResponse
-	18, // 28: geoquota.v1.Admin.ListBlocks:output_type -> geoquota.v1.ListBlocksResponse
-	20, // 29: geoquota.v1.Admin.PutRules:output_type -> geoquota.v1.PutRulesResponse
-	22, // 30: geoquota.v1.Admin.GetRules:output_type -> geoquota.v1.GetRulesResponse
-	24, // 31: geoquota.v1.Admin.ListViolations:output_type -> geoquota.v1.ListViolationsResponse
-	22, // [22:32] is the sub-list for method output_type
-	12, // [12:22] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	28, // 12: geoquota.v1.ListRegionsResponse.regions:type_name -> geoquota.v1.RegionStatus
+	29, // 13: geoquota.v1.RegionStatus.leases:type_name -> geoquota.v1.Lease
+	8,  // 14: geoquota.v1.GetGlobalUsageResponse.regions:type_name -> geoquota.v1.RegionUsage
+	34, // 15: geoquota.v1.GetBudgetsResponse.budgets:type_name -> geoquota.v1.Budget
+	29, // 16: geoquota.v1.Budget.leases:type_name -> geoquota.v1.Lease
+	2,  // 17: geoquota.v1.RateLimiter.Check:input_type -> geoquota.v1.CheckRequest
+	6,  // 18: geoquota.v1.RateLimiter.GetUsage:input_type -> geoquota.v1.GetUsageRequest
+	26, // 19: geoquota.v1.RateLimiter.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
+	30, // 20: geoquota.v1.GlobalSync.GetGlobalUsage:input_type -> geoquota.v1.GetGlobalUsageRequest
+	32, // 21: geoquota.v1.GlobalSync.GetBudgets:input_type -> geoquota.v1.GetBudgetsRequest
+	26, // 22: geoquota.v1.GlobalSync.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
+	9,  // 23: geoquota.v1.Admin.ResetKey:input_type -> geoquota.v1.ResetKeyRequest
+	11, // 24: geoquota.v1.Admin.Grant:input_type -> geoquota.v1.GrantRequest
+	13, // 25: geoquota.v1.Admin.Block:input_type -> geoquota.v1.BlockRequest
+	15, // 26: geoquota.v1.Admin.Unblock:input_type -> geoquota.v1.UnblockRequest
+	17, // 27: geoquota.v1.Admin.ListBlocks:input_type -> geoquota.v1.ListBlocksRequest
+	19, // 28: geoquota.v1.Admin.PutRules:input_type -> geoquota.v1.PutRulesRequest
+	21, // 29: geoquota.v1.Admin.GetRules:input_type -> geoquota.v1.GetRulesRequest
+	23, // 30: geoquota.v1.Admin.ListViolations:input_type -> geoquota.v1.ListViolationsRequest
+	3,  // 31: geoquota.v1.RateLimiter.Check:output_type -> geoquota.v1.CheckResponse
+	7,  // 32: geoquota.v1.RateLimiter.GetUsage:output_type -> geoquota.v1.GetUsageResponse
+	27, // 33: geoquota.v1.RateLimiter.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
+	31, // 34: geoquota.v1.GlobalSync.GetGlobalUsage:output_type -> geoquota.v1.GetGlobalUsageResponse
+	33, // 35: geoquota.v1.GlobalSync.GetBudgets:output_type -> geoquota.v1.GetBudgetsResponse
+	27, // 36: geoquota.v1.GlobalSync.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
+	10, // 37: geoquota.v1.Admin.ResetKey:output_type -> geoquota.v1.ResetKeyResponse
+	12, // 38: geoquota.v1.Admin.Grant:output_type -> geoquota.v1.GrantResponse
+	14, // 39: geoquota.v1.Admin.Block:output_type -> geoquota.v1.BlockResponse
+	16, // 40: geoquota.v1.Admin.Unblock:output_type -> geoquota.v1.UnblockResponse
+	18, // 41: geoquota.v1.Admin.ListBlocks:output_type -> geoquota.v1.ListBlocksResponse
+	20, // 42: geoquota.v1.Admin.PutRules:output_type -> geoquota.v1.PutRulesResponse
+	22, // 43: geoquota.v1.Admin.GetRules:output_type -> geoquota.v1.GetRulesResponse
+	24, // 44: geoquota.v1.Admin.ListViolations:output_type -> geoquota.v1.ListViolationsResponse
+	31, // [31:45] is the sub-list for method output_type
+	17, // [17:31] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_transport_geoquotav1_geoquota_proto_init() }
@@ -1758,9 +2405,9 @@ func file_transport_geoquotav1_geoquota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transport_geoquotav1_geoquota_proto_rawDesc), len(file_transport_geoquotav1_geoquota_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   35,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_transport_geoquotav1_geoquota_proto_goTypes,
 		DependencyIndexes: file_transport_geoquotav1_geoquota_proto_depIdxs,

@@ -24,8 +24,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RateLimiter_Check_FullMethodName    = "/geoquota.v1.RateLimiter/Check"
-	RateLimiter_GetUsage_FullMethodName = "/geoquota.v1.RateLimiter/GetUsage"
+	RateLimiter_Check_FullMethodName       = "/geoquota.v1.RateLimiter/Check"
+	RateLimiter_GetUsage_FullMethodName    = "/geoquota.v1.RateLimiter/GetUsage"
+	RateLimiter_ListRegions_FullMethodName = "/geoquota.v1.RateLimiter/ListRegions"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -40,6 +41,9 @@ type RateLimiterClient interface {
 	// GetUsage reports a counter: its limit and use, here and, for a global
 	// rule, in every region.
 	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
+	// ListRegions reports every region as this one sees it: when it was last
+	// heard from, whether it is suspected cut off, and this region's leases.
+	ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -70,6 +74,16 @@ func (c *rateLimiterClient) GetUsage(ctx context.Context, in *GetUsageRequest, o
 	return out, nil
 }
 
+func (c *rateLimiterClient) ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRegionsResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_ListRegions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -82,6 +96,9 @@ type RateLimiterServer interface {
 	// GetUsage reports a counter: its limit and use, here and, for a global
 	// rule, in every region.
 	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
+	// ListRegions reports every region as this one sees it: when it was last
+	// heard from, whether it is suspected cut off, and this region's leases.
+	ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -97,6 +114,9 @@ func (UnimplementedRateLimiterServer) Check(context.Context, *CheckRequest) (*Ch
 }
 func (UnimplementedRateLimiterServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetUsage not implemented")
+}
+func (UnimplementedRateLimiterServer) ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRegions not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -155,6 +175,24 @@ func _RateLimiter_GetUsage_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_ListRegions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRegionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).ListRegions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_ListRegions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).ListRegions(ctx, req.(*ListRegionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -169,6 +207,202 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetUsage",
 			Handler:    _RateLimiter_GetUsage_Handler,
+		},
+		{
+			MethodName: "ListRegions",
+			Handler:    _RateLimiter_ListRegions_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "transport/geoquotav1/geoquota.proto",
+}
+
+const (
+	GlobalSync_GetGlobalUsage_FullMethodName = "/geoquota.v1.GlobalSync/GetGlobalUsage"
+	GlobalSync_GetBudgets_FullMethodName     = "/geoquota.v1.GlobalSync/GetBudgets"
+	GlobalSync_ListRegions_FullMethodName    = "/geoquota.v1.GlobalSync/ListRegions"
+)
+
+// GlobalSyncClient is the client API for GlobalSync service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// GlobalSync is globalsync's view of every region: usage merged from all of
+// them, the budget leases it publishes, and the regions' health.
+type GlobalSyncClient interface {
+	// GetGlobalUsage reports one window of a global counter as globalsync's
+	// copy of every region's usage has it.
+	GetGlobalUsage(ctx context.Context, in *GetGlobalUsageRequest, opts ...grpc.CallOption) (*GetGlobalUsageResponse, error)
+	// GetBudgets reports the leases last published, one set per global rule.
+	GetBudgets(ctx context.Context, in *GetBudgetsRequest, opts ...grpc.CallOption) (*GetBudgetsResponse, error)
+	// ListRegions reports every region: last heard, replicas, suspicion.
+	ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error)
+}
+
+type globalSyncClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewGlobalSyncClient(cc grpc.ClientConnInterface) GlobalSyncClient {
+	return &globalSyncClient{cc}
+}
+
+func (c *globalSyncClient) GetGlobalUsage(ctx context.Context, in *GetGlobalUsageRequest, opts ...grpc.CallOption) (*GetGlobalUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetGlobalUsageResponse)
+	err := c.cc.Invoke(ctx, GlobalSync_GetGlobalUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *globalSyncClient) GetBudgets(ctx context.Context, in *GetBudgetsRequest, opts ...grpc.CallOption) (*GetBudgetsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetBudgetsResponse)
+	err := c.cc.Invoke(ctx, GlobalSync_GetBudgets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *globalSyncClient) ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRegionsResponse)
+	err := c.cc.Invoke(ctx, GlobalSync_ListRegions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// GlobalSyncServer is the server API for GlobalSync service.
+// All implementations must embed UnimplementedGlobalSyncServer
+// for forward compatibility.
+//
+// GlobalSync is globalsync's view of every region: usage merged from all of
+// them, the budget leases it publishes, and the regions' health.
+type GlobalSyncServer interface {
+	// GetGlobalUsage reports one window of a global counter as globalsync's
+	// copy of every region's usage has it.
+	GetGlobalUsage(context.Context, *GetGlobalUsageRequest) (*GetGlobalUsageResponse, error)
+	// GetBudgets reports the leases last published, one set per global rule.
+	GetBudgets(context.Context, *GetBudgetsRequest) (*GetBudgetsResponse, error)
+	// ListRegions reports every region: last heard, replicas, suspicion.
+	ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error)
+	mustEmbedUnimplementedGlobalSyncServer()
+}
+
+// UnimplementedGlobalSyncServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedGlobalSyncServer struct{}
+
+func (UnimplementedGlobalSyncServer) GetGlobalUsage(context.Context, *GetGlobalUsageRequest) (*GetGlobalUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetGlobalUsage not implemented")
+}
+func (UnimplementedGlobalSyncServer) GetBudgets(context.Context, *GetBudgetsRequest) (*GetBudgetsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetBudgets not implemented")
+}
+func (UnimplementedGlobalSyncServer) ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRegions not implemented")
+}
+func (UnimplementedGlobalSyncServer) mustEmbedUnimplementedGlobalSyncServer() {}
+func (UnimplementedGlobalSyncServer) testEmbeddedByValue()                    {}
+
+// UnsafeGlobalSyncServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to GlobalSyncServer will
+// result in compilation errors.
+type UnsafeGlobalSyncServer interface {
+	mustEmbedUnimplementedGlobalSyncServer()
+}
+
+func RegisterGlobalSyncServer(s grpc.ServiceRegistrar, srv GlobalSyncServer) {
+	// If the following call panics, it indicates UnimplementedGlobalSyncServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&GlobalSync_ServiceDesc, srv)
+}
+
+func _GlobalSync_GetGlobalUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetGlobalUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GlobalSyncServer).GetGlobalUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GlobalSync_GetGlobalUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GlobalSyncServer).GetGlobalUsage(ctx, req.(*GetGlobalUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GlobalSync_GetBudgets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetBudgetsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GlobalSyncServer).GetBudgets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GlobalSync_GetBudgets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GlobalSyncServer).GetBudgets(ctx, req.(*GetBudgetsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GlobalSync_ListRegions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRegionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GlobalSyncServer).ListRegions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GlobalSync_ListRegions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GlobalSyncServer).ListRegions(ctx, req.(*ListRegionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// GlobalSync_ServiceDesc is the grpc.ServiceDesc for GlobalSync service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var GlobalSync_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "geoquota.v1.GlobalSync",
+	HandlerType: (*GlobalSyncServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetGlobalUsage",
+			Handler:    _GlobalSync_GetGlobalUsage_Handler,
+		},
+		{
+			MethodName: "GetBudgets",
+			Handler:    _GlobalSync_GetBudgets_Handler,
+		},
+		{
+			MethodName: "ListRegions",
+			Handler:    _GlobalSync_ListRegions_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

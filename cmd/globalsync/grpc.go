@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/transport"
+	pb "github.com/geoquota/geoquota/transport/geoquotav1"
+)
+
+// grpcServer serves geoquota.v1.GlobalSync from a Service.
+type grpcServer struct {
+	pb.UnimplementedGlobalSyncServer
+	s *Service
+}
+
+func (g grpcServer) GetGlobalUsage(_ context.Context, in *pb.GetGlobalUsageRequest) (*pb.GetGlobalUsageResponse, error) {
+	switch {
+	case in.GetRule() == "":
+		return nil, status.Error(codes.InvalidArgument, "rule: required")
+	case in.GetKey() == "":
+		return nil, status.Error(codes.InvalidArgument, "key: required (the counter's descriptor values, as GetUsage reports them)")
+	}
+	start := in.GetWindowStartUnixMs()
+	now := g.s.cfg.Clock()
+	if start == 0 {
+		g.s.mu.Lock()
+		r, ok := g.s.rules[in.GetRule()]
+		g.s.mu.Unlock()
+		if !ok {
+			return nil, status.Errorf(codes.NotFound, "rule %q: no region has reported it as global; name window_start_unix_ms", in.GetRule())
+		}
+		w := r.Window.Milliseconds()
+		start = now.UnixMilli() / w * w
+	}
+	used := g.s.GlobalUsage("gq:{"+in.GetRule()+":"+in.GetKey()+"}", start)
+	out := &pb.GetGlobalUsageResponse{Rule: in.GetRule(), Key: in.GetKey(), WindowStartUnixMs: start}
+	doc := g.s.budgetDoc(in.GetRule())
+	for _, st := range g.s.Regions() {
+		ru := &pb.RegionUsage{Region: st.Region, Used: used[st.Region], LastHeardMs: st.LastHeardMS, Stale: st.Suspect, Share: -1}
+		if l, ok := doc.Lease(st.Region); ok && doc.Seq > 0 {
+			ru.Share = l.Allowance()
+			if !l.Holds(now) {
+				ru.Share = l.Floor
+			}
+		}
+		out.GlobalUsed += ru.Used
+		out.Regions = append(out.Regions, ru)
+	}
+	return out, nil
+}
+
+func (g grpcServer) GetBudgets(context.Context, *pb.GetBudgetsRequest) (*pb.GetBudgetsResponse, error) {
+	now := g.s.cfg.Clock()
+	out := &pb.GetBudgetsResponse{}
+	for _, d := range g.s.Budgets() {
+		b := &pb.Budget{Rule: d.Rule, Seq: d.Seq, Leader: d.Leader, IssuedUnixMs: d.Issued.UnixMilli()}
+		for _, l := range sortedLeases(d) {
+			b.Leases = append(b.Leases, transport.LeaseProto(l, now))
+		}
+		out.Budgets = append(out.Budgets, b)
+	}
+	return out, nil
+}
+
+func (g grpcServer) ListRegions(context.Context, *pb.ListRegionsRequest) (*pb.ListRegionsResponse, error) {
+	now := g.s.cfg.Clock()
+	out := &pb.ListRegionsResponse{AnsweredBy: g.s.cfg.ID, Leader: g.s.Leader()}
+	docs := g.s.Budgets()
+	for _, st := range g.s.Regions() {
+		rs := &pb.RegionStatus{Region: st.Region, LastHeardMs: st.LastHeardMS, PartitionSuspected: st.Suspect, Replicas: int32(st.Replicas)}
+		for _, d := range docs {
+			if l, ok := d.Lease(st.Region); ok {
+				rs.Leases = append(rs.Leases, transport.LeaseProto(l, now))
+			}
+		}
+		out.Regions = append(out.Regions, rs)
+	}
+	return out, nil
+}
+
+// budgetDoc returns a rule's last published leases (zero if none).
+func (s *Service) budgetDoc(rule string) transport.BudgetDoc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.docs[transport.BudgetKey(rule)]
+}
+
+func sortedLeases(d transport.BudgetDoc) []budget.Lease {
+	ls := d.All()
+	slices.SortFunc(ls, func(a, b budget.Lease) int { return strings.Compare(a.Region, b.Region) })
+	return ls
+}
