@@ -124,12 +124,42 @@ type replica struct {
 	rules  map[string]*demandTrack
 }
 
-// demandTrack turns a replica's cumulative demand into a rate.
+// demandTrack turns a replica's cumulative demand into a rate, over the
+// heartbeats of about the last second.
 type demandTrack struct {
-	last   transport.RuleReport
-	base   float64 // admitted+denied at baseAt
-	baseAt time.Time
-	rate   float64 // limits per window
+	last    transport.RuleReport
+	samples []demandSample // oldest first
+	rate    float64        // limits per window
+}
+
+type demandSample struct {
+	total float64 // admitted + denied
+	at    time.Time
+}
+
+// demandSpan is how far back the rate of demand looks: long enough that a
+// heartbeat's noise does not move the budgets, short enough that they
+// follow a shift within a rebalance or two.
+const demandSpan = time.Second
+
+// add records a heartbeat's report and updates the rate.
+func (t *demandTrack) add(rep transport.RuleReport, now time.Time) {
+	t.last = rep
+	total := rep.Admitted + rep.Denied
+	if n := len(t.samples); n > 0 && total < t.samples[n-1].total {
+		t.samples = t.samples[:0] // the replica restarted: its totals began again
+	}
+	t.samples = append(t.samples, demandSample{total, now})
+	// Keep one sample at least demandSpan old, as the base.
+	drop := 0
+	for drop+1 < len(t.samples) && now.Sub(t.samples[drop+1].at) >= demandSpan {
+		drop++
+	}
+	t.samples = t.samples[drop:]
+	base := t.samples[0]
+	if el := now.Sub(base.at); el > 0 {
+		t.rate = max(0, total-base.total) / el.Seconds() * (float64(rep.WindowMillis) / 1000)
+	}
 }
 
 // Start makes the buckets if need be, subscribes to heartbeats, and starts
@@ -231,18 +261,11 @@ func (s *Service) onHeartbeat(m *nats.Msg) {
 		s.rules[id] = budget.Rule{ID: id, Window: time.Duration(rep.WindowMillis) * time.Millisecond,
 			Sliding: rep.Algorithm == "sliding_window_counter"}
 		t := r.rules[id]
-		total := rep.Admitted + rep.Denied
 		if t == nil {
-			r.rules[id] = &demandTrack{last: rep, base: total, baseAt: now}
-			continue
+			t = &demandTrack{}
+			r.rules[id] = t
 		}
-		t.last = rep
-		if el := now.Sub(t.baseAt); el >= time.Second {
-			// Demand is measured over a second or more: a heartbeat's
-			// worth is too noisy.
-			t.rate = max(0, total-t.base) / el.Seconds() * (float64(rep.WindowMillis) / 1000)
-			t.base, t.baseAt = total, now
-		}
+		t.add(rep, now)
 	}
 }
 

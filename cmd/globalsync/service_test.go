@@ -43,6 +43,7 @@ type region struct {
 	name        string
 	store       *regional.RedisStore
 	engine      *regional.Engine
+	redis       *harness.Redis
 	reconnected chan time.Time
 }
 
@@ -57,7 +58,12 @@ func startRegion(t *testing.T, name, natsURL string, regions []string, rules str
 // startRegionGossiping is startRegion with a gossip interval of its own.
 func startRegionGossiping(t *testing.T, name, natsURL string, regions []string, rules string, interval time.Duration) *region {
 	t.Helper()
-	srv := harness.NewRedis(t, harness.RedisOptions{})
+	return startReplica(t, name, natsURL, regions, rules, interval, harness.NewRedis(t, harness.RedisOptions{}))
+}
+
+// startReplica starts one replica of a region on the region's Redis.
+func startReplica(t *testing.T, name, natsURL string, regions []string, rules string, interval time.Duration, srv *harness.Redis) *region {
+	t.Helper()
 	store, err := regional.NewRedisStore(t.Context(), srv.URL(), regional.RedisOptions{Region: name, Timeout: 250 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +73,7 @@ func startRegionGossiping(t *testing.T, name, natsURL string, regions []string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &region{name: name, store: store}
+	r := &region{name: name, store: store, redis: srv}
 	r.engine = regional.New(regional.Config{Region: name, Store: store, Logger: quiet(), Timeout: 250 * time.Millisecond,
 		Global: regional.GlobalConfig{Regions: regions}}, rs)
 	r.reconnected = make(chan time.Time, 16)
@@ -215,13 +221,17 @@ func TestBudgetsFollowDemand(t *testing.T) {
 	}
 	judge("eu busy", time.Now().Add(3*time.Second), 3)
 
-	// The demand moves to us. The leases follow in a few rebalances (and
-	// the acknowledgement delay of 2 store timeouts): the next whole
-	// window after a second is full again.
+	// The demand moves to us; the leases follow.
+	// Shift three rebalances before a window starts: the hardest case.
+	next := time.Now().UnixMilli()/w*w + 2*w
+	time.Sleep(time.Until(time.UnixMilli(next).Add(-3 * 250 * time.Millisecond)))
 	shift := time.Now()
 	euRate.Store(30)
 	usRate.Store(0)
-	judge("us busy", shift.Add(time.Second), 2)
+	// Every window that starts three rebalances after the shift is full
+	// again. (Within the window of the shift, eu had already used its
+	// share: strict mode cannot give that away.)
+	judge("us busy", shift.Add(3*250*time.Millisecond), 2)
 	if l, _, _ := us.engine.Lease("g"); l.Allowance() < 0.85 {
 		t.Fatalf("us's lease after the shift: %+v", l)
 	}
@@ -366,5 +376,55 @@ func TestGlobalSyncAPI(t *testing.T) {
 	}
 	if _, err := client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "nope", Key: "k"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("GetGlobalUsage of an unknown rule: %v, want NotFound", err)
+	}
+}
+
+// TestTwoReplicasInARegion: eu runs two replicas on one Redis, each with
+// its own gossip and heartbeat; globalsync adds their demand up and waits
+// for both to acknowledge a lease. Under load far above a strict limit in
+// both regions, no window admits more than the limit, and the leases still
+// fill it.
+func TestTwoReplicasInARegion(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	regions := []string{"eu", "us"}
+	eu1 := startRegion(t, "eu", ns.ClientURL(), regions, strictRules)
+	eu2 := startReplica(t, "eu", ns.ClientURL(), regions, strictRules, gossipInterval, eu1.redis)
+	us := startRegion(t, "us", ns.ClientURL(), regions, strictRules)
+	svc := startService(t, "gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 250 * time.Millisecond})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var unlimited, slow atomic.Int64
+	slow.Store(40) // us: 80 a window
+	eu1.load("k1", &unlimited, stop, &wg)
+	eu2.load("k1", &unlimited, stop, &wg)
+	us.load("k1", &slow, stop, &wg)
+	defer func() { close(stop); wg.Wait() }()
+	waitFor(t, 10*time.Second, "eu's replicas hold leases", func() bool {
+		_, _, a := eu1.engine.Lease("g")
+		_, _, b := eu2.engine.Lease("g")
+		return a && b
+	})
+	waitFor(t, 10*time.Second, "globalsync counts two replicas in eu", func() bool {
+		for _, st := range svc.Regions() {
+			if st.Region == "eu" {
+				return st.Replicas == 2
+			}
+		}
+		return false
+	})
+	const w = 2000
+	time.Sleep(3 * time.Second) // the leases follow the demand
+	first := time.Now().UnixMilli()/w*w + w
+	time.Sleep(time.Until(time.UnixMilli(first + 3*w + 300)))
+	for i := range 3 {
+		got := us.windowTotal(t, "k1", first+int64(i)*w)
+		total := got["eu"] + got["us"]
+		t.Logf("window %d: %v", i, got)
+		if total > 600 {
+			t.Fatalf("window %d admitted %d, above the strict limit of 600", i, total)
+		}
+		if total < 594 {
+			t.Fatalf("window %d admitted %d, not within 1%% of 600", i, total)
+		}
 	}
 }
