@@ -77,8 +77,8 @@ type Usage struct {
 type RegionUsage struct {
 	Region string
 	Used   int64
-	// Share is the fraction of the limit the region may admit, if this
-	// region knows it (its own), or -1.
+	// Share is the fraction of the limit the region may admit, as the
+	// last lease known here says, or -1 if none is known.
 	Share float64
 }
 
@@ -381,6 +381,8 @@ func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Par
 		ru := RegionUsage{Region: name, Used: used[name], Share: -1}
 		if name == e.cfg.Region {
 			ru.Share, _ = e.allowance(r, now)
+		} else {
+			ru.Share = e.otherAllowance(r.ID, name, now)
 		}
 		u.Regions = append(u.Regions, ru)
 	}

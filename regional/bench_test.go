@@ -45,9 +45,12 @@ rules:
 tier_of:
   - { api_key: "sk_prod_*", tier: pro }
 `, "/search", 3, 10_000},
+		// A global limit, strict, among three regions: the region's slot
+		// of the window, the replica's copy for the gossip, the demand.
+		{"1-global", "rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 1000000000, window: 1m }\n", "/search", 1, 10_000},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			e := New(Config{}, mustParse(b, tc.rules))
+			e := New(Config{Region: "eu", Global: GlobalConfig{Regions: []string{"ap", "eu", "us"}}}, mustParse(b, tc.rules))
 			keys := benchKeys(tc.keys)
 			reqs := make([]Request, len(keys))
 			for i, k := range keys {

@@ -54,6 +54,7 @@ type globalState struct {
 	leaseMu sync.Mutex
 	leases  atomic.Pointer[map[string]*heldLease]
 	demand  sync.Map // rule id → *ruleDemand
+	others  sync.Map // rule id + "\x00" + region → budget.Lease: other regions', for usage reports
 }
 
 type heldLease struct {
@@ -132,10 +133,15 @@ func (e *Engine) Alone() bool { return e.global.alone }
 func (e *Engine) Floor() float64 { return e.global.floor }
 
 // SetLease puts a budget lease in force. A lease older (by Seq) than the
-// one held is ignored, and so is one for another region.
+// one held is ignored; one for another region is only noted, for usage
+// reports.
 func (e *Engine) SetLease(l budget.Lease) bool {
 	g := e.global
-	if l.Region != e.cfg.Region || g.alone {
+	if l.Region != e.cfg.Region {
+		g.others.Store(l.Rule+"\x00"+l.Region, l)
+		return false
+	}
+	if g.alone {
 		return false
 	}
 	g.leaseMu.Lock()
@@ -166,6 +172,17 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 	next[l.Rule] = h
 	g.leases.Store(&next)
 	return true
+}
+
+// otherAllowance is what another region may admit of a rule now, as its
+// last lease known here says, or -1 if none is known.
+func (e *Engine) otherAllowance(rule, region string, now time.Time) float64 {
+	v, ok := e.global.others.Load(rule + "\x00" + region)
+	if !ok {
+		return -1
+	}
+	l := v.(budget.Lease)
+	return budget.Allowance(&l, l.Floor, now)
 }
 
 // ackDelay is how long a lease must have been in force before the region

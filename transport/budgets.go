@@ -90,12 +90,12 @@ func DecodeBudgetDoc(b []byte) (BudgetDoc, error) {
 	return d, nil
 }
 
-// WatchBudgets keeps the engine's leases current from the bucket until ctx
-// ends, waiting for the bucket if globalsync has not made it yet and
+// WatchBudgets keeps the engine's lease current from the bucket until ctx
+// ends (and notes the other regions' leases, for usage reports), waiting for the bucket if globalsync has not made it yet and
 // watching again after errors. It returns when ctx ends.
-func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, region string, log *slog.Logger) {
+func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) {
 	for ctx.Err() == nil {
-		if err := watchBudgets(ctx, js, e, region, log); err != nil && ctx.Err() == nil {
+		if err := watchBudgets(ctx, js, e, log); err != nil && ctx.Err() == nil {
 			log.Debug("budgets: watching again", "err", err)
 			select {
 			case <-ctx.Done():
@@ -105,7 +105,7 @@ func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engin
 	}
 }
 
-func watchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, region string, log *slog.Logger) error {
+func watchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) error {
 	kv, err := js.KeyValue(ctx, BudgetsBucket)
 	if err != nil {
 		return err
@@ -131,8 +131,8 @@ func watchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engin
 				log.Warn("budgets: bad document ignored", "key", en.Key(), "err", err)
 				continue
 			}
-			if l, ok := d.Lease(region); ok {
-				e.SetLease(l)
+			for _, l := range d.All() {
+				e.SetLease(l) // ours in force; the others' noted for usage reports
 			}
 		}
 	}

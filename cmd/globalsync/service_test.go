@@ -99,7 +99,7 @@ func startReplica(t *testing.T, name, natsURL string, regions []string, rules st
 		defer close(done)
 		var wg sync.WaitGroup
 		wg.Add(2)
-		go func() { defer wg.Done(); transport.WatchBudgets(ctx, js, r.engine, name, quiet()) }()
+		go func() { defer wg.Done(); transport.WatchBudgets(ctx, js, r.engine, quiet()) }()
 		go func() { defer wg.Done(); transport.WatchRules(ctx, js, r.engine, quiet()) }()
 		wg.Wait()
 	}()
@@ -360,6 +360,12 @@ func TestGlobalSyncAPI(t *testing.T) {
 	if len(u.Regions) != 2 || u.Regions[0].Region != "eu" || u.Regions[0].Used != 7 || u.Regions[0].Share <= 0 || u.Regions[1].Used != 0 {
 		t.Fatalf("GetGlobalUsage: %v", u)
 	}
+	// A region's own usage report knows the other regions' shares too,
+	// from the leases it watches.
+	waitFor(t, 5*time.Second, "eu knows us's share", func() bool {
+		ru, err := eu.engine.Usage(ctx, "g", &regional.Request{APIKey: "k7", Endpoint: "/x"})
+		return err == nil && len(ru.Regions) == 2 && ru.Regions[1].Region == "us" && ru.Regions[1].Share > 0 && ru.GlobalUsed == 7
+	})
 	b, err := client.GetBudgets(ctx, &pb.GetBudgetsRequest{})
 	if err != nil || len(b.Budgets) != 1 || b.Budgets[0].Rule != "g" || len(b.Budgets[0].Leases) != 2 || !b.Budgets[0].Leases[0].Valid {
 		t.Fatalf("GetBudgets: %v, %v", b, err)

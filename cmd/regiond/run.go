@@ -111,7 +111,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		watched := make(chan struct{})
 		var watchers sync.WaitGroup
 		watchers.Add(2)
-		go func() { defer watchers.Done(); transport.WatchBudgets(watchCtx, js, engine, c.region, log) }()
+		go func() { defer watchers.Done(); transport.WatchBudgets(watchCtx, js, engine, log) }()
 		go func() { defer watchers.Done(); transport.WatchRules(watchCtx, js, engine, log) }()
 		go func() { watchers.Wait(); close(watched) }()
 		defer func() { stopWatch(); <-watched }()
