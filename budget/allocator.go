@@ -185,6 +185,11 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 		// region may use is the most any of them (or its floor)
 		// allows.
 		start := time.UnixMicro(e * s.window)
+		if s.sliding {
+			// The estimate carries what was counted in the window
+			// before, under the leases in force then.
+			start = start.Add(-time.Duration(s.window) * time.Microsecond)
+		}
 		hw := map[string]float64{}
 		for _, r := range regions {
 			hw[r] = floorOf(r)
@@ -258,6 +263,19 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	}
 	if sum > distributable+eps {
 		copy(shares, target)
+	} else if left := distributable - sum; left > eps {
+		// Hysteresis held some shares below their targets: what it
+		// left over goes to them, in proportion to how far below they
+		// are, so that no part of the limit is stranded.
+		gap := 0.0
+		for i := range shares {
+			gap += max(0, target[i]-shares[i])
+		}
+		for i := range shares {
+			if g := max(0, target[i]-shares[i]); g > 0 {
+				shares[i] += left * g / gap
+			}
+		}
 	}
 
 	// Grant more only out of room that no region's high-water mark in
@@ -352,6 +370,18 @@ func (s *ruleState) prune(now time.Time, skew time.Duration) {
 	}
 }
 
+// mark is region r's high-water mark in window e, live or past, if the
+// allocator kept one.
+func (s *ruleState) mark(e int64, r string) (float64, bool) {
+	if hw := s.hw[e]; hw != nil {
+		return hw[r], true
+	}
+	if hw := s.past[e]; hw != nil {
+		return hw[r], true
+	}
+	return 0, false
+}
+
 // latestBefore is the high-water marks of the latest window before e that
 // has them, or nil.
 func (s *ruleState) latestBefore(e int64) map[string]float64 {
@@ -384,9 +414,17 @@ func (s *ruleState) lower(first, last int64, floorOf func(string) float64) {
 			}
 			m := holds
 			if e == rep.UsedEpoch || s.sliding {
-				// A sliding estimate carries what was used into
-				// the windows after.
 				m = max(m, rep.Used)
+			}
+			if s.sliding {
+				// A sliding estimate carries the window before, of
+				// which the region reported nothing: its mark stands,
+				// and without one nothing is lowered.
+				prev, ok := s.mark(e-1, r)
+				if !ok {
+					continue
+				}
+				m = max(m, prev)
 			}
 			hw[r] = min(hw[r], m)
 		}
@@ -412,7 +450,9 @@ func (s *ruleState) hwRegions(first, last int64, regions []string) map[string]bo
 // Restore tells the allocator of leases another allocator issued (a
 // globalsync leader that went away): they count as given, until they lapse
 // or the regions acknowledge newer ones, and this allocator numbers its
-// leases after them. Restore before the first Rebalance of the rule.
+// leases after them. Give it every lease that expires after the other
+// allocator's last Rebalance, with its Snapshot (RestoreSnapshot), before
+// this allocator's first Rebalance of the rule.
 func (a *Allocator) Restore(rule string, leases []Lease) {
 	s := a.state(rule)
 	for _, l := range leases {
@@ -428,6 +468,7 @@ func (a *Allocator) Restore(rule string, leases []Lease) {
 		slices.SortFunc(gs, func(x, y grant) int { return cmp.Compare(x.seq, y.seq) })
 		s.grants[r] = gs
 	}
+	s.pruneAcked()
 }
 
 // pastWindows is how many windows back Granted can tell.
@@ -446,6 +487,61 @@ func (a *Allocator) Granted(rule string, epoch int64) map[string]float64 {
 		return maps.Clone(hw)
 	}
 	return maps.Clone(s.past[epoch])
+}
+
+// Snapshot is what an allocator taking over a rule needs besides the
+// leases still in force: the high-water marks of the live windows (usage
+// under leases that have lapsed still counts in its window), and the
+// leases each region acknowledged (older ones no longer count).
+type Snapshot struct {
+	Marks map[int64]map[string]float64 // window epoch → region → fraction
+	Acked map[string]uint64
+}
+
+// Snapshot returns the rule's snapshot, to hand to RestoreSnapshot.
+func (a *Allocator) Snapshot(rule string) Snapshot {
+	s := a.rules[rule]
+	if s == nil {
+		return Snapshot{}
+	}
+	out := Snapshot{Marks: make(map[int64]map[string]float64, len(s.hw)), Acked: maps.Clone(s.acked)}
+	for e, hw := range s.hw {
+		out.Marks[e] = maps.Clone(hw)
+	}
+	return out
+}
+
+// RestoreSnapshot takes in another allocator's snapshot: each mark the
+// higher of its and ours, each acknowledgement the newer. Restore it, and
+// the leases (Restore), before the rule's first Rebalance.
+func (a *Allocator) RestoreSnapshot(rule string, snap Snapshot) {
+	s := a.state(rule)
+	for e, hw := range snap.Marks {
+		if s.hw[e] == nil {
+			s.hw[e] = map[string]float64{}
+		}
+		for r, f := range hw {
+			if f >= 0 && f <= 1+eps {
+				s.hw[e][r] = max(s.hw[e][r], f)
+			}
+		}
+	}
+	for r, seq := range snap.Acked {
+		s.acked[r] = max(s.acked[r], seq)
+	}
+	s.pruneAcked()
+}
+
+// pruneAcked drops the grants a region acknowledged it moved on from. (A
+// restored grant the previous allocator had already dropped so would
+// otherwise count again, in windows that begin after it was dropped.)
+func (s *ruleState) pruneAcked() {
+	for r, gs := range s.grants {
+		s.grants[r] = slices.DeleteFunc(gs, func(g grant) bool { return g.seq < s.acked[r] })
+		if len(s.grants[r]) == 0 {
+			delete(s.grants, r)
+		}
+	}
 }
 
 // Seq returns the Seq of the rule's newest lease.

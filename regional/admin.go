@@ -109,11 +109,20 @@ func (e *Engine) Inspect(ctx context.Context, rule string, req *Request) (LimitS
 	return u.LimitStatus, err
 }
 
+// errGlobalAdmin refuses resets and grants of a global rule's counters:
+// they are a window's slots in every region, not this region's to change.
+func errGlobalAdmin(r *Rule) error {
+	return &RequestError{Field: "rule", Msg: fmt.Sprintf("%q is a global rule: its counters are every region's usage and cannot be reset or granted here", r.ID)}
+}
+
 // Reset starts a counter afresh, here and in the store.
 func (e *Engine) Reset(ctx context.Context, rule string, req *Request) error {
-	_, key, p, err := e.counter(rule, req)
+	r, key, p, err := e.counter(rule, req)
 	if err != nil {
 		return err
+	}
+	if r.Scope == ScopeGlobal {
+		return errGlobalAdmin(r)
 	}
 	e.forget(key.store, false)
 	return e.store.Reset(ctx, key.store, p)
@@ -127,6 +136,9 @@ func (e *Engine) Grant(ctx context.Context, rule string, req *Request, n int64) 
 	r, key, p, err := e.counter(rule, req)
 	if err != nil {
 		return LimitStatus{}, err
+	}
+	if r.Scope == ScopeGlobal {
+		return LimitStatus{}, errGlobalAdmin(r)
 	}
 	e.forget(key.store, true)
 	res, err := e.store.Grant(ctx, key.store, p, n)

@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -283,5 +284,40 @@ func TestStrictSurvivesAFlushedRedis(t *testing.T) {
 	e.forgetDenials()
 	if got := countAllowed(t, e, "s_9", 60); got != 0 {
 		t.Fatalf("after the flush: %d more admitted in the same window, want 0", got)
+	}
+}
+
+// TestGlobalCountersRefuseAdmin: a global rule's counters are every
+// region's usage; reset and grant refuse them, naming the rule, and change
+// nothing.
+func TestGlobalCountersRefuseAdmin(t *testing.T) {
+	e := New(Config{Region: "eu", Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	countAllowed(t, e, "s_5", 3)
+	req := &Request{APIKey: "s_5", Endpoint: "/x"}
+	var re *RequestError
+	if err := e.Reset(t.Context(), "g-strict", req); !errors.As(err, &re) || re.Field != "rule" {
+		t.Fatalf("Reset of a global counter: %v, want an error naming rule", err)
+	}
+	if _, err := e.Grant(t.Context(), "g-strict", req, 5); !errors.As(err, &re) || re.Field != "rule" {
+		t.Fatalf("Grant to a global counter: %v, want an error naming rule", err)
+	}
+	if u, err := e.Usage(t.Context(), "g-strict", req); err != nil || u.GlobalUsed != 3 {
+		t.Fatalf("usage after refused admin calls: %+v, %v; want 3 used", u, err)
+	}
+}
+
+// TestUnknownPeers: a region told of no other region, but not alone (it
+// gossips: regiond with --nats and no --regions), takes the whole reserve
+// as its floor and never borrows in elastic mode.
+func TestUnknownPeers(t *testing.T) {
+	e := New(Config{Region: "eu", Global: GlobalConfig{UnknownPeers: true}}, mustParse(t, globalRules))
+	if e.Alone() {
+		t.Fatal("a region with unknown peers thinks it is alone")
+	}
+	if got := countAllowed(t, e, "s_6", 200); got != 100 {
+		t.Fatalf("strict: %d admitted, want the reserve of 100", got)
+	}
+	if got := countAllowed(t, e, "e_6", 200); got != 100 {
+		t.Fatalf("elastic: %d admitted, want the reserve of 100 and no borrowing", got)
 	}
 }

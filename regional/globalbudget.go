@@ -22,6 +22,11 @@ type GlobalConfig struct {
 	// Budget holds the reserve that makes the floors and the headroom of
 	// elastic mode; the zero value means budget.DefaultConfig().
 	Budget budget.Config
+	// UnknownPeers, with no Regions, says the region may have peers it
+	// does not know of (regiond with --nats but no --regions): it is not
+	// alone, takes the whole reserve as its floor, and never borrows in
+	// elastic mode, since it cannot hear the others' usage.
+	UnknownPeers bool
 }
 
 // Validate reports whether the configuration is usable for region.
@@ -46,10 +51,11 @@ const globalDenialHold = 250_000 // µs
 // globalState is the engine's part in global limits: leases, demand, and
 // this replica's copy of the global counters.
 type globalState struct {
-	alone  bool
-	floor  float64
-	budget budget.Config
-	usage  *GlobalUsage
+	alone        bool
+	unknownPeers bool
+	floor        float64
+	budget       budget.Config
+	usage        *GlobalUsage
 
 	leaseMu sync.Mutex
 	leases  atomic.Pointer[map[string]*heldLease]
@@ -83,10 +89,14 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 		g.budget = budget.DefaultConfig()
 	}
 	regions := cfg.Regions
-	if len(regions) == 0 || (len(regions) == 1 && regions[0] == region) {
+	switch {
+	case len(regions) == 0 && cfg.UnknownPeers:
+		g.unknownPeers, g.floor = true, g.budget.Floor(1)
+		regions = []string{region}
+	case len(regions) == 0 || (len(regions) == 1 && regions[0] == region):
 		g.alone, g.floor = true, 1
 		regions = []string{region}
-	} else {
+	default:
 		g.floor = g.budget.Floor(len(regions))
 	}
 	u, err := NewGlobalUsage(region, regions)
@@ -226,6 +236,11 @@ func (e *Engine) allowance(r *Rule, now time.Time) (float64, float64) {
 	if l != nil && l.Holds(now) {
 		return l.Allowance(), l.Debt
 	}
+	if l != nil {
+		// The floor globalsync last set, if lower than ours: it counts
+		// the regions it knows, which may be more than we were told.
+		return min(g.floor, l.Floor), 0
+	}
 	return g.floor, 0
 }
 
@@ -238,7 +253,7 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	op.Global = true
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
-	if r.Mode == ModeElastic && !e.global.alone {
+	if r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers {
 		op.Ceiling = max(0, op.Params.Limit-int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9)))
 	}
 	// What this replica knows the region counted in the window, in case

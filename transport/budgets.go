@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/geoquota/geoquota/budget"
@@ -35,6 +36,31 @@ type BudgetDoc struct {
 	Leader string              `json:"leader"`
 	Issued time.Time           `json:"issued"`
 	Leases map[string]LeaseDoc `json:"leases"` // by region
+	// Marks and Acked are the allocator's snapshot (budget.Snapshot), for
+	// a globalsync that takes over: marks by window epoch (decimal), then
+	// region.
+	Marks map[string]map[string]float64 `json:"marks,omitempty"`
+	Acked map[string]uint64             `json:"acked,omitempty"`
+}
+
+// SetSnapshot puts an allocator's snapshot in the document.
+func (d *BudgetDoc) SetSnapshot(s budget.Snapshot) {
+	d.Acked = s.Acked
+	d.Marks = make(map[string]map[string]float64, len(s.Marks))
+	for e, m := range s.Marks {
+		d.Marks[strconv.FormatInt(e, 10)] = m
+	}
+}
+
+// Snapshot returns the allocator's snapshot the document carries.
+func (d BudgetDoc) Snapshot() budget.Snapshot {
+	s := budget.Snapshot{Acked: d.Acked, Marks: make(map[int64]map[string]float64, len(d.Marks))}
+	for e, m := range d.Marks {
+		if n, err := strconv.ParseInt(e, 10, 64); err == nil {
+			s.Marks[n] = m
+		}
+	}
+	return s
 }
 
 // LeaseDoc is one region's lease in a BudgetDoc.

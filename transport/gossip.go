@@ -102,8 +102,9 @@ const (
 // Message headers: the sending replica and its message number, so that a
 // replayed message is told from a new one.
 const (
-	hdrReplica = "Geoquota-Replica"
-	hdrSeq     = "Geoquota-Seq"
+	hdrReplica  = "Geoquota-Replica"
+	hdrInstance = "Geoquota-Instance" // random per process: a restarted replica numbers afresh
+	hdrSeq      = "Geoquota-Seq"
 )
 
 // GossipStats counts what the gossip did and what it refused.
@@ -115,7 +116,10 @@ type GossipStats struct {
 	// Refused messages: malformed, from an unknown region, sent under
 	// another region's name, or replayed.
 	Malformed, UnknownRegion, Spoofed, Replayed atomic.Int64
-	// Regressed slots went below what the sending region had sent before.
+	// Regressed slots were the sender's own and below what this region
+	// holds: a region replaying old state, or one that lost its own
+	// counters — or, now and then, only a repair that relayed its slot and
+	// overtook its own older delta. A lasting rise is the sign to heed.
 	Regressed   atomic.Int64
 	StoreErrors atomic.Int64
 	// Digests published, and other regions' digests answered.
@@ -133,6 +137,10 @@ type Heartbeat struct {
 	Replica string `json:"replica"`
 	// SentMillis is the replica's clock when it sent the heartbeat.
 	SentMillis int64 `json:"sent_ms"`
+	// Regions are the regions this one was told of (--regions), itself
+	// included: globalsync counts them all, heard from or not, when it
+	// splits the reserve into floors.
+	Regions []string `json:"regions,omitempty"`
 	// Rules reports each global rule.
 	Rules map[string]RuleReport `json:"rules"`
 }
@@ -156,11 +164,12 @@ type RuleReport struct {
 // other regions', repairs lost messages by anti-entropy, and sends the
 // heartbeat. Its methods are safe for concurrent use.
 type Gossip struct {
-	cfg    GossipConfig
-	nc     *nats.Conn
-	engine *regional.Engine
-	subs   []*nats.Subscription
-	seq    atomic.Uint64
+	cfg      GossipConfig
+	nc       *nats.Conn
+	engine   *regional.Engine
+	subs     []*nats.Subscription
+	seq      atomic.Uint64
+	instance string
 
 	mu        sync.Mutex
 	published uint64               // the usage version last published
@@ -186,8 +195,10 @@ func StartGossip(nc *nats.Conn, engine *regional.Engine, cfg GossipConfig) (*Gos
 	if cfg.Region == "" || strings.ContainsAny(cfg.Region, ".*> ") {
 		return nil, fmt.Errorf("transport: gossip: region %q: want a name without dots, spaces or wildcards", cfg.Region)
 	}
+	var inst [6]byte
+	rand.Read(inst[:])
 	g := &Gossip{cfg: cfg, nc: nc, engine: engine, heard: map[string]time.Time{}, replicas: map[string]replicaSeen{},
-		kick: make(chan struct{}, 1), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), done: make(chan struct{}), instance: hex.EncodeToString(inst[:])}
 	for _, s := range []struct {
 		subject string
 		handle  func(*nats.Msg)
@@ -269,6 +280,7 @@ func (g *Gossip) run(ctx context.Context) {
 			g.PublishDelta()
 		case <-ae.C:
 			g.engine.ExpireGlobal(g.cfg.Clock())
+			g.forgetQuiet()
 			if g.elected() {
 				g.PublishDigest()
 			}
@@ -282,6 +294,18 @@ func (g *Gossip) run(ctx context.Context) {
 			g.PublishDigest()
 		case <-hb.C:
 			g.PublishHeartbeat()
+		}
+	}
+}
+
+// forgetQuiet drops the replay records of senders silent for ten minutes.
+func (g *Gossip) forgetQuiet() {
+	now := g.cfg.Clock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, r := range g.replicas {
+		if now.Sub(r.at) > 10*time.Minute {
+			delete(g.replicas, k)
 		}
 	}
 }
@@ -332,6 +356,7 @@ func (g *Gossip) publish(subject string, data []byte) error {
 	m := nats.NewMsg(subject)
 	m.Data = data
 	m.Header.Set(hdrReplica, g.cfg.Replica)
+	m.Header.Set(hdrInstance, g.instance)
 	m.Header.Set(hdrSeq, strconv.FormatUint(g.seq.Add(1), 10))
 	if err := g.nc.PublishMsg(m); err != nil {
 		return fmt.Errorf("transport: gossip: publish %s: %w", subject, err)
@@ -363,6 +388,7 @@ func (g *Gossip) PublishDigest() {
 // PublishHeartbeat reports this replica's demand and leases.
 func (g *Gossip) PublishHeartbeat() {
 	hb := Heartbeat{Region: g.cfg.Region, Replica: g.cfg.Replica, SentMillis: g.cfg.Clock().UnixMilli(), Rules: map[string]RuleReport{}}
+	g.engine.GlobalUsage().With(func(c *crdt.Counters) { hb.Regions = c.Regions() })
 	for _, r := range g.engine.GlobalRules() {
 		d := g.engine.Demand(r.ID)
 		rep := RuleReport{Admitted: d.Admitted, Denied: d.Denied, Used: d.Used, UsedEpoch: d.UsedEpoch,
@@ -397,8 +423,9 @@ func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	// A replica numbers all its messages in one sequence, but each kind
-	// arrives on its own subscription: order holds within a kind only.
-	stream := replica + " " + kind
+	// arrives on its own subscription: order holds within a kind only. A
+	// restarted replica (a new instance) numbers from 1 again.
+	stream := replica + " " + m.Header.Get(hdrInstance) + " " + kind
 	if seen, ok := g.replicas[stream]; ok && (seen.region != region || seq <= seen.seq) {
 		if seen.region != region {
 			g.stats.Spoofed.Add(1)
@@ -432,6 +459,12 @@ func (g *Gossip) merge(m *nats.Msg, repair bool) {
 		return
 	}
 	if !repair && d.Origin != region {
+		g.stats.Spoofed.Add(1)
+		return
+	}
+	if !repair && !onlyOwnSlots(d) {
+		// A delta carries its sender's own slots; others' come only in
+		// answer to a digest.
 		g.stats.Spoofed.Add(1)
 		return
 	}
@@ -493,4 +526,16 @@ func (g *Gossip) onDigest(m *nats.Msg) {
 	if err := g.publishDelta(g.subject(kindRepair, region+"."+g.cfg.Region), d); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		g.cfg.Logger.Warn("gossip: repair", "to", region, "err", err)
 	}
+}
+
+// onlyOwnSlots reports whether every slot of d is its origin's.
+func onlyOwnSlots(d crdt.Delta) bool {
+	for _, e := range d.Entries {
+		for _, sl := range e.Slots {
+			if sl.Region != d.Origin {
+				return false
+			}
+		}
+	}
+	return true
 }

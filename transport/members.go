@@ -157,11 +157,18 @@ func (m *Members) Elected() bool {
 	return elected
 }
 
+// maxQueuedDenials bounds the denials waiting to be told: with no sibling
+// to tell (alone, or the others dead) or a flood of denials, the oldest go.
+const maxQueuedDenials = 10_000
+
 // TellDenial tells the siblings of a key over its limit (regional.Config's
 // OnDenied). It does not block.
 func (m *Members) TellDenial(d regional.Denial) {
 	b, _ := json.Marshal(denialMsg{Key: d.Key, Until: d.Until.UnixMilli(), Cost: d.Cost, ResetAt: d.ResetAt.UnixMilli()})
-	m.queue.QueueBroadcast(broadcast(b))
+	m.queue.QueueBroadcast(&broadcast{key: d.Key, msg: b})
+	if m.queue.NumQueued() > maxQueuedDenials {
+		m.queue.Prune(maxQueuedDenials)
+	}
 }
 
 // Leave tells the siblings this replica goes, then stops.
@@ -197,8 +204,16 @@ func (m *Members) LocalState(bool) []byte { return nil }
 // MergeRemoteState implements memberlist.Delegate.
 func (m *Members) MergeRemoteState([]byte, bool) {}
 
-type broadcast []byte
+// broadcast is one denial told to the siblings; a newer one for the same
+// key replaces it.
+type broadcast struct {
+	key string
+	msg []byte
+}
 
-func (b broadcast) Invalidates(memberlist.Broadcast) bool { return false }
-func (b broadcast) Message() []byte                       { return b }
-func (b broadcast) Finished()                             {}
+func (b *broadcast) Invalidates(o memberlist.Broadcast) bool {
+	ob, ok := o.(*broadcast)
+	return ok && ob.key == b.key
+}
+func (b *broadcast) Message() []byte { return b.msg }
+func (b *broadcast) Finished()       {}

@@ -17,8 +17,8 @@ import (
 const selfName = "globalsync"
 
 // settleAfter is how long after a window ends its books are closed: for
-// the last deltas and repairs to arrive.
-const settleAfter = 2 * time.Second
+// the last deltas, and the repairs of an anti-entropy round, to arrive.
+func (s *Service) settleAfter() time.Duration { return s.cfg.AntiEntropy + 2*s.cfg.Rebalance }
 
 // usageView is globalsync's copy of every region's usage.
 type usageView struct {
@@ -113,9 +113,10 @@ type OverAdmission struct {
 // and, for carry_debt rules, charged to the regions' next windows. Only
 // the leader reconciles. The caller holds s.mu.
 func (s *Service) reconcile(now time.Time) []OverAdmission {
-	if s.rulesSet == nil || s.alloc == nil {
+	if s.rulesSet == nil || s.alloc == nil || now.Sub(s.lastReconcile) < s.cfg.AntiEntropy/2 {
 		return nil
 	}
+	s.lastReconcile = now
 	c := s.view()
 	if c == nil {
 		return nil
@@ -129,7 +130,7 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 			continue
 		}
 		window := rule.Base.Window / 1000 // ms
-		if now.Before(time.UnixMilli(id.Epoch + window).Add(settleAfter)) {
+		if now.Before(time.UnixMilli(id.Epoch + window).Add(s.settleAfter())) {
 			continue
 		}
 		done = append(done, id)

@@ -100,6 +100,7 @@ type Service struct {
 	replicas  map[string]*replica // by replica id
 	rules     map[string]budget.Rule
 	regions   map[string]time.Time // heard from, when
+	listed    map[string]bool      // named by a region's --regions
 	alloc     *budget.Allocator    // while leading
 	leader    bool
 	leaderRev uint64
@@ -112,6 +113,7 @@ type Service struct {
 	overAdmitted   *prometheus.CounterVec
 	found          []OverAdmission // the latest, for tests and the API
 	digestSeq      uint64
+	lastReconcile  time.Time
 	rulesPublished bool
 
 	cancel context.CancelFunc
@@ -174,7 +176,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, nc: nc, js: js, replicas: map[string]*replica{}, rules: map[string]budget.Rule{},
-		regions: map[string]time.Time{}, revs: map[string]uint64{}, docs: map[string]transport.BudgetDoc{}, done: make(chan struct{}),
+		regions: map[string]time.Time{}, listed: map[string]bool{}, revs: map[string]uint64{}, docs: map[string]transport.BudgetDoc{}, done: make(chan struct{}),
 		rulesSet: cfg.Rules, reconciled: map[crdt.ID]bool{}, overAdmitted: newOverAdmittedMetric()}
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(s.overAdmitted, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_globalsync_leader",
@@ -248,6 +250,11 @@ func (s *Service) onHeartbeat(m *nats.Msg) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.regions[hb.Region] = now
+	for _, r := range hb.Regions {
+		if r != "" && len(r) <= 64 && !strings.ContainsAny(r, ". *>") {
+			s.listed[r] = true
+		}
+	}
 	r := s.replicas[hb.Replica]
 	if r == nil || r.region != hb.Region {
 		r = &replica{region: hb.Region, rules: map[string]*demandTrack{}}
@@ -255,7 +262,7 @@ func (s *Service) onHeartbeat(m *nats.Msg) {
 	}
 	r.heard = now
 	for id, rep := range hb.Rules {
-		if rep.WindowMillis <= 0 {
+		if id == "" || rep.WindowMillis <= 0 || rep.WindowMillis > maxWindowMillis {
 			continue
 		}
 		s.rules[id] = budget.Rule{ID: id, Window: time.Duration(rep.WindowMillis) * time.Millisecond,
@@ -364,15 +371,20 @@ func (s *Service) lead(ctx context.Context) bool {
 		nrev, err = s.leases.Create(ctx, leaderKey, val)
 	case err == nil:
 		var cur leaderLease
-		if json.Unmarshal(en.Value(), &cur) == nil && now.UnixMilli() < cur.UntilMilli+s.cfg.Budget.Skew.Milliseconds() {
+		if json.Unmarshal(en.Value(), &cur) == nil && cur.ID != s.cfg.ID &&
+			now.UnixMilli() < cur.UntilMilli+s.cfg.Budget.Skew.Milliseconds() {
 			return false // another leads
 		}
+		// Lapsed, or ours (this instance lost its step, a publish
+		// refused): take it, and start afresh from the bucket.
 		nrev, err = s.leases.Update(ctx, leaderKey, val, en.Revision())
 	}
 	if err != nil {
 		return false
 	}
-	if err := s.takeOver(ctx); err != nil {
+	tctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.takeOver(tctx); err != nil {
 		s.cfg.Logger.Warn("globalsync: taking the lead", "err", err)
 		return false
 	}
@@ -395,27 +407,36 @@ func (s *Service) takeOver(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cutoff := s.cfg.Clock().Add(-s.cfg.Budget.Skew)
 	for key := range keys.Keys() {
 		hist, err := s.budgets.History(ctx, key)
 		if err != nil {
 			return err
 		}
+		var all []transport.BudgetDoc
 		for _, en := range hist {
 			revs[key] = max(revs[key], en.Revision())
-			d, err := transport.DecodeBudgetDoc(en.Value())
-			if err != nil {
-				continue
+			if d, err := transport.DecodeBudgetDoc(en.Value()); err == nil {
+				all = append(all, d)
 			}
-			docs[key] = d
-			var live []budget.Lease
+		}
+		if len(all) == 0 {
+			continue
+		}
+		// The latest document carries the previous leader's snapshot;
+		// every lease that expires after its last rebalance still counts
+		// (windows may have begun since, under them).
+		latest := all[len(all)-1]
+		docs[key] = latest
+		var live []budget.Lease
+		for _, d := range all {
 			for _, l := range d.All() {
-				if l.Expires.After(cutoff) {
+				if l.Expires.After(latest.Issued.Add(-s.cfg.Budget.Skew)) {
 					live = append(live, l)
 				}
 			}
-			alloc.Restore(d.Rule, live)
 		}
+		alloc.Restore(latest.Rule, live)
+		alloc.RestoreSnapshot(latest.Rule, latest.Snapshot())
 	}
 	s.mu.Lock()
 	s.alloc, s.revs, s.docs = alloc, revs, docs
@@ -444,13 +465,23 @@ func (s *Service) rebalance(ctx context.Context) error {
 				s.alloc.Report(rule.ID, rep)
 			}
 		}
+		if !s.reported(rule, now) {
+			// No replica has reported the rule for long (every lease
+			// lapsed, every window it counted in over): it is no
+			// longer global anywhere.
+			delete(s.rules, rule.ID)
+			s.alloc.Forget(rule.ID)
+			continue
+		}
 		leases, err := s.alloc.Rebalance(now, rule, regions)
 		if err != nil {
-			s.mu.Unlock()
-			return err
+			s.cfg.Logger.Warn("globalsync: rule skipped", "rule", rule.ID, "err", err)
+			continue
 		}
 		key := transport.BudgetKey(rule.ID)
-		pubs = append(pubs, pub{key, transport.NewBudgetDoc(s.cfg.ID, leases), s.revs[key]})
+		doc := transport.NewBudgetDoc(s.cfg.ID, leases)
+		doc.SetSnapshot(s.alloc.Snapshot(rule.ID))
+		pubs = append(pubs, pub{key, doc, s.revs[key]})
 	}
 	s.mu.Unlock()
 	var errs []error
@@ -486,7 +517,7 @@ func (s *Service) regionReport(rule budget.Rule, region string, now time.Time) (
 	rep := budget.Report{Region: region}
 	found, sameEpoch, epoch := false, true, int64(0)
 	for _, r := range s.replicas {
-		if r.region != region || now.Sub(r.heard) > s.cfg.Budget.LeaseTTL {
+		if r.region != region || now.Sub(r.heard) > s.replicaSilence() {
 			continue
 		}
 		t := r.rules[rule.ID]
@@ -508,11 +539,39 @@ func (s *Service) regionReport(rule budget.Rule, region string, now time.Time) (
 	return rep, found
 }
 
+// maxWindowMillis bounds the window a heartbeat may report: a year.
+const maxWindowMillis = 366 * 24 * 3600 * 1000
+
+// replicaSilence is how long a replica may be silent before it no longer
+// counts: it may hold a lease it got after its last heartbeat, in force for
+// a lease's life and the skew allowance after.
+func (s *Service) replicaSilence() time.Duration {
+	return s.cfg.Budget.LeaseTTL + s.cfg.Budget.Skew + 2*time.Second
+}
+
+// reported says whether a replica reported the rule lately: within a
+// lease's life and two of the rule's windows. The caller holds s.mu.
+func (s *Service) reported(rule budget.Rule, now time.Time) bool {
+	for _, r := range s.replicas {
+		if t := r.rules[rule.ID]; t != nil && len(t.samples) > 0 &&
+			now.Sub(t.samples[len(t.samples)-1].at) <= s.replicaSilence()+2*rule.Window {
+			return true
+		}
+	}
+	return false
+}
+
+// knownRegions are the regions the budgets are split over: --regions,
+// else every region heard from or named by one that was.
 func (s *Service) knownRegions() []string {
 	if len(s.cfg.Regions) > 0 {
 		return s.cfg.Regions
 	}
-	return slices.Sorted(maps.Keys(s.regions))
+	all := maps.Clone(s.listed)
+	for r := range s.regions {
+		all[r] = true
+	}
+	return slices.Sorted(maps.Keys(all))
 }
 
 func (s *Service) sortedRules() []budget.Rule {
@@ -578,7 +637,7 @@ func (s *Service) Regions() []RegionStatus {
 			st.Suspect = now.Sub(at) > 3*s.cfg.Rebalance
 		}
 		for _, r := range s.replicas {
-			if r.region == name && now.Sub(r.heard) <= s.cfg.Budget.LeaseTTL {
+			if r.region == name && now.Sub(r.heard) <= s.replicaSilence() {
 				st.Replicas++
 			}
 		}

@@ -267,12 +267,17 @@ func testLeaderTakeover(t *testing.T, binary bool) {
 	waitFor(t, 5*time.Second, "the follower leads", follower.Leader)
 	took := time.Since(gone)
 	t.Logf("the follower led %v after the leader went away", took)
-	if took > cfg.LeaderTTL+budget.DefaultConfig().Skew+2*cfg.Rebalance {
+	// The lease, the skew allowance, a rebalance to notice, and room for
+	// a busy machine; what matters more is below: eu's lease never lapses.
+	if took > cfg.LeaderTTL+budget.DefaultConfig().Skew+time.Second {
 		t.Fatalf("takeover took %v, want within the leader lease %v (and the skew allowance)", took, cfg.LeaderTTL)
 	}
 	waitFor(t, 5*time.Second, "eu's lease renewed by the new leader", func() bool {
 		l, _, _ := eu.engine.Lease("g")
-		return l.Seq > before.Seq && l.Holds(time.Now())
+		if !l.Holds(time.Now()) {
+			t.Fatalf("eu's lease lapsed during the takeover: %+v", l)
+		}
+		return l.Seq > before.Seq
 	})
 	for _, d := range follower.Budgets() {
 		if d.Rule == "g" && d.Leader != follower.cfg.ID {
@@ -400,7 +405,7 @@ func TestTwoReplicasInARegion(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var unlimited, slow atomic.Int64
-	slow.Store(40) // us: 80 a window
+	slow.Store(200) // us: 400 a window, above half the limit: both regions want more than they get
 	eu1.load("k1", &unlimited, stop, &wg)
 	eu2.load("k1", &unlimited, stop, &wg)
 	us.load("k1", &slow, stop, &wg)

@@ -57,7 +57,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 
 	var members atomic.Pointer[transport.Members]
 	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log,
-		Global: regional.GlobalConfig{Regions: c.regionList}, OnDenied: func(d regional.Denial) {
+		Global: regional.GlobalConfig{Regions: c.regionList, UnknownPeers: !c.dev && c.nats != ""}, OnDenied: func(d regional.Denial) {
 			if m := members.Load(); m != nil {
 				m.TellDenial(d)
 			}
