@@ -17,7 +17,9 @@ import (
 // slots merged in between, and requires the same decisions, the same own
 // slots, and the same windows.
 func TestGlobalStoresDecideAlike(t *testing.T) {
-	rs, _ := newTestRedisStore(t, RedisOptions{Region: "eu"})
+	// A generous timeout: on a busy machine a slow round trip is not
+	// what this test is about.
+	rs, _ := newTestRedisStore(t, RedisOptions{Region: "eu", Timeout: 5 * time.Second})
 	clock := newVirtualClock()
 	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
 	ctx := t.Context()

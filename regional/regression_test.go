@@ -221,7 +221,9 @@ func TestRedisWaitsAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	var conns sync.WaitGroup
+	accepting := make(chan struct{})
 	go func() {
+		defer close(accepting)
 		for {
 			c, err := lis.Accept()
 			if err != nil {
@@ -239,7 +241,9 @@ func TestRedisWaitsAreBounded(t *testing.T) {
 			}()
 		}
 	}()
-	defer func() { lis.Close(); conns.Wait() }()
+	// The accept loop ends before the wait for its connections: an Add
+	// racing a Wait at zero is a misuse of WaitGroup.
+	defer func() { lis.Close(); <-accepting; conns.Wait() }()
 	client, cluster, err := NewRedisClient("redis://" + lis.Addr().String() + "/0")
 	if err != nil {
 		t.Fatal(err)
