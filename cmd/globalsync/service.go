@@ -171,6 +171,12 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	if err := cfg.Budget.Validate(); err != nil {
 		return nil, err
 	}
+	// A leader taking over reads every lease still in force from the
+	// bucket's history: a lease's life must fit in it.
+	if cfg.Budget.LeaseTTL+cfg.Budget.Skew > time.Duration(transport.BudgetHistory-2)*cfg.Rebalance {
+		return nil, fmt.Errorf("globalsync: --lease-ttl %v is more than the %d rebalances (--rebalance %v) whose leases the budget bucket keeps",
+			cfg.Budget.LeaseTTL, transport.BudgetHistory-2, cfg.Rebalance)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
