@@ -23,7 +23,7 @@ const BudgetsBucket = "geoquota-budgets"
 // BudgetHistory is how many revisions of each rule's leases the bucket
 // keeps: enough to cover a lease's life at one rebalance a second, so that
 // a globalsync taking over knows every lease still in force.
-const BudgetHistory = 32
+const BudgetHistory = 64
 
 // BudgetKey is a rule's key in the bucket: its id, base64url-encoded, so
 // that any rule id makes a valid key.
