@@ -98,6 +98,17 @@ func itoa(n uint64) string {
 	}
 }
 
+// keepClosed is how long a window's usage is kept after its books close.
+const keepClosed = 10 * time.Minute
+
+// windowOf is the window of the rule a counter belongs to, or 0.
+func (s *Service) windowOf(id crdt.ID) time.Duration {
+	if r, _, ok := s.rulesSet.GlobalLimitOf(id.Key); ok {
+		return time.Duration(r.Base.Window) * time.Microsecond
+	}
+	return 0
+}
+
 // OverAdmission is one region's part of a window that admitted more than
 // its limit.
 type OverAdmission struct {
@@ -173,10 +184,15 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 	for _, id := range done {
 		s.reconciled[id] = true
 	}
-	// Forget windows long closed, in the copy and in the ledger.
-	c.Expire(func(id crdt.ID) bool { return now.Sub(time.UnixMilli(id.Epoch)) > time.Hour*25 && s.reconciled[id] })
+	// Forget windows closed a while ago (GetGlobalUsage answers for the
+	// last ten minutes), in the copy and in the ledger; a window of a rule
+	// not known here goes after a day.
+	c.Expire(func(id crdt.ID) bool {
+		age := now.Sub(time.UnixMilli(id.Epoch))
+		return (s.reconciled[id] && age > keepClosed+s.windowOf(id)) || age > 24*time.Hour
+	})
 	for id := range s.reconciled {
-		if now.Sub(time.UnixMilli(id.Epoch)) > 25*time.Hour {
+		if now.Sub(time.UnixMilli(id.Epoch)) > keepClosed+s.windowOf(id) {
 			delete(s.reconciled, id)
 		}
 	}
