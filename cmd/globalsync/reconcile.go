@@ -101,12 +101,36 @@ func itoa(n uint64) string {
 // keepClosed is how long a window's usage is kept after its books close.
 const keepClosed = 10 * time.Minute
 
-// windowOf is the window of the rule a counter belongs to, or 0.
+// windowOf is the window of the rule a counter belongs to, as the regions
+// report it, or 0. The caller holds s.mu.
 func (s *Service) windowOf(id crdt.ID) time.Duration {
-	if r, _, ok := s.rulesSet.GlobalLimitOf(id.Key); ok {
-		return time.Duration(r.Base.Window) * time.Microsecond
+	inner, _ := strings.CutPrefix(id.Key, "gq:{")
+	rule, _, _ := strings.Cut(inner, ":")
+	return s.rules[rule].Window
+}
+
+// expireUsage forgets windows whose books closed a while ago (GetGlobalUsage
+// answers for the last ten minutes), in the copy and in the ledger; a
+// window of a rule no region reports goes after a day. The caller holds
+// s.mu.
+func (s *Service) expireUsage(now time.Time) {
+	c := s.view()
+	if c == nil {
+		return
 	}
-	return 0
+	old := func(id crdt.ID) bool {
+		age := now.Sub(time.UnixMilli(id.Epoch))
+		if w := s.windowOf(id); w > 0 {
+			return age > w+s.settleAfter()+keepClosed
+		}
+		return age > 24*time.Hour
+	}
+	c.Expire(old)
+	for id := range s.reconciled {
+		if old(id) {
+			delete(s.reconciled, id)
+		}
+	}
 }
 
 // OverAdmission is one region's part of a window that admitted more than
@@ -183,18 +207,6 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 	}
 	for _, id := range done {
 		s.reconciled[id] = true
-	}
-	// Forget windows closed a while ago (GetGlobalUsage answers for the
-	// last ten minutes), in the copy and in the ledger; a window of a rule
-	// not known here goes after a day.
-	c.Expire(func(id crdt.ID) bool {
-		age := now.Sub(time.UnixMilli(id.Epoch))
-		return (s.reconciled[id] && age > keepClosed+s.windowOf(id)) || age > 24*time.Hour
-	})
-	for id := range s.reconciled {
-		if now.Sub(time.UnixMilli(id.Epoch)) > keepClosed+s.windowOf(id) {
-			delete(s.reconciled, id)
-		}
 	}
 	return found
 }

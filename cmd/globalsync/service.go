@@ -295,6 +295,9 @@ func (s *Service) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ae.C:
+			s.mu.Lock()
+			s.expireUsage(s.cfg.Clock())
+			s.mu.Unlock()
 			s.publishDigest()
 		case <-t.C:
 		}
