@@ -54,9 +54,14 @@ type storeKind struct {
 	start func(t *testing.T) (Store, func(clock *virtualClock))
 }
 
+// slowOK bounds store calls in tests of decisions: generous, so that a
+// busy machine (the whole suite runs at once, under the race detector) is
+// not mistaken for a failing store. Tests of timeouts set their own.
+const slowOK = 5 * time.Second
+
 func redisKind(name string, spec func(t *testing.T) string) storeKind {
 	return storeKind{name, func(t *testing.T) (Store, func(*virtualClock)) {
-		s := openTestRedisStore(t, spec(t), RedisOptions{})
+		s := openTestRedisStore(t, spec(t), RedisOptions{Timeout: slowOK})
 		s.testMinTTL = int64(time.Hour / time.Millisecond)
 		return s, func(c *virtualClock) { s.testNow = c.micros }
 	}}
@@ -254,7 +259,7 @@ func TestEngineBehaviours(t *testing.T) {
 					if setClock != nil {
 						setClock(clock)
 					}
-					e := New(Config{Store: store, Clock: clock.Now}, loadTestRules(t))
+					e := New(Config{Store: store, Clock: clock.Now, Timeout: slowOK}, loadTestRules(t))
 					sc.run(&env{t: t, e: e, clock: clock, key: fmt.Sprintf("%s-%d", kind.name, i)})
 				})
 			}
@@ -277,7 +282,7 @@ rules:
     capacity: 5
     refill_per_second: 1
 `)
-	e := New(Config{Store: store}, rs)
+	e := New(Config{Store: store, Timeout: slowOK}, rs)
 	long := strings.Repeat("k", MaxValueLen+1)
 	for _, tc := range []struct {
 		req   Request

@@ -180,7 +180,7 @@ func TestEngineGlobalLimits(t *testing.T) {
 			engine := func(region string) *Engine {
 				var store Store
 				if kind == "redis" {
-					rs, _ := newTestRedisStore(t, RedisOptions{Region: region})
+					rs, _ := newTestRedisStore(t, RedisOptions{Region: region, Timeout: slowOK})
 					rs.testNow = clock.micros
 					store = rs
 				} else {
@@ -188,7 +188,7 @@ func TestEngineGlobalLimits(t *testing.T) {
 					m.SetRegion(region)
 					store = m
 				}
-				return New(Config{Region: region, Store: store, Clock: clock.Now, Global: GlobalConfig{Regions: regions}}, mustParse(t, globalRules))
+				return New(Config{Region: region, Store: store, Clock: clock.Now, Timeout: slowOK, Global: GlobalConfig{Regions: regions}}, mustParse(t, globalRules))
 			}
 			eu, us := engine("eu"), engine("us")
 
@@ -275,8 +275,8 @@ func TestGlobalWindowMemory(t *testing.T) {
 // middle of a window; the engine remembers what the region counted, so the
 // window does not admit its allowance a second time.
 func TestStrictSurvivesAFlushedRedis(t *testing.T) {
-	rs, _ := newTestRedisStore(t, RedisOptions{Region: "eu"})
-	e := New(Config{Region: "eu", Store: rs, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	rs, _ := newTestRedisStore(t, RedisOptions{Region: "eu", Timeout: slowOK})
+	e := New(Config{Region: "eu", Store: rs, Timeout: slowOK, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
 	if got := countAllowed(t, e, "s_9", 60); got != 50 {
 		t.Fatalf("before the flush: %d admitted, want the floor of 50", got)
 	}

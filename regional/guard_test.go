@@ -291,10 +291,10 @@ rules:
 }
 
 func TestLeasesServeFromMemory(t *testing.T) {
-	store, srv := newTestRedisStore(t, RedisOptions{})
+	store, srv := newTestRedisStore(t, RedisOptions{Timeout: slowOK})
 	ctx := t.Context()
 	clock := newVirtualClock()
-	e := New(Config{Store: store, Clock: clock.Now, LeaseTTL: time.Second}, mustParse(t, `
+	e := New(Config{Store: store, Clock: clock.Now, LeaseTTL: time.Second, Timeout: slowOK}, mustParse(t, `
 rules:
   - { id: hot, by: [api_key], capacity: 100, refill_per_second: 0.001, lease: 10 }
 `))

@@ -167,7 +167,7 @@ func TestAlgorithmChangeStartsAfresh(t *testing.T) {
 	for _, kind := range storeKinds[:2] { // memory and redis
 		t.Run(kind.name, func(t *testing.T) {
 			store, _ := kind.start(t)
-			e := New(Config{Store: store}, mustParse(t, "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 20, window: 1h }\n"))
+			e := New(Config{Store: store, Timeout: slowOK}, mustParse(t, "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 20, window: 1h }\n"))
 			for range 20 {
 				mustCheck(t, e, Request{APIKey: "k"})
 			}

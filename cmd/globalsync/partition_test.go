@@ -215,7 +215,7 @@ func TestElasticOverAdmission(t *testing.T) {
 	names := []string{"ap", "eu", "us"}
 	rules := `
 rules:
-  - { id: g, match: { api_key: "k*" }, by: [api_key], scope: global, mode: elastic, algorithm: fixed_window, limit: 6000, window: 1m }
+  - { id: g, match: { api_key: "k*" }, by: [api_key], scope: global, mode: elastic, algorithm: fixed_window, limit: 6000, window: 1m, fallback: fail_closed }
 `
 	regions := map[string]*region{}
 	for _, n := range names {

@@ -172,9 +172,12 @@ func (r *region) windowTotal(t *testing.T, key string, startMillis int64) map[st
 	return out
 }
 
+// strictRules is a strict global limit. It fails closed: on a busy machine
+// a Redis call past its timeout must not admit without counting, as
+// fail_open would — what a careful operator sets for a strict limit.
 const strictRules = `
 rules:
-  - { id: g, match: { api_key: "k*" }, by: [api_key], scope: global, algorithm: fixed_window, limit: 600, window: 2s }
+  - { id: g, match: { api_key: "k*" }, by: [api_key], scope: global, algorithm: fixed_window, limit: 600, window: 2s, fallback: fail_closed }
 `
 
 // TestBudgetsFollowDemand: two regions, demand far above a strict global
