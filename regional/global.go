@@ -1,6 +1,9 @@
 package regional
 
-import "math"
+import (
+	"math"
+	"strconv"
+)
 
 // A global limit (scope: global) counts, per window, what each region
 // admitted: a G-counter per (counter key, window), one slot per region,
@@ -29,24 +32,7 @@ func GlobalKey(key []byte, startMillis int64) []byte {
 func appendGlobalKey(dst, key []byte, startMillis int64) []byte {
 	dst = append(dst, key...)
 	dst = append(dst, ':')
-	return appendInt(dst, startMillis)
-}
-
-func appendInt(dst []byte, n int64) []byte {
-	if n < 0 {
-		dst = append(dst, '-')
-		n = -n
-	}
-	var buf [20]byte
-	i := len(buf)
-	for {
-		i--
-		buf[i] = byte('0' + n%10)
-		if n /= 10; n == 0 {
-			break
-		}
-	}
-	return append(dst, buf[i:]...)
+	return strconv.AppendInt(dst, startMillis, 10)
 }
 
 // globalView is what a store reads of one window of a global counter: this

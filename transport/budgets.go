@@ -117,12 +117,30 @@ func DecodeBudgetDoc(b []byte) (BudgetDoc, error) {
 }
 
 // WatchBudgets keeps the engine's lease current from the bucket until ctx
-// ends (and notes the other regions' leases, for usage reports), waiting for the bucket if globalsync has not made it yet and
-// watching again after errors. It returns when ctx ends.
+// ends (and notes the other regions' leases, for usage reports), waiting
+// for the bucket if globalsync has not made it yet and watching again
+// after errors.
 func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) {
+	watchKV(ctx, js, BudgetsBucket, jetstream.AllKeys, log, func(en jetstream.KeyValueEntry) {
+		d, err := DecodeBudgetDoc(en.Value())
+		if err != nil {
+			log.Warn("budgets: bad document ignored", "key", en.Key(), "err", err)
+			return
+		}
+		for _, l := range d.All() {
+			e.SetLease(l) // ours in force; the others' noted for usage reports
+		}
+	})
+}
+
+// watchKV hands every value put under keys (a KV key or wildcard) in
+// bucket to handle, the current ones first, until ctx ends: it waits for
+// the bucket if it is not there yet and watches again after errors.
+// handle runs on this goroutine.
+func watchKV(ctx context.Context, js jetstream.JetStream, bucket, keys string, log *slog.Logger, handle func(jetstream.KeyValueEntry)) {
 	for ctx.Err() == nil {
-		if err := watchBudgets(ctx, js, e, log); err != nil && ctx.Err() == nil {
-			log.Debug("budgets: watching again", "err", err)
+		if err := watchOnce(ctx, js, bucket, keys, handle); err != nil && ctx.Err() == nil {
+			log.Debug("watching again", "bucket", bucket, "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(500 * time.Millisecond):
@@ -131,12 +149,12 @@ func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engin
 	}
 }
 
-func watchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) error {
-	kv, err := js.KeyValue(ctx, BudgetsBucket)
+func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, keys string, handle func(jetstream.KeyValueEntry)) error {
+	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return err
 	}
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	w, err := kv.Watch(ctx, keys, jetstream.IgnoreDeletes())
 	if err != nil {
 		return err
 	}
@@ -149,16 +167,8 @@ func watchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engin
 			if !ok {
 				return errors.New("watch ended")
 			}
-			if en == nil {
-				continue // the initial values are in
-			}
-			d, err := DecodeBudgetDoc(en.Value())
-			if err != nil {
-				log.Warn("budgets: bad document ignored", "key", en.Key(), "err", err)
-				continue
-			}
-			for _, l := range d.All() {
-				e.SetLease(l) // ours in force; the others' noted for usage reports
+			if en != nil { // nil: the current values are all in
+				handle(en)
 			}
 		}
 	}

@@ -100,11 +100,12 @@ const (
 )
 
 // Message headers: the sending replica and its message number, so that a
-// replayed message is told from a new one.
+// replayed message is told from a new one. Every sender of gossip sets
+// them (globalsync too, for its digest).
 const (
-	hdrReplica  = "Geoquota-Replica"
-	hdrInstance = "Geoquota-Instance" // random per process: a restarted replica numbers afresh
-	hdrSeq      = "Geoquota-Seq"
+	HeaderReplica  = "Geoquota-Replica"
+	HeaderInstance = "Geoquota-Instance" // random per process: a restarted replica numbers afresh
+	HeaderSeq      = "Geoquota-Seq"
 )
 
 // GossipStats counts what the gossip did and what it refused.
@@ -335,7 +336,7 @@ func (g *Gossip) PublishDelta() {
 
 // publishDelta sends d in messages of at most MaxEntries counters.
 func (g *Gossip) publishDelta(subject string, d crdt.Delta) error {
-	for start := 0; start < len(d.Entries) || start == 0; start += g.cfg.MaxEntries {
+	for start := 0; start < len(d.Entries); start += g.cfg.MaxEntries {
 		part := d
 		part.Entries = d.Entries[start:min(len(d.Entries), start+g.cfg.MaxEntries)]
 		b, err := crdt.AppendDelta(nil, part)
@@ -345,9 +346,6 @@ func (g *Gossip) publishDelta(subject string, d crdt.Delta) error {
 		if err := g.publish(subject, b); err != nil {
 			return err
 		}
-		if len(d.Entries) == 0 {
-			break
-		}
 	}
 	return nil
 }
@@ -355,9 +353,9 @@ func (g *Gossip) publishDelta(subject string, d crdt.Delta) error {
 func (g *Gossip) publish(subject string, data []byte) error {
 	m := nats.NewMsg(subject)
 	m.Data = data
-	m.Header.Set(hdrReplica, g.cfg.Replica)
-	m.Header.Set(hdrInstance, g.instance)
-	m.Header.Set(hdrSeq, strconv.FormatUint(g.seq.Add(1), 10))
+	m.Header.Set(HeaderReplica, g.cfg.Replica)
+	m.Header.Set(HeaderInstance, g.instance)
+	m.Header.Set(HeaderSeq, strconv.FormatUint(g.seq.Add(1), 10))
 	if err := g.nc.PublishMsg(m); err != nil {
 		return fmt.Errorf("transport: gossip: publish %s: %w", subject, err)
 	}
@@ -409,12 +407,12 @@ func (g *Gossip) PublishHeartbeat() {
 func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 	region := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	kind, _, _ := strings.Cut(m.Subject[len(g.cfg.Prefix)+1:], ".")
-	replica := m.Header.Get(hdrReplica)
+	replica := m.Header.Get(HeaderReplica)
 	if replica == g.cfg.Replica {
 		return "", false // our own
 	}
 	g.stats.Received.Add(1)
-	seq, err := strconv.ParseUint(m.Header.Get(hdrSeq), 10, 64)
+	seq, err := strconv.ParseUint(m.Header.Get(HeaderSeq), 10, 64)
 	if err != nil || replica == "" {
 		g.stats.Malformed.Add(1)
 		return "", false
@@ -425,7 +423,7 @@ func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 	// A replica numbers all its messages in one sequence, but each kind
 	// arrives on its own subscription: order holds within a kind only. A
 	// restarted replica (a new instance) numbers from 1 again.
-	stream := replica + " " + m.Header.Get(hdrInstance) + " " + kind
+	stream := replica + " " + m.Header.Get(HeaderInstance) + " " + kind
 	if seen, ok := g.replicas[stream]; ok && (seen.region != region || seq <= seen.seq) {
 		if seen.region != region {
 			g.stats.Spoofed.Add(1)

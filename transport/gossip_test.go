@@ -216,8 +216,8 @@ func TestGossipRefusesBadMessages(t *testing.T) {
 		m := nats.NewMsg(subject)
 		m.Data, m.Header = data, nats.Header{}
 		if replica != "" {
-			m.Header.Set(hdrReplica, replica)
-			m.Header.Set(hdrSeq, seq)
+			m.Header.Set(HeaderReplica, replica)
+			m.Header.Set(HeaderSeq, seq)
 		}
 		if err := nc.PublishMsg(m); err != nil {
 			t.Fatal(err)

@@ -3,10 +3,8 @@ package transport
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/geoquota/geoquota/regional"
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,44 +37,15 @@ func PublishRules(ctx context.Context, kv jetstream.KeyValue, yaml []byte) (uint
 // is rejected whole, logged and counted, and the last good rules stay).
 // Whatever changed last, the rules file or the bucket, is in force.
 func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) {
-	for ctx.Err() == nil {
-		if err := watchRules(ctx, js, e, log); err != nil && ctx.Err() == nil {
-			log.Debug("rules: watching again", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(500 * time.Millisecond):
-			}
+	watchKV(ctx, js, RulesBucket, RulesKey, log, func(en jetstream.KeyValueEntry) {
+		if bytes.Equal(en.Value(), e.Rules().YAML()) {
+			return
 		}
-	}
-}
-
-func watchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) error {
-	kv, err := js.KeyValue(ctx, RulesBucket)
-	if err != nil {
-		return err
-	}
-	w, err := kv.Watch(ctx, RulesKey, jetstream.IgnoreDeletes())
-	if err != nil {
-		return err
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case en, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watch ended")
-			}
-			if en == nil || bytes.Equal(en.Value(), e.Rules().YAML()) {
-				continue
-			}
-			source := fmt.Sprintf("%s/%s@%d", RulesBucket, RulesKey, en.Revision())
-			if rs, err := e.PutRules(source, en.Value()); err != nil {
-				log.Error("published rules rejected; the last good rules stay in force", "revision", en.Revision(), "error", err)
-			} else {
-				log.Info("published rules in force", "revision", en.Revision(), "rules", len(rs.Rules()))
-			}
+		source := fmt.Sprintf("%s/%s@%d", RulesBucket, RulesKey, en.Revision())
+		if rs, err := e.PutRules(source, en.Value()); err != nil {
+			log.Error("published rules rejected; the last good rules stay in force", "revision", en.Revision(), "error", err)
+		} else {
+			log.Info("published rules in force", "revision", en.Revision(), "rules", len(rs.Rules()))
 		}
-	}
+	})
 }

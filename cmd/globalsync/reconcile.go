@@ -3,10 +3,12 @@ package main
 import (
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/transport"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -80,22 +82,10 @@ func (s *Service) publishDigest() {
 	}
 	m := nats.NewMsg(s.cfg.Prefix + ".digest." + selfName)
 	m.Data = b
-	m.Header.Set("Geoquota-Replica", "globalsync-"+s.cfg.ID)
+	m.Header.Set(transport.HeaderReplica, "globalsync-"+s.cfg.ID)
 	s.digestSeq++
-	m.Header.Set("Geoquota-Seq", itoa(s.digestSeq))
+	m.Header.Set(transport.HeaderSeq, strconv.FormatUint(s.digestSeq, 10))
 	s.nc.PublishMsg(m)
-}
-
-func itoa(n uint64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		if n /= 10; n == 0 {
-			return string(b[i:])
-		}
-	}
 }
 
 // keepClosed is how long a window's usage is kept after its books close.
