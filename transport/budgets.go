@@ -116,6 +116,29 @@ func DecodeBudgetDoc(b []byte) (BudgetDoc, error) {
 	return d, nil
 }
 
+// RestoreAllocator gives a new leader's allocator what the previous
+// leaders published of one rule (its documents, oldest first): every lease
+// that expires after the latest document's rebalance, less the skew
+// allowance, may still be in force (windows may have begun since, under
+// it), and the latest document's snapshot holds the marks and
+// acknowledgements.
+func RestoreAllocator(a *budget.Allocator, history []BudgetDoc, skew time.Duration) {
+	if len(history) == 0 {
+		return
+	}
+	latest := history[len(history)-1]
+	var live []budget.Lease
+	for _, d := range history {
+		for _, l := range d.All() {
+			if l.Expires.After(latest.Issued.Add(-skew)) {
+				live = append(live, l)
+			}
+		}
+	}
+	a.Restore(latest.Rule, live)
+	a.RestoreSnapshot(latest.Rule, latest.Snapshot())
+}
+
 // WatchBudgets keeps the engine's lease current from the bucket until ctx
 // ends (and notes the other regions' leases, for usage reports), waiting
 // for the bucket if globalsync has not made it yet and watching again

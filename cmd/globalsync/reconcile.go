@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/transport"
 	"github.com/nats-io/nats.go"
@@ -167,24 +168,12 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 		over := total - limit
 		granted := s.alloc.Granted(rule.ID, id.Epoch*1000/rule.Base.Window)
 		used := map[string]int64{}
-		excess, sumExcess, sumUsed := map[string]int64{}, int64(0), int64(0)
 		for r, p := range pn.P.All() {
 			used[r] = int64(p) - int64(pn.N.Get(r))
-			sumUsed += used[r]
-			if e := used[r] - int64(granted[r]*float64(limit)); e > 0 && granted != nil {
-				excess[r] = e
-				sumExcess += e
-			}
 		}
-		weights, sum := excess, sumExcess
-		if sum == 0 {
-			weights, sum = used, sumUsed
-		}
-		for _, r := range slices.Sorted(maps.Keys(weights)) {
-			part := over * weights[r] / max(1, sum)
-			if part <= 0 {
-				continue
-			}
+		parts := budget.Attribute(over, limit, used, granted)
+		for _, r := range slices.Sorted(maps.Keys(parts)) {
+			part := parts[r]
 			oa := OverAdmission{Rule: rule.ID, Key: id.Key, Region: r, WindowStart: time.UnixMilli(id.Epoch), Amount: part}
 			found = append(found, oa)
 			s.overAdmitted.WithLabelValues(rule.ID, r).Add(float64(part))

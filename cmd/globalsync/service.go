@@ -126,42 +126,17 @@ type replica struct {
 	rules  map[string]*demandTrack
 }
 
-// demandTrack turns a replica's cumulative demand into a rate, over the
-// heartbeats of about the last second.
+// demandTrack is a replica's last report on a rule and its rate of
+// demand.
 type demandTrack struct {
-	last    transport.RuleReport
-	samples []demandSample // oldest first
-	rate    float64        // limits per window
+	last transport.RuleReport
+	rate budget.DemandRate
 }
 
-type demandSample struct {
-	total float64 // admitted + denied
-	at    time.Time
-}
-
-// demandSpan is how far back the rate of demand looks: long enough that a
-// heartbeat's noise does not move the budgets, short enough that they
-// follow a shift within a rebalance or two.
-const demandSpan = time.Second
-
-// add records a heartbeat's report and updates the rate.
+// add records a heartbeat's report.
 func (t *demandTrack) add(rep transport.RuleReport, now time.Time) {
 	t.last = rep
-	total := rep.Admitted + rep.Denied
-	if n := len(t.samples); n > 0 && total < t.samples[n-1].total {
-		t.samples = t.samples[:0] // the replica restarted: its totals began again
-	}
-	t.samples = append(t.samples, demandSample{total, now})
-	// Keep one sample at least demandSpan old, as the base.
-	drop := 0
-	for drop+1 < len(t.samples) && now.Sub(t.samples[drop+1].at) >= demandSpan {
-		drop++
-	}
-	t.samples = t.samples[drop:]
-	base := t.samples[0]
-	if el := now.Sub(base.at); el > 0 {
-		t.rate = max(0, total-base.total) / el.Seconds() * (float64(rep.WindowMillis) / 1000)
-	}
+	t.rate.Add(rep.Admitted+rep.Denied, time.Duration(rep.WindowMillis)*time.Millisecond, now)
 }
 
 // Start makes the buckets if need be, subscribes to heartbeats, and starts
@@ -431,21 +406,8 @@ func (s *Service) takeOver(ctx context.Context) error {
 		if len(all) == 0 {
 			continue
 		}
-		// The latest document carries the previous leader's snapshot;
-		// every lease that expires after its last rebalance still counts
-		// (windows may have begun since, under them).
-		latest := all[len(all)-1]
-		docs[key] = latest
-		var live []budget.Lease
-		for _, d := range all {
-			for _, l := range d.All() {
-				if l.Expires.After(latest.Issued.Add(-s.cfg.Budget.Skew)) {
-					live = append(live, l)
-				}
-			}
-		}
-		alloc.Restore(latest.Rule, live)
-		alloc.RestoreSnapshot(latest.Rule, latest.Snapshot())
+		docs[key] = all[len(all)-1]
+		transport.RestoreAllocator(alloc, all, s.cfg.Budget.Skew)
 	}
 	s.mu.Lock()
 	s.alloc, s.revs, s.docs = alloc, revs, docs
@@ -537,7 +499,7 @@ func (s *Service) regionReport(rule budget.Rule, region string, now time.Time) (
 			rep.Acked, epoch = t.last.Acked, t.last.UsedEpoch
 		}
 		found = true
-		rep.Demand += t.rate
+		rep.Demand += t.rate.Rate()
 		rep.Acked = min(rep.Acked, t.last.Acked)
 		rep.Used = max(rep.Used, t.last.Used)
 		if t.last.UsedEpoch != epoch {
@@ -562,8 +524,8 @@ func (s *Service) replicaSilence() time.Duration {
 // lease's life and two of the rule's windows. The caller holds s.mu.
 func (s *Service) reported(rule budget.Rule, now time.Time) bool {
 	for _, r := range s.replicas {
-		if t := r.rules[rule.ID]; t != nil && len(t.samples) > 0 &&
-			now.Sub(t.samples[len(t.samples)-1].at) <= s.replicaSilence()+2*rule.Window {
+		if t := r.rules[rule.ID]; t != nil && !t.rate.Last().IsZero() &&
+			now.Sub(t.rate.Last()) <= s.replicaSilence()+2*rule.Window {
 			return true
 		}
 	}
