@@ -30,6 +30,10 @@ type entry struct {
 	slots      []slot // sorted by region index
 	ver        uint64 // the newest slot version
 	prev, next *entry
+	// Anti-entropy's hashes, kept while they hold: the entry's hash as of
+	// version hashVer, and its bucket among bucketsOf buckets.
+	hash, hashVer     uint64
+	bucket, bucketsOf uint32
 }
 
 type slot struct {

@@ -56,7 +56,7 @@ func (c *Counters) Diff(peer Digest) (Delta, error) {
 	var send []*entry
 	nslots := 0
 	for e := c.head; e != nil; e = e.next {
-		b := bucketOf(e.id, peer.Buckets)
+		b := e.bucketIn(peer.Buckets)
 		t := theirs[b]
 		if o := ours[b]; o.Count != t.Count || o.Hash != t.Hash {
 			send = append(send, e)
@@ -73,20 +73,33 @@ func (c *Counters) Diff(peer Digest) (Delta, error) {
 func (c *Counters) bucketSums(buckets uint32) map[uint32]BucketSum {
 	sums := make(map[uint32]BucketSum, min(len(c.entries), int(buckets)))
 	for e := c.head; e != nil; e = e.next {
-		b := bucketOf(e.id, buckets)
+		b := e.bucketIn(buckets)
 		s := sums[b]
 		s.Bucket = b
 		s.Count++
-		s.Hash += c.entryHash(e)
+		if e.hashVer != e.ver || e.hashVer == 0 {
+			e.hash, e.hashVer = c.entryHash(e), e.ver
+		}
+		s.Hash += e.hash
 		sums[b] = s
 	}
 	return sums
 }
 
+// bucketIn is the entry's bucket among buckets, computed once per bucket
+// count.
+func (e *entry) bucketIn(buckets uint32) uint32 {
+	if e.bucketsOf != buckets {
+		e.bucket, e.bucketsOf = bucketOf(e.id, buckets), buckets
+	}
+	return e.bucket
+}
+
 func bucketOf(id ID, buckets uint32) uint32 {
 	h := fnv.New64a()
 	h.Write([]byte(id.Key))
-	h.Write(binary.LittleEndian.AppendUint64(nil, uint64(id.Epoch)))
+	var buf [8]byte
+	h.Write(binary.LittleEndian.AppendUint64(buf[:0], uint64(id.Epoch)))
 	return uint32(h.Sum64() % uint64(buckets))
 }
 

@@ -273,11 +273,21 @@ func (e *Engine) syncBlocks(ctx context.Context) error {
 	return nil
 }
 
-// Maintain does the engine's periodic work: gives back what is left of
-// ended leases, drops expired cache entries and untracked keys, writes
+// Maintain does the engine's periodic work: gives a store back after an
+// outage the global counters this replica holds, gives back what is left
+// of ended leases, drops expired cache entries and untracked keys, writes
 // pending violations to the log, and takes runtime blocks from the store.
 // Call it every few hundred milliseconds (Run does).
 func (e *Engine) Maintain(ctx context.Context) error {
+	if n := e.breaker.recoveries.Load(); n != e.reseeded.Load() {
+		// The store is back after an outage: give it back the global
+		// counters this replica holds.
+		if err := e.reseedStore(ctx); err != nil {
+			e.log.Warn("global counters not given back to the store", "err", err)
+		} else {
+			e.reseeded.Store(n)
+		}
+	}
 	now := e.now()
 	us := now.UnixMicro()
 	e.leases.sweep(func(key string, l *lease) bool {

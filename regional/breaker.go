@@ -40,6 +40,9 @@ type breaker struct {
 	now      func() time.Time
 	state    atomic.Int32
 	failures atomic.Int32
+	// recoveries counts the times the breaker closed after opening: the
+	// store came back, and may have lost what it held.
+	recoveries atomic.Int64
 
 	mu       sync.Mutex
 	openedAt time.Time
@@ -102,6 +105,9 @@ func (b *breaker) success() {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if BreakerState(b.state.Load()) != BreakerClosed {
+		b.recoveries.Add(1)
+	}
 	b.state.Store(int32(BreakerClosed))
 	b.failures.Store(0)
 	b.probing = false

@@ -78,6 +78,7 @@ type Engine struct {
 	returns    []leaseReturn
 
 	global     *globalState
+	reseeded   atomic.Int64 // breaker recoveries after which the store got the global counters back
 	stats      Stats
 	lastErrLog atomic.Int64 // µs of the last store error logged
 	errsLogged atomic.Int64 // StoreErrors when it was

@@ -41,25 +41,6 @@ type globalView struct {
 	p, n, total float64
 }
 
-// sumSlots reads a window's fields as globalView.
-func sumSlots(fields map[string]uint64, region string) globalView {
-	var v globalView
-	for f, x := range fields {
-		if len(f) > 0 && f[0] == '-' {
-			v.total -= float64(x)
-			if f[1:] == region {
-				v.n = float64(x)
-			}
-		} else {
-			v.total += float64(x)
-			if f == region {
-				v.p = float64(x)
-			}
-		}
-	}
-	return v
-}
-
 // globalWindows is the start of the window that holds now and of the one
 // before, in µs.
 func globalWindows(p *Params, now float64) (start, prev float64) {
@@ -70,7 +51,9 @@ func globalWindows(p *Params, now float64) (start, prev float64) {
 
 // decideGlobal decides one global limit: cur is the window that holds now,
 // prev the one before (used by a sliding window counter). ceiling < 0 is
-// strict mode.
+// strict mode: the region admits within its allowance. In elastic mode it
+// admits while the global count it sees stays within the ceiling, or
+// within its allowance while that count stays within the limit.
 func decideGlobal(p *Params, cur, prev *globalView, now, cost, allowance, ceiling float64, r *Result) {
 	window := float64(p.Window)
 	start, _ := globalWindows(p, now)
@@ -80,10 +63,15 @@ func decideGlobal(p *Params, cur, prev *globalView, now, cost, allowance, ceilin
 		own = (prev.p-prev.n)*w + own
 		total = prev.total*w + total
 	}
-	allowed := own+cost <= allowance || (ceiling >= 0 && total+cost <= ceiling)
+	allowed := own+cost <= allowance
 	rem := allowance - own
 	if ceiling >= 0 {
-		rem = fmax(rem, ceiling-total)
+		// Elastic: the region borrows up to the ceiling, and its own
+		// allowance holds only within the limit as it sees it, since
+		// others may have borrowed the room it would have used.
+		limit := float64(p.Limit)
+		allowed = (allowed && total+cost <= limit) || total+cost <= ceiling
+		rem = fmax(fmin(rem, limit-total), ceiling-total)
 	}
 	if allowed {
 		rem -= cost

@@ -9,6 +9,7 @@ import (
 
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/deploy/local/harness"
 	"pgregory.net/rapid"
 )
 
@@ -214,10 +215,17 @@ func TestEngineGlobalLimits(t *testing.T) {
 				t.Fatalf("after the lease lapsed eu admitted %d, want 0", got)
 			}
 
-			// Elastic: us borrows the slack it sees (all of it: it has
-			// heard nothing), then eu hears of us's 60 by gossip; eu may
-			// borrow up to the ceiling (limit less 1% headroom) less what
-			// the regions used.
+			// Elastic, before us has heard from eu: it cannot know what
+			// eu used, and keeps to its floor.
+			if got := countAllowed(t, us, "e_0", 60); got != 50 {
+				t.Fatalf("us, not having heard from eu, admitted %d, want its floor of 50", got)
+			}
+			// Once the regions hear each other, us borrows the slack it
+			// sees (all of it), then eu hears of us's 60 by gossip; eu
+			// may borrow up to the ceiling (limit less 1% headroom) less
+			// what the regions used.
+			us.HeardFrom("eu", clock.Now())
+			eu.HeardFrom("us", clock.Now())
 			if got := countAllowed(t, us, "e_1", 60); got != 60 {
 				t.Fatalf("us admitted %d, want all 60 from the slack it sees", got)
 			}
@@ -229,6 +237,18 @@ func TestEngineGlobalLimits(t *testing.T) {
 			}
 			if got := countAllowed(t, eu, "e_1", 1000); got != 990-60 {
 				t.Fatalf("eu admitted %d, want the ceiling 990 less us's 60 = 930", got)
+			}
+			// eu silent for longer than StaleAfter: us stops borrowing
+			// (its floor of 50 is spent on e_1), and borrows again once
+			// it hears from eu.
+			clock.AdvanceBy(DefaultStaleAfter)
+			if got := countAllowed(t, us, "e_1", 10); got != 0 {
+				t.Fatalf("with eu silent, us admitted %d more, want 0", got)
+			}
+			us.HeardFrom("eu", clock.Now())
+			clock.AdvanceBy(globalDenialHold * time.Microsecond) // the cached denials lapse
+			if got := countAllowed(t, us, "e_1", 10); got != 10 {
+				t.Fatalf("with eu heard again, us admitted %d of 10, want all", got)
 			}
 			// A replayed or unknown-origin delta changes nothing.
 			if rep, _ := eu.MergeRemote(t.Context(), d); rep.Applied != 0 || rep.Duplicate == 0 {
@@ -321,5 +341,65 @@ func TestUnknownPeers(t *testing.T) {
 	}
 	if got := countAllowed(t, e, "e_6", 200); got != 100 {
 		t.Fatalf("elastic: %d admitted, want the reserve of 100 and no borrowing", got)
+	}
+}
+
+// TestStoreGetsGlobalCountersBack: Redis dies and comes back empty (no
+// persistence); once the breaker closes again, Maintain gives the store
+// back every region's slots this replica holds, so that an elastic check
+// does not borrow slack that was already spent.
+func TestStoreGetsGlobalCountersBack(t *testing.T) {
+	rs, srv := newTestRedisStore(t, RedisOptions{Region: "eu", Timeout: slowOK})
+	regions := []string{"eu", "us"}
+	global := GlobalConfig{Regions: regions, StaleAfter: time.Hour}
+	eu := New(Config{Region: "eu", Store: rs, Timeout: slowOK, Breaker: BreakerConfig{Failures: 1, Cooldown: 50 * time.Millisecond},
+		Global: global}, mustParse(t, globalRules))
+	us := New(Config{Region: "us", Global: global}, mustParse(t, globalRules))
+	eu.HeardFrom("us", time.Now())
+	us.HeardFrom("eu", time.Now())
+	if got := countAllowed(t, us, "e_7", 600); got != 600 {
+		t.Fatalf("us admitted %d of 600", got)
+	}
+	var d crdt.Delta
+	us.GlobalUsage().With(func(c *crdt.Counters) { d = c.OwnDeltaSince(0) })
+	if _, err := eu.MergeRemote(t.Context(), d); err != nil {
+		t.Fatal(err)
+	}
+	if got := countAllowed(t, eu, "e_7", 100); got != 100 {
+		t.Fatalf("eu admitted %d of 100", got)
+	}
+	key := []byte("gq:{g-elastic:e_7}")
+	start := time.Now().UnixMilli() / 3_600_000 * 3_600_000
+	want := []crdt.Slot{{Region: "eu", P: 100}, {Region: "us", P: 600}}
+	if slots, err := rs.ReadGlobal(t.Context(), key, start); err != nil || !slices.Equal(slots, want) {
+		t.Fatalf("before the restart Redis holds %v (%v), want %v", slots, err, want)
+	}
+
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, eu, Request{APIKey: "e_8", Endpoint: "/x"}) // fails: the breaker opens
+	if eu.Breaker() != BreakerOpen {
+		t.Fatalf("breaker %v with Redis dead, want open", eu.Breaker())
+	}
+	if err := srv.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 5*time.Second, "the breaker closes", func() bool {
+		mustCheck(t, eu, Request{APIKey: "e_8", Endpoint: "/x"})
+		return eu.Breaker() == BreakerClosed
+	})
+	if slots, _ := rs.ReadGlobal(t.Context(), key, start); slices.Contains(slots, want[1]) {
+		t.Fatalf("the restarted Redis holds %v already: the test shows nothing", slots)
+	}
+	if err := eu.Maintain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if slots, err := rs.ReadGlobal(t.Context(), key, start); err != nil || !slices.Equal(slots, want) {
+		t.Fatalf("after Maintain Redis holds %v (%v), want %v back", slots, err, want)
+	}
+	// The ceiling is 990; 700 are used.
+	if got := countAllowed(t, eu, "e_7", 400); got != 290 {
+		t.Fatalf("eu admitted %d more, want 290 up to the ceiling", got)
 	}
 }

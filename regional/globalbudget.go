@@ -2,7 +2,9 @@ package regional
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,10 +29,22 @@ type GlobalConfig struct {
 	// alone, takes the whole reserve as its floor, and never borrows in
 	// elastic mode, since it cannot hear the others' usage.
 	UnknownPeers bool
+	// StaleAfter is how long another region may go unheard (HeardFrom)
+	// before this one stops borrowing in elastic mode: slack seen in a
+	// copy of the others' usage that old may have been spent since, and
+	// a region cut off would otherwise borrow the whole limit by itself.
+	// 0 means 1.5s: three of the transport's heartbeats.
+	StaleAfter time.Duration
 }
+
+// DefaultStaleAfter is GlobalConfig.StaleAfter's default.
+const DefaultStaleAfter = 1500 * time.Millisecond
 
 // Validate reports whether the configuration is usable for region.
 func (c GlobalConfig) Validate(region string) error {
+	if c.StaleAfter < 0 {
+		return fmt.Errorf("regional: global stale_after %v: want 0 or more", c.StaleAfter)
+	}
 	if c.Budget != (budget.Config{}) {
 		if err := c.Budget.Validate(); err != nil {
 			return err
@@ -61,6 +75,15 @@ type globalState struct {
 	leases  atomic.Pointer[map[string]*heldLease]
 	demand  sync.Map // rule id → *ruleDemand
 	others  sync.Map // rule id + "\x00" + region → budget.Lease: other regions', for usage reports
+
+	// Elastic mode borrows only while every other region was heard from
+	// within staleAfter: freshUntil (µs) is when the first of them goes
+	// stale, 0 while one was never heard.
+	staleAfter time.Duration
+	peers      []string // the other regions
+	heardMu    sync.Mutex
+	heard      map[string]time.Time
+	freshUntil atomic.Int64
 }
 
 type heldLease struct {
@@ -84,7 +107,10 @@ type ruleDemand struct {
 }
 
 func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
-	g := &globalState{budget: cfg.Budget}
+	g := &globalState{budget: cfg.Budget, staleAfter: cfg.StaleAfter, heard: map[string]time.Time{}}
+	if g.staleAfter <= 0 {
+		g.staleAfter = DefaultStaleAfter
+	}
 	if g.budget == (budget.Config{}) {
 		g.budget = budget.DefaultConfig()
 	}
@@ -104,6 +130,11 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 		return nil, err
 	}
 	g.usage = u
+	for _, r := range regions {
+		if r != region {
+			g.peers = append(g.peers, r)
+		}
+	}
 	g.leases.Store(new(map[string]*heldLease))
 	return g, nil
 }
@@ -184,6 +215,35 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 	return true
 }
 
+// HeardFrom tells the engine that a message from another region arrived
+// at at (the transport calls it for every message it accepts). Elastic
+// mode borrows only while every other region has been heard from lately.
+func (e *Engine) HeardFrom(region string, at time.Time) {
+	g := e.global
+	if region == e.cfg.Region || g.alone || g.unknownPeers {
+		return
+	}
+	if !slices.Contains(g.peers, region) {
+		return
+	}
+	g.heardMu.Lock()
+	defer g.heardMu.Unlock()
+	if at.Before(g.heard[region]) {
+		return
+	}
+	g.heard[region] = at
+	until := int64(math.MaxInt64)
+	for _, r := range g.peers {
+		h, ok := g.heard[r]
+		if !ok {
+			until = 0
+			break
+		}
+		until = min(until, h.Add(g.staleAfter).UnixMicro())
+	}
+	g.freshUntil.Store(until)
+}
+
 // otherAllowance is what another region may admit of a rule now, as its
 // last lease known here says, or -1 if none is known.
 func (e *Engine) otherAllowance(rule, region string, now time.Time) float64 {
@@ -246,18 +306,24 @@ func (e *Engine) allowance(r *Rule, now time.Time) (float64, float64) {
 
 // globalOp fills in a global limit's op: its allowance, and for elastic
 // mode its ceiling: the limit less the headroom, and less any debt the
-// region owes (an over-admitting region borrows less).
+// region owes (an over-admitting region borrows less). A region that has
+// not heard from every other lately does not borrow: it keeps to its
+// allowance, as in strict mode.
 func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	limit := float64(op.Params.Limit)
 	frac, debt := e.allowance(r, now)
 	op.Global = true
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
-	if r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers {
+	if r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() {
 		op.Ceiling = max(0, op.Params.Limit-int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9)))
 	}
 	// What this replica knows the region counted in the window, in case
-	// the store lost it.
+	// a shared store lost it (the engine's own memory cannot).
+	op.KnownStart, op.KnownP, op.KnownN = 0, 0, 0
+	if !e.shared {
+		return
+	}
 	window := op.Params.Window
 	op.KnownStart = now.UnixMicro() / window * window / 1000
 	id := crdt.ID{Key: string(op.Key), Epoch: op.KnownStart}
@@ -346,7 +412,14 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	if !ok {
 		return rep, nil
 	}
-	rs := e.rules.Load()
+	windows := globalWindowsOf(e.rules.Load(), d, known, e.now())
+	_, err := gs.MergeGlobal(ctx, windows)
+	return rep, err
+}
+
+// globalWindowsOf turns a delta into the store's windows: the slots of
+// the known regions, of the windows still kept.
+func globalWindowsOf(rs *RuleSet, d crdt.Delta, known map[string]bool, now time.Time) []GlobalWindow {
 	windows := make([]GlobalWindow, 0, len(d.Entries))
 	for _, en := range d.Entries {
 		var slots []crdt.Slot
@@ -358,14 +431,39 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 		if len(slots) == 0 {
 			continue
 		}
-		keep := globalKeep(rs, en.Key, en.Epoch, e.now())
+		keep := globalKeep(rs, en.Key, en.Epoch, now)
 		if keep <= 0 {
 			continue // a window over and done with
 		}
 		windows = append(windows, GlobalWindow{Key: []byte(en.Key), StartMillis: en.Epoch, TTL: keep, Slots: slots})
 	}
+	return windows
+}
+
+// reseedStore gives the store back every window of the engine's copy of
+// the global counters, every region's slots: a store that comes back
+// after an outage may have lost them (a Redis restarted without
+// persistence), and without the others' slots an elastic region would
+// borrow slack that is not there until anti-entropy repairs them.
+func (e *Engine) reseedStore(ctx context.Context) error {
+	gs, ok := e.store.(GlobalStore)
+	if !ok || !e.shared {
+		return nil
+	}
+	var d crdt.Delta
+	known := map[string]bool{}
+	e.global.usage.With(func(c *crdt.Counters) {
+		d = c.DeltaSince(0)
+		for _, r := range c.Regions() {
+			known[r] = true
+		}
+	})
+	windows := globalWindowsOf(e.rules.Load(), d, known, e.now())
+	if len(windows) == 0 {
+		return nil
+	}
 	_, err := gs.MergeGlobal(ctx, windows)
-	return rep, err
+	return err
 }
 
 // globalKeep is how long from now a window is kept: as long as the

@@ -41,10 +41,56 @@ type memShard struct {
 	_       [32]byte // keep shards on separate cache lines
 }
 
-// memGlobal is one window of a global counter: the fields of global.go.
+// memGlobal is one window of a global counter: the fields of global.go,
+// this region's apart (p, n) and the others' in fields, with the sum of
+// the others' P less their N kept as they change.
 type memGlobal struct {
-	fields  map[string]uint64
+	p, n    uint64
+	fields  map[string]uint64 // other regions' fields ("region", "-region")
+	others  float64
 	expires int64 // µs
+}
+
+// view is the window as decideGlobal reads it.
+func (g *memGlobal) view() globalView {
+	if g == nil {
+		return globalView{}
+	}
+	return globalView{p: float64(g.p), n: float64(g.n), total: g.others + float64(g.p) - float64(g.n)}
+}
+
+// raise raises another region's field f (its N if neg) to v, if lower;
+// it reports whether it did.
+func (g *memGlobal) raise(f string, neg bool, v uint64) bool {
+	old := g.fields[f]
+	if v <= old {
+		return false
+	}
+	if g.fields == nil {
+		g.fields = map[string]uint64{}
+	}
+	g.fields[f] = v
+	if d := float64(v - old); neg {
+		g.others -= d
+	} else {
+		g.others += d
+	}
+	return true
+}
+
+// fieldsAll returns every region's fields, this one's included.
+func (g *memGlobal) fieldsAll(region string) map[string]uint64 {
+	out := make(map[string]uint64, len(g.fields)+2)
+	for f, v := range g.fields {
+		out[f] = v
+	}
+	if g.p > 0 {
+		out[region] = g.p
+	}
+	if g.n > 0 {
+		out["-"+region] = g.n
+	}
+	return out
 }
 
 type memEntry struct {
@@ -138,28 +184,32 @@ func (m *MemoryStore) sweep(sh *memShard, now int64) {
 	}
 }
 
-// globalWindow reads one window of a global counter; the caller holds the
-// shard's lock.
-func (m *MemoryStore) globalWindow(sh *memShard, key []byte, start float64, now int64) (*memGlobal, globalView) {
-	var buf [160]byte
-	g := sh.globals[string(appendGlobalKey(buf[:0], key, int64(start)/1000))]
+// globalWindow finds one window of a global counter, or nil; it returns
+// the window's key, built in buf. The caller holds the shard's lock.
+func (m *MemoryStore) globalWindow(sh *memShard, key []byte, start float64, now int64, buf []byte) (*memGlobal, []byte) {
+	k := appendGlobalKey(buf[:0], key, int64(start)/1000)
+	g := sh.globals[string(k)]
 	if g == nil || g.expires <= now {
-		return nil, globalView{}
+		return nil, k
 	}
-	return g, sumSlots(g.fields, m.region)
+	return g, k
 }
 
-// decideGlobal decides a global op (see global.go); the caller holds the
-// shard's lock.
-func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) {
+// decideGlobal decides a global op (see global.go), and returns the window
+// it counts in (nil if there is none yet); the caller holds the shard's
+// lock.
+func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) *memGlobal {
 	start, prevStart := globalWindows(&op.Params, float64(now))
+	var buf [160]byte
+	g, k := m.globalWindow(sh, op.Key, start, now, buf[:])
 	if (op.KnownP > 0 || op.KnownN > 0) && op.KnownStart*1000 == int64(start) {
-		m.raiseGlobal(sh, op, start, now)
+		g = m.raiseGlobal(sh, g, k, op, start, now)
 	}
-	_, cur := m.globalWindow(sh, op.Key, start, now)
+	cur := g.view()
 	var prev globalView
 	if op.Params.Algorithm == SlidingWindowCounter {
-		_, prev = m.globalWindow(sh, op.Key, prevStart, now)
+		pg, _ := m.globalWindow(sh, op.Key, prevStart, now, buf[:])
+		prev = pg.view()
 	}
 	*r = Result{}
 	decideGlobal(&op.Params, &cur, &prev, float64(now), float64(op.Cost), float64(op.Allowance), float64(op.Ceiling), r)
@@ -167,49 +217,45 @@ func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) {
 	if r.Allowed {
 		r.Taken = op.Cost
 	}
+	return g
 }
 
-// raiseGlobal raises this region's fields of the window at start to the
-// op's known P and N (see Op.KnownP); the caller holds the shard's lock.
-func (m *MemoryStore) raiseGlobal(sh *memShard, op *Op, start float64, now int64) {
-	var buf [160]byte
-	k := appendGlobalKey(buf[:0], op.Key, int64(start)/1000)
-	g := sh.globals[string(k)]
-	if g == nil || g.expires <= now {
-		g = &memGlobal{fields: map[string]uint64{}}
+// raiseGlobal raises this region's slot of the window g (key k, nil if
+// absent) to the op's known P and N (see Op.KnownP), and returns the
+// window; the caller holds the shard's lock.
+func (m *MemoryStore) raiseGlobal(sh *memShard, g *memGlobal, k []byte, op *Op, start float64, now int64) *memGlobal {
+	if g != nil && op.KnownP <= g.p && op.KnownN <= g.n {
+		return g
 	}
-	raised := false
-	if op.KnownP > g.fields[m.region] {
-		g.fields[m.region], raised = op.KnownP, true
-	}
-	if op.KnownN > g.fields["-"+m.region] {
-		g.fields["-"+m.region], raised = op.KnownN, true
-	}
-	if raised {
-		g.expires = now + globalTTL(&op.Params, start, float64(now))
+	if g == nil {
+		g = &memGlobal{}
 		sh.globals[string(k)] = g
 	}
+	g.p, g.n = max(g.p, op.KnownP), max(g.n, op.KnownN)
+	g.expires = now + globalTTL(&op.Params, start, float64(now))
+	return g
 }
 
-// addGlobal counts n in this region's field f ("region" or "-region") of
-// the window holding now; the caller holds the shard's lock. It returns
-// the region's P and N after.
-func (m *MemoryStore) addGlobal(sh *memShard, key []byte, p *Params, now int64, neg bool, n uint64) (uint64, uint64) {
+// addGlobal counts n in this region's P (or N, if neg) of the window g
+// (nil: the window holding now, made if need be); the caller holds the
+// shard's lock. It returns the region's P and N after.
+func (m *MemoryStore) addGlobal(sh *memShard, g *memGlobal, key []byte, p *Params, now int64, neg bool, n uint64) (uint64, uint64) {
 	start, _ := globalWindows(p, float64(now))
-	var buf [160]byte
-	k := appendGlobalKey(buf[:0], key, int64(start)/1000)
-	g := sh.globals[string(k)]
-	if g == nil || g.expires <= now {
-		g = &memGlobal{fields: map[string]uint64{}}
-		sh.globals[string(k)] = g
+	if g == nil {
+		var buf [160]byte
+		var k []byte
+		if g, k = m.globalWindow(sh, key, start, now, buf[:]); g == nil {
+			g = &memGlobal{}
+			sh.globals[string(k)] = g
+		}
 	}
-	f := m.region
 	if neg {
-		f = "-" + m.region
+		g.n = satAdd(g.n, n)
+	} else {
+		g.p = satAdd(g.p, n)
 	}
-	g.fields[f] = satAdd(g.fields[f], n)
 	g.expires = now + globalTTL(p, start, float64(now))
-	return g.fields[m.region], g.fields["-"+m.region]
+	return g.p, g.n
 }
 
 func satAdd(a, b uint64) uint64 {
@@ -244,7 +290,8 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 	var shardBuf, lockBuf [3]int
 	var stateBuf [3]State
 	var entryBuf [3]*memEntry
-	shards, next, entries := shardBuf[:0], stateBuf[:0], entryBuf[:0]
+	var globalBuf [3]*memGlobal
+	shards, next, entries, globals := shardBuf[:0], stateBuf[:0], entryBuf[:0], globalBuf[:0]
 	for i := range ops {
 		shards = append(shards, m.shard(ops[i].Key))
 	}
@@ -254,11 +301,11 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 		op := &ops[i]
 		if op.Global {
 			next, entries = append(next, State{}), append(entries, nil)
-			m.decideGlobal(&m.shards[shards[i]], op, now, &results[i])
+			globals = append(globals, m.decideGlobal(&m.shards[shards[i]], op, now, &results[i]))
 			continue
 		}
 		e, cur := m.get(&m.shards[shards[i]], op.Key, op.Params.Algorithm, now)
-		next, entries = append(next, cur), append(entries, e)
+		next, entries, globals = append(next, cur), append(entries, e), append(globals, nil)
 		decideOp(op, &next[i], now, &results[i])
 	}
 	if commits(ops, results) {
@@ -267,7 +314,7 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 			case !r.Allowed:
 			case ops[i].Global:
 				if ops[i].Cost > 0 {
-					r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], ops[i].Key, &ops[i].Params, now, false, uint64(ops[i].Cost))
+					r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], globals[i], ops[i].Key, &ops[i].Params, now, false, uint64(ops[i].Cost))
 				}
 			default:
 				m.put(&m.shards[shards[i]], entries[i], ops[i].Key, &ops[i].Params, &next[i], now)
@@ -389,20 +436,26 @@ func (m *MemoryStore) MergeGlobal(_ context.Context, windows []GlobalWindow) (in
 		sh.mu.Lock()
 		g := sh.globals[k]
 		if g == nil || g.expires <= now {
-			g = &memGlobal{fields: map[string]uint64{}, expires: now + max(1, w.TTL.Microseconds())}
+			g = &memGlobal{expires: now + max(1, w.TTL.Microseconds())}
 		}
 		for _, s := range w.Slots {
-			for _, f := range [2]struct {
-				name string
-				v    uint64
-			}{{s.Region, s.P}, {"-" + s.Region, s.N}} {
-				if f.v > g.fields[f.name] {
-					g.fields[f.name] = f.v
-					raised++
+			if s.Region == m.region {
+				if s.P > g.p {
+					g.p, raised = s.P, raised+1
 				}
+				if s.N > g.n {
+					g.n, raised = s.N, raised+1
+				}
+				continue
+			}
+			if g.raise(s.Region, false, s.P) {
+				raised++
+			}
+			if g.raise("-"+s.Region, true, s.N) {
+				raised++
 			}
 		}
-		if len(g.fields) > 0 {
+		if len(g.fields) > 0 || g.p > 0 || g.n > 0 {
 			sh.globals[k] = g
 		}
 		sh.mu.Unlock()
@@ -419,5 +472,5 @@ func (m *MemoryStore) ReadGlobal(_ context.Context, key []byte, startMillis int6
 	if g == nil || g.expires <= m.now() {
 		return nil, nil
 	}
-	return slotsOf(g.fields), nil
+	return slotsOf(g.fieldsAll(m.region)), nil
 }

@@ -157,11 +157,5 @@ func (v *env) dbsize() int64 {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(10 * time.Millisecond) // polling the condition, with a deadline
-	}
+	harness.WaitFor(t, within, what, cond)
 }

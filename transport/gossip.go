@@ -440,6 +440,7 @@ func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 		}
 	}
 	g.heard[region] = now
+	g.engine.HeardFrom(region, now)
 	return region, true
 }
 

@@ -125,13 +125,7 @@ func startService(t *testing.T, id, natsURL string, cfg Config) *Service {
 
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the condition, with a deadline
-	}
+	harness.WaitFor(t, within, what, cond)
 }
 
 // load sends requests for key from the region while stop is open: as

@@ -288,7 +288,7 @@ local function graise(key, alg, window, known, p, n)
 end
 
 -- gdecide mirrors decideGlobal() in global.go.
-local function gdecide(key, alg, window, cost, allowance, ceiling)
+local function gdecide(key, alg, limit, window, cost, allowance, ceiling)
   local start = floor(now / window) * window
   local p, n, total = gview(gkey(key, start))
   local own = p - n
@@ -298,9 +298,12 @@ local function gdecide(key, alg, window, cost, allowance, ceiling)
     own = (pp - pn) * w + own
     total = ptotal * w + total
   end
-  local allowed = own + cost <= allowance or (ceiling >= 0 and total + cost <= ceiling)
+  local allowed = own + cost <= allowance
   local rem = allowance - own
-  if ceiling >= 0 then rem = max(rem, ceiling - total) end
+  if ceiling >= 0 then
+    allowed = (allowed and total + cost <= limit) or total + cost <= ceiling
+    rem = max(min(rem, limit - total), ceiling - total)
+  end
   local retry = 0
   if allowed then rem = rem - cost else retry = start + window - now end
   return allowed, floor(max(0, rem)), start + window, retry, p, n
@@ -329,14 +332,14 @@ while i + 6 <= #ARGV do
       if mode == 'refund' then
         out[#out + 1] = given
       else
-        local _, rem, reset, _, p, n = gdecide(key, alg, window, 0, rate, lease)
+        local _, rem, reset, _, p, n = gdecide(key, alg, limit, window, 0, rate, lease)
         local o = #out
         out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7] = 1, rem, reset, 0, 0, p, n
       end
     else
       if mode == 'inspect' then cost = 0 end
       graise(key, alg, window, tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9]))
-      local allowed, rem, reset, retry, p, n = gdecide(key, alg, window, cost, rate, lease)
+      local allowed, rem, reset, retry, p, n = gdecide(key, alg, limit, window, cost, rate, lease)
       if not allowed and not shadow then commit = false end
       if allowed and mode == 'check' and cost > 0 then
         pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg + GLOBAL, 0, 0, window

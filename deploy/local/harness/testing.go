@@ -68,3 +68,17 @@ func startForTest[S interface{ Stop() error }](t testing.TB, start func(context.
 	})
 	return s
 }
+
+// WaitFor polls cond every 10ms until it holds, and fails the test if it
+// does not within the given time: tests wait on conditions, never on
+// sleeps.
+func WaitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the condition, with a deadline
+	}
+}
