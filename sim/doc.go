@@ -1,7 +1,25 @@
 // Package sim is a deterministic discrete-event simulator for partition and
 // traffic scenarios. It runs the real crdt, budget and in-memory regional
-// code in virtual time over modelled links, and reports what each scenario
-// does to the global limits.
+// code in virtual time: every region is a regional.Engine on its own
+// in-memory store and clock, gossiping deltas, digests and heartbeats as
+// the transport does; globalsync is a budget.Allocator fed by the
+// heartbeats, restoring itself from its published documents as the real
+// one does from JetStream KV, and closing the books of every window. Links
+// between regions have a latency each (drawn from the seed), jitter and
+// loss, and can be cut and healed; clocks can be skewed or jump; a
+// region's store can fail and come back empty.
 //
-// Status: not built yet; see the project README.
+// Virtual time advances in steps (1ms by default): the messages and timers
+// due in a step run first, then every region's requests of the step, the
+// regions in parallel (each touches only its own state, and what it sends
+// goes out after, in a fixed order), so that a run gives the same output,
+// byte for byte, for the same seed, however many goroutines run it.
+//
+// Scenarios are YAML files (sim/scenarios; see Scenario); Run reports
+// each window's admissions against the limit, over-admission, false
+// rejections (denials that the window's unused room could have taken), the
+// regions' shares over time, convergence after each heal and lease
+// expiries, as text, CSV and SVG charts with an HTML page (Report).
+// Accuracy compares the sliding window counter with the exact sliding
+// window log on one traffic trace.
 package sim

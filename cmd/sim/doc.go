@@ -1,6 +1,23 @@
-// Command sim runs load and, later, simulations.
+// Command sim simulates geoquota, runs load against it, and measures the
+// accuracy of its algorithms.
 //
+//	sim run -scenario partition -seed 1 [-mode strict|elastic] [-out DIR]
+//	sim run -list
+//	sim accuracy [-keys 1000 -limit 60 -window 1m -duration 10m]
 //	sim load -target 127.0.0.1:8081 -api envoy|grpc|http -keys 10000 -concurrency 50 -duration 20s
+//
+// sim run runs a scenario (a built-in one, or a YAML file) in the
+// deterministic simulator of package sim, in each of its modes, and prints
+// a table per window: the limit, what was admitted, over-admission and
+// false rejections, every region's share; then convergence after each
+// heal, lease expiries and what globalsync found when it closed the books.
+// The same seed prints the same output, byte for byte; how long the run
+// took goes to stderr. -out writes the report as CSV, SVG charts and an
+// HTML page that shows them.
+//
+// sim accuracy replays one traffic trace through the sliding window counter
+// and the exact sliding window log (both the real engine, in memory) and
+// reports the requests they decide differently.
 //
 // sim load drives one of regiond's APIs with API keys drawn uniformly (or
 // by Zipf, -zipf 1.1) and prints requests per second, allowed, denied and
@@ -10,6 +27,6 @@
 // request's due time, so that a slow server cannot hide its queue. Runs
 // are bounded (10 minutes) and only loopback targets are accepted.
 //
-// sim run (deterministic partition simulations) and sim live (scenarios
-// against a local multi-region deployment) are not built yet.
+// sim live (scenarios against a local multi-region deployment) is not
+// built yet.
 package main

@@ -118,7 +118,7 @@ func TestLoadFlags(t *testing.T) {
 		}
 	}
 	var stderr bytes.Buffer
-	if code := run(context.Background(), []string{"run"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "not built yet") {
-		t.Fatalf("sim run: %d %s", code, stderr.String())
+	if code := run(context.Background(), []string{"live"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "not built yet") {
+		t.Fatalf("sim live: %d %s", code, stderr.String())
 	}
 }

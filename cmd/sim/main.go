@@ -7,14 +7,17 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/geoquota/geoquota/sim"
 )
 
 const usage = `usage: sim <command> [flags]
 
 commands:
-  load   generate load against a regiond API and report throughput and latency
-  run    run a partition simulation (not built yet)
-  live   run a scenario against a local deployment (not built yet)
+  load      generate load against a regiond API and report throughput and latency
+  run       run a scenario in the simulator: deterministic, in virtual time
+  accuracy  compare the sliding window counter with the exact sliding window log
+  live      run a scenario against a local deployment (not built yet)
 
 Run "sim <command> -h" for a command's flags.
 `
@@ -44,7 +47,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		rep.print(stdout, cfg)
 		return 0
-	case "run", "live":
+	case "run":
+		cfg, err := parseRunFlags(args[1:])
+		if err != nil {
+			fmt.Fprintln(stderr, "sim run:", err)
+			return 2
+		}
+		if err := runSim(cfg, stdout, stderr); err != nil {
+			fmt.Fprintln(stderr, "sim run:", err)
+			return 1
+		}
+		return 0
+	case "accuracy":
+		cfg, err := parseAccuracyFlags(args[1:])
+		if err != nil {
+			fmt.Fprintln(stderr, "sim accuracy:", err)
+			return 2
+		}
+		rep, err := sim.Accuracy(cfg.seed, cfg.opt)
+		if err == nil {
+			err = rep.WriteText(stdout)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "sim accuracy:", err)
+			return 1
+		}
+		return 0
+	case "live":
 		fmt.Fprintf(stderr, "sim %s: not built yet; see the status list in README.md\n", args[0])
 		return 2
 	default:

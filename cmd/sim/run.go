@@ -1,0 +1,149 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/geoquota/geoquota/sim"
+)
+
+// runConfig is sim run's flags.
+type runConfig struct {
+	scenario string
+	seed     uint64
+	mode     string
+	out      string
+	list     bool
+	duration time.Duration
+	workers  int
+}
+
+func parseRunFlags(args []string) (runConfig, error) {
+	var c runConfig
+	fs := flag.NewFlagSet("sim run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.scenario, "scenario", "", "a built-in scenario (see -list), or a scenario file (.yaml)")
+	fs.Uint64Var(&c.seed, "seed", 1, "the seed: the same seed gives the same output")
+	fs.StringVar(&c.mode, "mode", "", "strict or elastic; empty runs every mode the scenario names")
+	fs.StringVar(&c.out, "out", "", "a directory to write the report into: CSV, SVG charts and an HTML page")
+	fs.BoolVar(&c.list, "list", false, "list the built-in scenarios")
+	fs.DurationVar(&c.duration, "duration", 0, "cut the scenario short at this virtual time")
+	fs.IntVar(&c.workers, "workers", 0, "goroutines running the regions' requests; 0: one per CPU (the output is the same)")
+	if err := fs.Parse(args); err != nil {
+		return c, usageError(fs, err)
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case c.list:
+	case c.scenario == "":
+		return c, errors.New("-scenario: missing (sim run -list names them)")
+	case c.mode != "" && c.mode != "strict" && c.mode != "elastic":
+		return c, fmt.Errorf("-mode %q: want strict or elastic", c.mode)
+	case c.duration < 0:
+		return c, fmt.Errorf("-duration %v: want 0 or more", c.duration)
+	case c.workers < 0:
+		return c, fmt.Errorf("-workers %d: want 0 or more", c.workers)
+	}
+	return c, nil
+}
+
+// usageError adds the flags' usage to a parse error.
+func usageError(fs *flag.FlagSet, err error) error {
+	var b strings.Builder
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	return fmt.Errorf("%w\n%s", err, b.String())
+}
+
+// runSim runs a scenario in each of its modes, prints each report and
+// writes the files; the time it took goes to stderr, so that stdout is the
+// same for the same seed.
+func runSim(c runConfig, stdout, stderr io.Writer) error {
+	if c.list {
+		for _, name := range sim.Names() {
+			sc, err := sim.Load(name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%-16s %s\n", name, strings.Join(strings.Fields(sc.Description), " "))
+		}
+		return nil
+	}
+	sc, err := sim.Load(c.scenario)
+	if err != nil {
+		return err
+	}
+	modes := sc.Modes
+	if c.mode != "" {
+		if !slices.Contains(modes, c.mode) {
+			return fmt.Errorf("-mode %s: scenario %s runs in %v", c.mode, sc.Name, modes)
+		}
+		modes = []string{c.mode}
+	}
+	for i, mode := range modes {
+		start := time.Now()
+		rep, err := sim.Run(sc, mode, c.seed, sim.Options{Workers: c.workers, Duration: c.duration})
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		if err := rep.WriteText(stdout); err != nil {
+			return err
+		}
+		took := time.Since(start)
+		fmt.Fprintf(stderr, "sim run: %s %s: %d requests in %v of wall time (%.0f simulated requests/s)\n",
+			sc.Name, mode, rep.Requests, took.Round(time.Millisecond), float64(rep.Requests)/took.Seconds())
+		if c.out != "" {
+			if err := rep.WriteFiles(c.out); err != nil {
+				return err
+			}
+			fmt.Fprintf(stderr, "sim run: wrote %s/%s-%s-index.html\n", c.out, sc.Name, mode)
+		}
+	}
+	return nil
+}
+
+// accuracyConfig is sim accuracy's flags.
+type accuracyConfig struct {
+	seed uint64
+	opt  sim.AccuracyOptions
+}
+
+func parseAccuracyFlags(args []string) (accuracyConfig, error) {
+	var c accuracyConfig
+	fs := flag.NewFlagSet("sim accuracy", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Uint64Var(&c.seed, "seed", 1, "the seed of the traffic trace")
+	fs.IntVar(&c.opt.Keys, "keys", 1000, "API keys, each with its own counter")
+	fs.Int64Var(&c.opt.Limit, "limit", 60, "each key's limit per window")
+	fs.DurationVar(&c.opt.Window, "window", time.Minute, "the window")
+	fs.DurationVar(&c.opt.Duration, "duration", 10*time.Minute, "virtual time the trace covers")
+	fs.Float64Var(&c.opt.MinRate, "min-rate", 0.05, "the lowest mean rate of a key, in multiples of the limit")
+	fs.Float64Var(&c.opt.MaxRate, "max-rate", 2, "the highest mean rate of a key, in multiples of the limit")
+	if err := fs.Parse(args); err != nil {
+		return c, usageError(fs, err)
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case c.opt.Keys < 1 || c.opt.Keys > sim.MaxKeys:
+		return c, fmt.Errorf("-keys %d: want 1 to %d", c.opt.Keys, sim.MaxKeys)
+	case c.opt.Limit < 1:
+		return c, fmt.Errorf("-limit %d: want at least 1", c.opt.Limit)
+	case c.opt.Window < time.Second:
+		return c, fmt.Errorf("-window %v: want at least 1s", c.opt.Window)
+	case c.opt.Duration <= 0:
+		return c, fmt.Errorf("-duration %v: want more than 0", c.opt.Duration)
+	case !(c.opt.MinRate > 0) || !(c.opt.MaxRate >= c.opt.MinRate):
+		return c, fmt.Errorf("-min-rate %v, -max-rate %v: want 0 < min ≤ max", c.opt.MinRate, c.opt.MaxRate)
+	}
+	return c, nil
+}

@@ -1,0 +1,153 @@
+package sim
+
+import (
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+)
+
+// gsName is globalsync's name on the network.
+const gsName = "globalsync"
+
+// network carries messages between the regions and globalsync, with a
+// latency per pair of regions, jitter, loss, and partitions.
+type network struct {
+	s       *sim
+	rng     *rand.Rand
+	latency map[[2]string]time.Duration
+	group   map[string]int // endpoints in the same group reach each other
+	lost    int64
+	cut     atomic.Int64
+	outbox  [][]message // by endpoint: what its events sent while batching
+}
+
+// message is a message waiting in an outbox.
+type message struct {
+	from, to string
+	lossy    bool
+	deliver  func(endpoint)
+}
+
+func newNetwork(s *sim, rng *rand.Rand) *network {
+	n := &network{s: s, rng: rng, latency: map[[2]string]time.Duration{}, group: map[string]int{},
+		outbox: make([][]message, len(s.sc.Regions)+1)}
+	lat := s.sc.Network.Latency
+	regions := s.sc.Regions
+	for i, a := range regions {
+		n.latency[[2]string{a, a}] = s.sc.Network.Local
+		for _, b := range regions[i+1:] {
+			d := lat.Min
+			if lat.Max > lat.Min {
+				d += time.Duration(rng.Int64N(int64(lat.Max - lat.Min + 1)))
+			}
+			n.latency[[2]string{a, b}], n.latency[[2]string{b, a}] = d, d
+		}
+	}
+	return n
+}
+
+// where is the region an endpoint runs in.
+func (n *network) where(name string) string {
+	if name == gsName {
+		return n.s.sc.GlobalSync.Region
+	}
+	return name
+}
+
+func (n *network) reach(a, b string) bool { return n.group[n.where(a)] == n.group[n.where(b)] }
+
+// Latency is the one-way latency between two endpoints, without jitter.
+func (n *network) Latency(a, b string) time.Duration {
+	return n.latency[[2]string{n.where(a), n.where(b)}]
+}
+
+// send delivers a message from one endpoint to another after the link's
+// latency, unless the link is cut when it is sent or when it arrives, or
+// (lossy messages) it is lost. While endpoints' events run in parallel, it
+// waits in the sender's outbox.
+func (n *network) send(from, to string, lossy bool, deliver func(endpoint)) {
+	if n.s.batching {
+		i := n.s.index(from)
+		n.outbox[i] = append(n.outbox[i], message{from, to, lossy, deliver})
+		return
+	}
+	if !n.reach(from, to) {
+		n.cut.Add(1)
+		return
+	}
+	if lossy && n.s.sc.Network.Loss > 0 && n.rng.Float64() < n.s.sc.Network.Loss {
+		n.lost++
+		return
+	}
+	d := n.Latency(from, to)
+	if j := n.s.sc.Network.Jitter; j > 0 {
+		d += time.Duration(n.rng.Int64N(int64(j) + 1))
+	}
+	n.s.atFor(n.s.index(to), n.s.now+d, func() {
+		if !n.reach(from, to) {
+			n.cut.Add(1)
+			return
+		}
+		deliver(n.s.endpoint(to))
+	})
+}
+
+// flush sends what waits in the outboxes, endpoint by endpoint.
+func (n *network) flush() {
+	for i, box := range n.outbox {
+		for _, m := range box {
+			n.send(m.from, m.to, m.lossy, m.deliver)
+		}
+		clear(box)
+		n.outbox[i] = box[:0]
+	}
+}
+
+// broadcast sends to every other endpoint: the regions and globalsync.
+func (n *network) broadcast(from string, lossy bool, deliver func(endpoint)) {
+	for _, r := range n.s.regions {
+		if r.name != from {
+			n.send(from, r.name, lossy, deliver)
+		}
+	}
+	if from != gsName {
+		n.send(from, gsName, lossy, deliver)
+	}
+}
+
+// partition cuts the regions off from the rest (together).
+func (n *network) partition(regions []string) {
+	for _, r := range regions {
+		n.group[r] = 1
+	}
+	n.s.rec.note(n.s.now, "partition: %v cut off", regions)
+}
+
+// split cuts the groups from each other; regions in none stay with the
+// first.
+func (n *network) split(groups [][]string) {
+	for i, g := range groups {
+		for _, r := range g {
+			n.group[r] = i
+		}
+	}
+	n.s.rec.note(n.s.now, "split: %v", groups)
+}
+
+func (n *network) heal() { clear(n.group) }
+
+// index is an endpoint's index: a region's, or len(regions) for
+// globalsync.
+func (s *sim) index(name string) int {
+	if name == gsName {
+		return len(s.regions)
+	}
+	return s.byName[name].idx
+}
+
+func (s *sim) endpoint(name string) endpoint {
+	if name == gsName {
+		return s.gs
+	}
+	return s.byName[name]
+}

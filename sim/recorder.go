@@ -1,0 +1,149 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/crdt"
+)
+
+// recorder watches the run: the regions' shares over time, lease
+// expiries, heals and how long the copies took to agree after them.
+type recorder struct {
+	s           *sim
+	sampleEvery time.Duration
+	samples     []Sample
+	notes       []Note
+	heals       []Heal
+	expiries    []Expiry
+}
+
+// Sample is what every region may admit at one time, as a fraction of the
+// limit: its lease's allowance while one holds, its floor otherwise.
+type Sample struct {
+	At     time.Duration
+	Shares []float64 // by region, in the scenario's order
+	Leased []bool
+}
+
+// Note is something that happened: a fault, a heal.
+type Note struct {
+	At   time.Duration
+	Text string
+}
+
+// Heal is one heal of the links, and how long after it every region and
+// globalsync held everything every region had counted before it (-1: not
+// within a minute).
+type Heal struct {
+	At        time.Duration
+	Converged time.Duration
+}
+
+// Expiry is a region's lease lapsing: it falls back to its floor.
+type Expiry struct {
+	At     time.Duration
+	Region string
+}
+
+func newRecorder(s *sim) *recorder { return &recorder{s: s, sampleEvery: 500 * time.Millisecond} }
+
+func (rec *recorder) start() {
+	rec.s.every(global, 0, rec.sampleEvery, func() {
+		for _, r := range rec.s.regions {
+			rec.sample(r)
+		}
+	})
+}
+
+func (rec *recorder) finish() {}
+
+func (rec *recorder) note(at time.Duration, format string, args ...any) {
+	rec.notes = append(rec.notes, Note{At: at, Text: fmt.Sprintf(format, args...)})
+}
+
+// sample records one region's share in the sample of the moment, which
+// the first region's call opens.
+func (rec *recorder) sample(r *region) {
+	s := rec.s
+	if n := len(rec.samples); n == 0 || rec.samples[n-1].At != s.now {
+		rec.samples = append(rec.samples, Sample{At: s.now, Shares: make([]float64, len(s.regions)), Leased: make([]bool, len(s.regions))})
+	}
+	smp := &rec.samples[len(rec.samples)-1]
+	now := r.clock()
+	l, _, ok := r.engine.Lease(ruleID)
+	var lp *budget.Lease
+	if ok {
+		lp = &l
+	}
+	smp.Shares[r.idx] = budget.Allowance(lp, r.engine.Floor(), now)
+	holds := ok && l.Holds(now)
+	smp.Leased[r.idx] = holds
+	if r.holding && !holds {
+		rec.expiries = append(rec.expiries, Expiry{At: s.now, Region: r.name})
+	}
+	r.holding = holds
+}
+
+// target is one region's slot of one window, as it stood at a heal.
+type target struct {
+	id     crdt.ID
+	region string
+	p      uint64
+}
+
+// heal snapshots every region's own slots of the windows still open (and
+// the one before), and checks every 10ms until every copy holds them.
+func (rec *recorder) heal(at time.Duration) {
+	s := rec.s
+	var targets []target
+	oldest := (at - 2*s.sc.Rule.Window).Milliseconds() + epoch0.UnixMilli()
+	for _, r := range s.regions {
+		r.engine.GlobalUsage().With(func(c *crdt.Counters) {
+			for _, e := range c.OwnDeltaSince(0).Entries {
+				if e.Epoch < oldest {
+					continue
+				}
+				for _, sl := range e.Slots {
+					if sl.Region == r.name && sl.P > 0 {
+						targets = append(targets, target{id: e.ID, region: r.name, p: sl.P})
+					}
+				}
+			}
+		})
+	}
+	i := len(rec.heals)
+	rec.heals = append(rec.heals, Heal{At: at, Converged: -1})
+	var check func()
+	check = func() {
+		if rec.converged(targets) {
+			rec.heals[i].Converged = s.now - at
+			return
+		}
+		if s.now-at < time.Minute && s.now+10*time.Millisecond < s.duration {
+			s.at(s.now+10*time.Millisecond, check)
+		}
+	}
+	check()
+}
+
+func (rec *recorder) converged(targets []target) bool {
+	s := rec.s
+	holds := func(c *crdt.Counters) bool {
+		for _, t := range targets {
+			if c.Get(t.id).P.Get(t.region) < t.p {
+				return false
+			}
+		}
+		return true
+	}
+	for _, r := range s.regions {
+		ok := true
+		r.engine.GlobalUsage().With(func(c *crdt.Counters) { ok = holds(c) })
+		if !ok {
+			return false
+		}
+	}
+	return !s.gs.alive || holds(s.gs.usage)
+}

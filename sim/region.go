@@ -1,0 +1,273 @@
+package sim
+
+import (
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/regional"
+)
+
+// maintainEvery is regiond's --maintain-every default.
+const maintainEvery = 250 * time.Millisecond
+
+// region is one region: one regiond replica on the real engine, with an
+// in-memory store, and the part of the transport that gossips.
+type region struct {
+	s      *sim
+	idx    int
+	name   string
+	now    time.Duration // true virtual time, as the region's work sees it
+	skew   time.Duration
+	engine *regional.Engine
+	store  *faultyStore // nil: the engine's own memory
+	rng    *rand.Rand
+	srcs   []*source
+	req    regional.Request
+	dec    regional.Decision
+
+	published uint64                   // own slots gossiped up to this version
+	heard     map[string]time.Duration // endpoint → last message from it
+	holding   bool                     // held a lease at the last sample
+}
+
+func newRegion(s *sim, idx int, name string, faulty bool, bcfg budget.Config) (*region, error) {
+	r := &region{s: s, idx: idx, name: name, skew: s.sc.ClockSkew[name], heard: map[string]time.Duration{},
+		rng: rand.New(rand.NewPCG(s.seed, uint64(idx)+1))}
+	cfg := regional.DefaultConfig()
+	cfg.Region = name
+	cfg.Clock = func() time.Time { return s.clock(r.now, r.skew) }
+	cfg.Logger = discard
+	cfg.Global = regional.GlobalConfig{Regions: s.sc.Regions, Budget: bcfg}
+	if err := cfg.Global.Validate(name); err != nil {
+		return nil, err
+	}
+	if faulty {
+		r.store = newFaultyStore(name, cfg.Clock)
+		cfg.Store = r.store
+	}
+	r.engine = regional.New(cfg, s.rules)
+	r.req.Endpoint = "/"
+	return r, nil
+}
+
+// start schedules the region's gossip: deltas, heartbeats, anti-entropy,
+// each at a phase of its own.
+func (r *region) start() {
+	s, g := r.s, r.s.sc.Gossip
+	phase := func(d time.Duration) time.Duration { return time.Duration(r.rng.Int64N(int64(d))) }
+	s.every(r.idx, phase(g.Interval), g.Interval, r.publishDelta)
+	s.every(r.idx, phase(g.Heartbeat), g.Heartbeat, r.publishHeartbeat)
+	s.atFor(r.idx, 0, r.publishDigest) // a replica that starts asks at once
+	s.every(r.idx, phase(g.AntiEntropy), g.AntiEntropy, func() {
+		r.engine.ExpireGlobal(r.clock())
+		r.publishDigest()
+	})
+	// regiond tends its engine every 250ms (--maintain-every).
+	s.every(r.idx, phase(maintainEvery), maintainEvery, func() { r.engine.Maintain(background) })
+	for _, src := range r.srcs {
+		src.next = src.gap(0)
+	}
+}
+
+func (r *region) clock() time.Time { return r.s.clock(r.now, r.skew) }
+
+// publishDelta sends the region's slots changed since the last delta.
+func (r *region) publishDelta() {
+	var d crdt.Delta
+	r.engine.GlobalUsage().With(func(c *crdt.Counters) { d = c.OwnDeltaSince(r.published) })
+	if len(d.Entries) == 0 {
+		return
+	}
+	r.published = max(r.published, d.To)
+	r.s.net.broadcast(r.name, true, func(to endpoint) { to.delta(r.name, d, false) })
+}
+
+func (r *region) publishDigest() {
+	var dg crdt.Digest
+	var err error
+	r.engine.GlobalUsage().With(func(c *crdt.Counters) { dg, err = c.Digest(crdt.DefaultDigestBuckets) })
+	if err != nil {
+		return
+	}
+	r.s.net.broadcast(r.name, true, func(to endpoint) { to.digest(r.name, dg) })
+}
+
+// heartbeat is what a replica tells globalsync of one rule.
+type heartbeat struct {
+	region    string
+	total     float64 // admitted + denied, in limits, since the start
+	acked     uint64
+	used      float64
+	usedEpoch int64
+}
+
+func (r *region) publishHeartbeat() {
+	d := r.engine.Demand(ruleID)
+	hb := heartbeat{region: r.name, total: d.Admitted + d.Denied, used: d.Used, usedEpoch: d.UsedEpoch}
+	if _, acked, ok := r.engine.Lease(ruleID); ok {
+		hb.acked = acked
+	}
+	r.s.net.broadcast(r.name, true, func(to endpoint) { to.heartbeat(hb) })
+}
+
+// endpoint is what a message can reach: a region or globalsync.
+type endpoint interface {
+	delta(from string, d crdt.Delta, repair bool)
+	digest(from string, dg crdt.Digest)
+	heartbeat(hb heartbeat)
+	leases(ls []budget.Lease)
+}
+
+// hear notes a message from another endpoint; a region silent for longer
+// than three heartbeats is back (a partition healed), and the region
+// trades digests at once, as the transport does.
+func (r *region) hear(from string) {
+	if last, ok := r.heard[from]; ok && from != r.name && r.now-last > 3*r.s.sc.Gossip.Heartbeat {
+		r.publishDigest()
+	}
+	r.heard[from] = r.now
+	r.engine.HeardFrom(from, r.clock())
+}
+
+func (r *region) delta(from string, d crdt.Delta, repair bool) {
+	r.hear(from)
+	r.engine.MergeRemote(background, d)
+}
+
+func (r *region) digest(from string, dg crdt.Digest) {
+	r.hear(from)
+	var d crdt.Delta
+	var err error
+	r.engine.GlobalUsage().With(func(c *crdt.Counters) { d, err = c.Diff(dg) })
+	if err != nil || len(d.Entries) == 0 {
+		return
+	}
+	r.s.net.send(r.name, from, true, func(to endpoint) { to.delta(r.name, d, true) })
+}
+
+func (r *region) heartbeat(hb heartbeat) { r.hear(hb.region) }
+
+func (r *region) leases(ls []budget.Lease) {
+	for _, l := range ls {
+		r.engine.SetLease(l)
+	}
+}
+
+// source is one stream of requests arriving at a region.
+type source struct {
+	rate func(t time.Duration) float64
+	next time.Duration // the next arrival
+	keys int
+	zipf *rand.Zipf
+	hot  float64
+	rng  *rand.Rand
+}
+
+// gap draws the time from t to the next arrival: exponential, at the rate
+// at t (a rate of 0 looks again 10ms later).
+func (src *source) gap(t time.Duration) time.Duration {
+	rate := src.rate(t)
+	if rate <= 0 {
+		return t + 10*time.Millisecond
+	}
+	return t + time.Duration(src.rng.ExpFloat64()/rate*1e9) + 1
+}
+
+func (src *source) key() int {
+	switch {
+	case src.hot > 0 && src.rng.Float64() < src.hot:
+		return 0
+	case src.keys == 1:
+		return 0
+	case src.zipf != nil:
+		return int(src.zipf.Uint64())
+	default:
+		return src.rng.IntN(src.keys)
+	}
+}
+
+// addTraffic turns a traffic spec into sources at its regions.
+func (s *sim) addTraffic(t TrafficSpec) {
+	add := func(region string, rate func(time.Duration) float64) {
+		r := s.byName[region]
+		src := &source{rate: rate, keys: t.Keys, hot: t.Hot, rng: r.rng}
+		if t.Zipf > 0 && t.Keys > 1 {
+			src.zipf = rand.NewZipf(r.rng, t.Zipf, 1, uint64(t.Keys-1))
+		}
+		r.srcs = append(r.srcs, src)
+	}
+	switch t.Kind {
+	case "steady":
+		add(t.Region, func(time.Duration) float64 { return t.Rate })
+	case "shift":
+		moved := func(at time.Duration) float64 {
+			switch {
+			case at < t.At:
+				return 0
+			case at >= t.At+t.Over:
+				return 1
+			}
+			return float64(at-t.At) / float64(t.Over)
+		}
+		add(t.Region, func(at time.Duration) float64 { return t.Rate * (1 - moved(at)) })
+		add(t.To, func(at time.Duration) float64 { return t.Rate * moved(at) })
+	case "flash":
+		add(t.Region, func(at time.Duration) float64 {
+			if at >= t.At && at < t.At+t.For {
+				return t.Peak
+			}
+			return t.Rate
+		})
+	case "diurnal":
+		add(t.Region, func(at time.Duration) float64 {
+			x := 2 * math.Pi * (float64(at)/float64(t.Period) + t.Phase)
+			return t.Rate * (1 + t.Amplitude*math.Sin(x))
+		})
+	}
+}
+
+func (r *region) nextArrival() time.Duration {
+	next := r.s.duration
+	for _, src := range r.srcs {
+		next = min(next, src.next)
+	}
+	return next
+}
+
+// rate is the region's request rate now.
+func (r *region) rate() float64 {
+	n := 0.0
+	for _, src := range r.srcs {
+		n += src.rate(r.s.now)
+	}
+	return n
+}
+
+// requests runs the region's requests due before end, in time order. It
+// touches nothing outside the region but what the truth lets it.
+func (r *region) requests(end time.Duration) {
+	tr := r.s.truth
+	for {
+		var src *source
+		for _, x := range r.srcs {
+			if x.next < end && (src == nil || x.next < src.next) {
+				src = x
+			}
+		}
+		if src == nil {
+			return
+		}
+		r.now = src.next
+		k := src.key()
+		r.req.APIKey = r.s.keys[k]
+		if err := r.engine.Check(background, &r.req, &r.dec); err != nil {
+			panic(err) // the scenario's requests are well formed
+		}
+		epoch := r.dec.Time.UnixMicro() / r.s.window
+		tr.record(r.idx, epoch, k, r.dec.Allowed)
+		src.next = src.gap(r.now)
+	}
+}

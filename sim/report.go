@@ -1,0 +1,277 @@
+package sim
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Report is what a run found.
+type Report struct {
+	Scenario    string
+	Description string
+	Mode        string
+	Seed        uint64
+	Regions     []string
+	Limit       int64
+	Window      time.Duration
+	Algorithm   string
+	Duration    time.Duration
+	Gossip      time.Duration
+	Latency     [2]time.Duration // the shortest and longest link
+	Windows     []Window
+	Samples     []Sample
+	Notes       []Note
+	Heals       []Heal
+	Expiries    []Expiry
+	Found       []OverAdmission
+	// Requests, Admitted and FalseRejected are over the whole run.
+	Requests, Admitted, FalseRejected int64
+	// MessagesCut and MessagesLost count gossip and budget messages that
+	// a cut link or loss kept from their destination.
+	MessagesCut, MessagesLost int64
+}
+
+// Window is one window of the rule, all counters together.
+type Window struct {
+	Start time.Duration // true virtual time
+	// Full is false for a window the run began or ended within.
+	Full     bool
+	Requests int64
+	// Admitted is what the busiest counter admitted, every region
+	// together; Counters how many counters admitted anything.
+	Admitted int64
+	Counters int
+	// Over is the worst counter's admissions beyond the limit; OverCount
+	// how many counters went beyond it; OverTotal their sum.
+	Over, OverCount, OverTotal int64
+	// FalseRejected counts requests denied that their counter's window had
+	// room for: for each counter, its denials up to the part of its limit
+	// left unused when the window closed.
+	FalseRejected int64
+	// ByRegion is what each region admitted, all counters; Shares what
+	// it might admit (its allowance) in the middle of the window.
+	ByRegion []int64
+	Shares   []float64
+}
+
+// OverPct is the worst counter's over-admission, percent of the limit.
+func (w Window) OverPct(limit int64) float64 { return 100 * float64(w.Over) / float64(limit) }
+
+// FalseRejPct is the share of requests denied while there was room.
+func (w Window) FalseRejPct() float64 {
+	if w.Requests == 0 {
+		return 0
+	}
+	return 100 * float64(w.FalseRejected) / float64(w.Requests)
+}
+
+// Utilization is what the busiest counter admitted, of its limit.
+func (w Window) Utilization(limit int64) float64 { return float64(w.Admitted) / float64(limit) }
+
+func (s *sim) report() *Report {
+	sc := s.sc
+	rep := &Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description), Mode: s.mode, Seed: s.seed,
+		Regions: sc.Regions, Limit: sc.Rule.Limit, Window: sc.Rule.Window, Algorithm: sc.Rule.Algorithm,
+		Duration: s.duration, Gossip: sc.Gossip.Interval, Samples: s.rec.samples, Notes: s.rec.notes,
+		Heals: s.rec.heals, Expiries: s.rec.expiries, Found: s.gs.found,
+		MessagesCut: s.net.cut.Load(), MessagesLost: s.net.lost}
+	rep.Latency = [2]time.Duration{time.Hour, 0}
+	for i, a := range sc.Regions {
+		for _, b := range sc.Regions[i+1:] {
+			d := s.net.Latency(a, b)
+			rep.Latency[0], rep.Latency[1] = min(rep.Latency[0], d), max(rep.Latency[1], d)
+		}
+	}
+	epochs := map[int64]bool{}
+	for e := range s.truth.global {
+		epochs[e] = true
+	}
+	for _, rt := range s.truth.regions {
+		for e := range rt.windows {
+			epochs[e] = true
+		}
+	}
+	sorted := make([]int64, 0, len(epochs))
+	for e := range epochs {
+		sorted = append(sorted, e)
+	}
+	slices.Sort(sorted)
+	w := sc.Rule.Window
+	for _, e := range sorted {
+		start := time.UnixMicro(e * s.window).Sub(epoch0)
+		win := Window{Start: start, Full: start >= 0 && start+w <= s.duration, ByRegion: make([]int64, len(s.regions))}
+		if g := s.truth.global[e]; g != nil {
+			for k, n := range g.admitted {
+				adm := int64(n)
+				if adm > 0 {
+					win.Counters++
+				}
+				win.Admitted = max(win.Admitted, adm)
+				if over := adm - sc.Rule.Limit; over > 0 {
+					win.Over = max(win.Over, over)
+					win.OverCount++
+					win.OverTotal += over
+				}
+				win.FalseRejected += min(int64(g.denied[k]), max(0, sc.Rule.Limit-adm))
+			}
+		}
+		rep.FalseRejected += win.FalseRejected
+		for i, rt := range s.truth.regions {
+			if c := rt.windows[e]; c != nil {
+				win.Requests += c.requests
+				win.ByRegion[i] = c.admitted
+				rep.Requests += c.requests
+				rep.Admitted += c.admitted
+			}
+		}
+		win.Shares = s.sharesAt(start + w/2)
+		rep.Windows = append(rep.Windows, win)
+	}
+	return rep
+}
+
+// sharesAt returns the sample nearest before t.
+func (s *sim) sharesAt(t time.Duration) []float64 {
+	smp := s.rec.samples
+	i, _ := slices.BinarySearchFunc(smp, t, func(x Sample, t time.Duration) int { return int(x.At - t) })
+	if i < len(smp) && smp[i].At == t {
+		return smp[i].Shares
+	}
+	if i > 0 {
+		return smp[i-1].Shares
+	}
+	return make([]float64, len(s.regions))
+}
+
+// clockString writes a virtual time as m:ss.s.
+func clockString(d time.Duration) string {
+	neg := ""
+	if d < 0 {
+		neg, d = "-", -d
+	}
+	m := d / time.Minute
+	sec := float64(d%time.Minute) / float64(time.Second)
+	return fmt.Sprintf("%s%d:%04.1f", neg, m, sec)
+}
+
+// WriteText writes the report as a table and a summary.
+func (r *Report) WriteText(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "scenario %s, %s mode, seed %d\n", r.Scenario, r.Mode, r.Seed)
+	if r.Description != "" {
+		for _, line := range strings.Split(r.Description, "\n") {
+			fmt.Fprintf(&b, "  %s\n", line)
+		}
+	}
+	fmt.Fprintf(&b, "%d regions (%s), limit %d per %v (%s), %v of virtual time, gossip every %v, links %v to %v one way\n\n",
+		len(r.Regions), strings.Join(r.Regions, " "), r.Limit, r.Window, r.Algorithm, r.Duration, r.Gossip, r.Latency[0].Round(time.Millisecond), r.Latency[1].Round(time.Millisecond))
+	fmt.Fprintf(&b, "%-8s %8s %9s %8s %6s %10s", "window", "limit", "requests", "admitted", "over%", "false-rej%")
+	for _, name := range r.Regions {
+		fmt.Fprintf(&b, " %6s", name)
+	}
+	b.WriteString("\n")
+	for _, win := range r.Windows {
+		mark := " "
+		if !win.Full {
+			mark = "*"
+		}
+		fmt.Fprintf(&b, "%-7s%s %8d %9d %8d %6.2f %10.2f", clockString(win.Start), mark, r.Limit, win.Requests, win.Admitted,
+			win.OverPct(r.Limit), win.FalseRejPct())
+		for _, sh := range win.Shares {
+			fmt.Fprintf(&b, " %6.3f", sh)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("(* a window the run covers in part; admitted: the busiest counter; region columns: the share of the limit each region might admit mid-window)\n\n")
+	worst, over, overWindows := 0.0, int64(0), 0
+	for _, win := range r.Windows {
+		worst = max(worst, win.OverPct(r.Limit))
+		over += win.OverTotal
+		if win.Over > 0 {
+			overWindows++
+		}
+	}
+	fmt.Fprintf(&b, "requests %d, admitted %d, false rejections %d (%.2f%%)\n", r.Requests, r.Admitted, r.FalseRejected, pct(r.FalseRejected, r.Requests))
+	fmt.Fprintf(&b, "over-admission: %d in %d windows, worst %.2f%% of the limit\n", over, overWindows, worst)
+	var found int64
+	for _, f := range r.Found {
+		found += f.Amount
+	}
+	fmt.Fprintf(&b, "globalsync found %d over-admitted when it closed the books", found)
+	if len(r.Found) > 0 {
+		by := map[string]int64{}
+		for _, f := range r.Found {
+			by[f.Region] += f.Amount
+		}
+		var parts []string
+		for _, name := range sortedNames(by) {
+			parts = append(parts, fmt.Sprintf("%s %d", name, by[name]))
+		}
+		fmt.Fprintf(&b, " (%s)", strings.Join(parts, ", "))
+	}
+	b.WriteString("\n")
+	for _, h := range r.Heals {
+		if h.Converged < 0 {
+			fmt.Fprintf(&b, "heal at %s: copies did not agree within a minute\n", clockString(h.At))
+		} else {
+			fmt.Fprintf(&b, "heal at %s: every copy agreed %v later\n", clockString(h.At), h.Converged)
+		}
+	}
+	if len(r.Expiries) == 0 {
+		b.WriteString("lease expiries: none\n")
+	} else {
+		var parts []string
+		for _, e := range r.Expiries {
+			parts = append(parts, fmt.Sprintf("%s at %s", e.Region, clockString(e.At)))
+		}
+		fmt.Fprintf(&b, "lease expiries: %s\n", strings.Join(parts, ", "))
+	}
+	fmt.Fprintf(&b, "messages cut %d, lost %d\n", r.MessagesCut, r.MessagesLost)
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "  %s %s\n", clockString(n.At), n.Text)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func pct(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return 100 * float64(a) / float64(b)
+}
+
+// WriteCSV writes one row per window.
+func (r *Report) WriteCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	head := []string{"window_start_s", "full", "limit", "requests", "admitted", "counters", "over", "over_pct", "over_counters",
+		"false_rejected", "false_rejection_pct"}
+	for _, name := range r.Regions {
+		head = append(head, "admitted_"+name)
+	}
+	for _, name := range r.Regions {
+		head = append(head, "share_"+name)
+	}
+	cw.Write(head)
+	f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
+	i := strconv.FormatInt
+	for _, win := range r.Windows {
+		row := []string{f(win.Start.Seconds(), 3), strconv.FormatBool(win.Full), i(r.Limit, 10), i(win.Requests, 10), i(win.Admitted, 10),
+			strconv.Itoa(win.Counters), i(win.Over, 10), f(win.OverPct(r.Limit), 3), i(win.OverCount, 10),
+			i(win.FalseRejected, 10), f(win.FalseRejPct(), 3)}
+		for _, n := range win.ByRegion {
+			row = append(row, i(n, 10))
+		}
+		for _, sh := range win.Shares {
+			row = append(row, f(sh, 4))
+		}
+		cw.Write(row)
+	}
+	cw.Flush()
+	return cw.Error()
+}

@@ -1,0 +1,374 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs in testdata/ from what the scenarios do now")
+
+// ciDuration cuts the scenarios too big for the test run short; the whole
+// runs are documented commands (README).
+var ciDuration = map[string]time.Duration{
+	"million":   300 * time.Millisecond,
+	"many-keys": 4 * time.Second,
+}
+
+// TestScenarios runs every built-in scenario in each of its modes: its
+// table must be what testdata holds (go test ./sim -rewrite writes it anew
+// after a change made on purpose), and its guarantees must hold.
+func TestScenarios(t *testing.T) {
+	for _, name := range Names() {
+		sc, err := Load(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mode := range sc.Modes {
+			t.Run(name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
+				rep, err := Run(sc, mode, 1, Options{Duration: ciDuration[name]})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out bytes.Buffer
+				if err := rep.WriteText(&out); err != nil {
+					t.Fatal(err)
+				}
+				golden(t, filepath.Join("testdata", name+"-"+mode+".txt"), out.Bytes())
+				checkGuarantees(t, sc, rep)
+			})
+		}
+	}
+}
+
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *rewrite {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test ./sim -run TestScenarios -rewrite writes it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("output differs from %s (if the change is meant, go test ./sim -run TestScenarios -rewrite):\n%s", path, firstDiff(string(want), string(got)))
+	}
+}
+
+// firstDiff shows the first line that differs.
+func firstDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	for i := range max(len(w), len(g)) {
+		var a, b string
+		if i < len(w) {
+			a = w[i]
+		}
+		if i < len(g) {
+			b = g[i]
+		}
+		if a != b {
+			return "line " + strconv.Itoa(i+1) + ":\n  want " + a + "\n  got  " + b
+		}
+	}
+	return "(same lines)"
+}
+
+// checkGuarantees asserts SPEC §5 and §9 on a report: strict mode never
+// over the limit; elastic mode within its bound; every heal converged
+// within two gossip intervals plus the time on the wire; utilization where
+// the scenario expects it; over-admission measured by globalsync as it
+// happened.
+func checkGuarantees(t *testing.T, sc *Scenario, rep *Report) {
+	t.Helper()
+	for _, w := range rep.Windows {
+		switch {
+		case rep.Mode == "strict" && w.Over > 0:
+			t.Errorf("strict: window %s admitted %d over the limit of %d (worst counter)", clockString(w.Start), w.Over, rep.Limit)
+		case rep.Mode == "elastic" && w.OverPct(rep.Limit) > *sc.Expect.MaxElasticOver:
+			t.Errorf("elastic: window %s %.2f%% over the limit, want at most %v%%", clockString(w.Start), w.OverPct(rep.Limit), *sc.Expect.MaxElasticOver)
+		}
+	}
+	if sc.Expect.Converge {
+		if len(rep.Heals) == 0 {
+			t.Error("the scenario expects heals; none happened")
+		}
+		bound := 2*sc.Gossip.Interval + 3*(rep.Latency[1]+sc.Network.Jitter)
+		for _, h := range rep.Heals {
+			if h.Converged < 0 || h.Converged > bound {
+				t.Errorf("heal at %s: converged after %v, want within %v (two gossip intervals, and a message, a digest and a repair on the wire)",
+					clockString(h.At), h.Converged, bound)
+			}
+		}
+	}
+	if u := sc.Expect.Utilization; u > 0 {
+		for _, w := range rep.Windows {
+			if !w.Full || w.Start < sc.Expect.UtilizationFrom || (sc.Expect.UtilizationUntil > 0 && w.Start >= sc.Expect.UtilizationUntil) {
+				continue
+			}
+			if w.Utilization(rep.Limit) < u {
+				t.Errorf("window %s: admitted %d of %d (%.1f%%), want at least %.0f%%", clockString(w.Start), w.Admitted, rep.Limit,
+					100*w.Utilization(rep.Limit), 100*u)
+			}
+		}
+	}
+	// Every window whose books globalsync closed before the end: what it
+	// found over is what was over.
+	closedBy := rep.Duration - sc.Gossip.AntiEntropy - 2*sc.Budget.Rebalance - sc.Gossip.AntiEntropy/2 - sc.Budget.Rebalance
+	found := map[time.Duration]int64{}
+	for _, f := range rep.Found {
+		found[f.WindowStart] += f.Amount
+	}
+	for _, w := range rep.Windows {
+		if w.Start+rep.Window > closedBy || w.Start < 0 {
+			continue
+		}
+		// Attribution rounds each region's part down.
+		if got := found[w.Start]; got > w.OverTotal || got < w.OverTotal-int64(len(rep.Regions))*int64(max(1, w.OverCount)) {
+			t.Errorf("window %s: globalsync found %d over-admitted, %d were", clockString(w.Start), got, w.OverTotal)
+		}
+	}
+}
+
+// TestSameSeedSameOutput: a scenario run twice with the same seed writes
+// the same files byte for byte, whether one goroutine or several run the
+// regions; another seed gives other figures.
+func TestSameSeedSameOutput(t *testing.T) {
+	sc, err := Load("partition")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := func(seed uint64, workers int) map[string][]byte {
+		rep, err := Run(sc, "elastic", seed, Options{Workers: workers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		if err := rep.WriteFiles(dir); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]byte{}
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[e.Name()] = b
+		}
+		return out
+	}
+	a, b, c := files(7, 1), files(7, 4), files(8, 2)
+	if len(a) != 6 {
+		t.Fatalf("wrote %d files, want 6 (report, CSV, three charts, page)", len(a))
+	}
+	for name, content := range a {
+		if !bytes.Equal(content, b[name]) {
+			t.Errorf("%s differs between two runs with seed 7", name)
+		}
+	}
+	if bytes.Equal(a["partition-elastic-windows.csv"], c["partition-elastic-windows.csv"]) {
+		t.Error("seeds 7 and 8 gave the same windows")
+	}
+}
+
+// TestReportFiles: the charts are well-formed SVG with a series per
+// region, and the page shows them and the table.
+func TestReportFiles(t *testing.T) {
+	sc, err := Load("partition")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(sc, "strict", 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := rep.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dir, "partition-strict-"+name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	for _, name := range []string{"admitted.svg", "shares.svg", "over.svg"} {
+		svg := read(name)
+		dec := xml.NewDecoder(strings.NewReader(svg))
+		for {
+			_, err := dec.Token()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s is not well-formed: %v", name, err)
+			}
+		}
+	}
+	shares := read("shares.svg")
+	for _, r := range rep.Regions {
+		if !strings.Contains(shares, ">"+r+"</text>") {
+			t.Errorf("shares.svg has no series for %s", r)
+		}
+	}
+	if n := strings.Count(shares, "<polyline"); n != len(rep.Regions) {
+		t.Errorf("shares.svg has %d lines, want %d", n, len(rep.Regions))
+	}
+	if n := strings.Count(read("admitted.svg"), "<rect x="); n < len(rep.Windows) {
+		t.Errorf("admitted.svg has %d bars, want one per window (%d)", n, len(rep.Windows))
+	}
+	page := read("index.html")
+	if strings.Count(page, "<svg") != 3 || !strings.Contains(page, "false-rej%") || strings.Contains(page, "http://") && !strings.Contains(page, "http://www.w3.org/2000/svg") {
+		t.Error("index.html should hold the three charts and the table, and load nothing from elsewhere")
+	}
+	csv := read("windows.csv")
+	if lines := strings.Count(csv, "\n"); lines != len(rep.Windows)+1 {
+		t.Errorf("windows.csv has %d lines, want a header and %d windows", lines, len(rep.Windows))
+	}
+}
+
+// TestPartitionStory checks the partition scenario's story beyond its
+// guarantees: the region cut off lost its lease (once), ran on its floor
+// while cut off, and had its share back after the heal.
+func TestPartitionStory(t *testing.T) {
+	sc, err := Load("partition")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(sc, "strict", 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap := slices.Index(rep.Regions, "ap")
+	if len(rep.Expiries) != 1 || rep.Expiries[0].Region != "ap" {
+		t.Fatalf("lease expiries %+v, want ap's alone", rep.Expiries)
+	}
+	lapsed := rep.Expiries[0].At
+	if cut := time.Minute; lapsed < cut || lapsed > cut+sc.Budget.LeaseTTL+time.Second {
+		t.Errorf("ap's lease lapsed at %v, want within a lease (%v) of the cut at %v", lapsed, sc.Budget.LeaseTTL, cut)
+	}
+	floor := *sc.Budget.Reserve / float64(len(sc.Regions))
+	for _, smp := range rep.Samples {
+		if smp.At > lapsed+time.Second && smp.At < 3*time.Minute && smp.Shares[ap] > floor+1e-9 {
+			t.Fatalf("at %v, cut off with its lease lapsed, ap might admit %.3f, want its floor %.3f", smp.At, smp.Shares[ap], floor)
+		}
+	}
+	last := rep.Samples[len(rep.Samples)-1]
+	if last.Shares[ap] <= floor || !last.Leased[ap] {
+		t.Errorf("after the heal ap holds %.3f (leased %t), want a lease above its floor", last.Shares[ap], last.Leased[ap])
+	}
+	if rep.MessagesCut == 0 {
+		t.Error("no message was cut")
+	}
+}
+
+// TestBadScenarios: every mistake in a scenario file is refused with the
+// field it is in.
+func TestBadScenarios(t *testing.T) {
+	base := `name: x
+duration: 1m
+regions: [a, b]
+rule: { limit: 10, window: 1s }
+traffic: [{ region: a, kind: steady, rate: 1 }]
+`
+	cases := []struct {
+		name, yaml, field string
+	}{
+		{"unknown field", base + "colour: blue\n", "colour"},
+		{"no name", strings.Replace(base, "name: x", "name: ''", 1), "name"},
+		{"one region", strings.Replace(base, "[a, b]", "[a]", 1), "regions"},
+		{"region twice", strings.Replace(base, "[a, b]", "[a, a]", 1), "regions[1]"},
+		{"region with a dot", strings.Replace(base, "[a, b]", "[a, b.c]", 1), "regions[1]"},
+		{"no duration", strings.Replace(base, "1m\n", "0s\n", 1), "duration"},
+		{"zero limit", strings.Replace(base, "limit: 10", "limit: 0", 1), "rule.limit"},
+		{"short window", strings.Replace(base, "window: 1s", "window: 10ms", 1), "rule.window"},
+		{"bad algorithm", strings.Replace(base, "window: 1s }", "window: 1s, algorithm: token_bucket }", 1), "rule.algorithm"},
+		{"bad fallback", strings.Replace(base, "window: 1s }", "window: 1s, fallback: maybe }", 1), "rule.fallback"},
+		{"unknown traffic region", strings.Replace(base, "region: a,", "region: z,", 1), "traffic[0].region"},
+		{"negative rate", strings.Replace(base, "rate: 1", "rate: -1", 1), "traffic[0].rate"},
+		{"too many keys", strings.Replace(base, "rate: 1", "rate: 1, keys: 100001", 1), "traffic[0].keys"},
+		{"zipf at 1", strings.Replace(base, "rate: 1", "rate: 1, keys: 10, zipf: 1", 1), "traffic[0].zipf"},
+		{"unknown kind", strings.Replace(base, "steady", "wavy", 1), "traffic[0].kind"},
+		{"shift nowhere", strings.Replace(base, "steady", "shift", 1), "traffic[0].to"},
+		{"diurnal without period", strings.Replace(base, "steady", "diurnal", 1), "traffic[0].period"},
+		{"no traffic", strings.Replace(base, "traffic: [{ region: a, kind: steady, rate: 1 }]", "traffic: []", 1), "traffic"},
+		{"bad mode", base + "modes: [lenient]\n", "modes[0]"},
+		{"skew of an unknown region", base + "clock_skew: { z: 1s }\n", "clock_skew"},
+		{"latency below the step", base + "network: { latency: { min: 500us, max: 1ms } }\n", "network.latency"},
+		{"loss of 1", base + "network: { loss: 1 }\n", "network.loss"},
+		{"reserve above 1", base + "budget: { reserve: 1.5 }\n", "budget.reserve"},
+		{"fault after the end", base + "faults: [{ at: 2m, kind: heal }]\n", "faults[0].at"},
+		{"partition of nobody", base + "faults: [{ at: 1s, kind: partition }]\n", "faults[0].regions"},
+		{"region in two groups", base + "faults: [{ at: 1s, kind: split, groups: [[a], [a, b]] }]\n", "faults[0].groups[1][0]"},
+		{"redis-down for no time", base + "faults: [{ at: 1s, kind: redis-down, region: a }]\n", "faults[0].for"},
+		{"clock jump of nothing", base + "faults: [{ at: 1s, kind: clock-jump, region: a }]\n", "faults[0].by"},
+		{"unknown fault", base + "faults: [{ at: 1s, kind: meteor }]\n", "faults[0].kind"},
+	}
+	if _, err := Parse("base.yaml", []byte(base)); err != nil {
+		t.Fatalf("the base scenario: %v", err)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("x.yaml", []byte(c.yaml))
+			if err == nil || !errors.Is(err, ErrInvalidScenario) || !strings.Contains(err.Error(), c.field) {
+				t.Fatalf("error %v: want ErrInvalidScenario naming %q", err, c.field)
+			}
+		})
+	}
+	if _, err := Load("no-such-scenario"); err == nil || !strings.Contains(err.Error(), "no scenario") {
+		t.Fatalf("unknown scenario: %v", err)
+	}
+	sc, _ := Parse("base.yaml", []byte(base))
+	if _, err := Run(sc, "lenient", 1, Options{}); err == nil || !strings.Contains(err.Error(), "mode") {
+		t.Fatalf("bad mode: %v", err)
+	}
+}
+
+// TestAccuracy runs the accuracy study small: the counter and the log
+// agree on keys that stay under their limit, differ on some requests of
+// the others, and admit about as much in all.
+func TestAccuracy(t *testing.T) {
+	light, err := Accuracy(1, AccuracyOptions{Keys: 200, MinRate: 0.01, MaxRate: 0.2, Duration: 3 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	heavy, err := Accuracy(1, AccuracyOptions{Keys: 200, Duration: 3 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if light.Requests == 0 || heavy.Requests <= light.Requests {
+		t.Fatalf("requests: light %d, heavy %d", light.Requests, heavy.Requests)
+	}
+	if heavy.OverLimitKeys <= light.OverLimitKeys || heavy.WronglyAllowed+heavy.WronglyDenied == 0 {
+		t.Fatalf("heavy traffic: %d keys over, %d wrongly allowed, %d wrongly denied: want more keys over and some disagreement",
+			heavy.OverLimitKeys, heavy.WronglyAllowed, heavy.WronglyDenied)
+	}
+	if light.WronglyAllowedPct()+light.WronglyDeniedPct() >= heavy.WronglyAllowedPct()+heavy.WronglyDeniedPct() {
+		t.Errorf("light traffic disagrees more (%v%%) than heavy (%v%%)", light.WronglyAllowedPct()+light.WronglyDeniedPct(),
+			heavy.WronglyAllowedPct()+heavy.WronglyDeniedPct())
+	}
+	if d := float64(heavy.AllowedByCounter-heavy.AllowedByLog) / float64(heavy.AllowedByLog); d < -0.05 || d > 0.05 {
+		t.Errorf("the counter admitted %d, the log %d: want within 5%%", heavy.AllowedByCounter, heavy.AllowedByLog)
+	}
+	again, _ := Accuracy(1, AccuracyOptions{Keys: 200, Duration: 3 * time.Minute})
+	if *again != *heavy {
+		t.Errorf("the same seed gave %+v, then %+v", heavy, again)
+	}
+	if _, err := Accuracy(1, AccuracyOptions{Keys: MaxKeys + 1}); err == nil {
+		t.Error("more keys than MaxKeys: want an error")
+	}
+}
