@@ -345,18 +345,22 @@ func TestUnknownPeers(t *testing.T) {
 }
 
 // TestStoreGetsGlobalCountersBack: Redis dies and comes back empty (no
-// persistence); once the breaker closes again, Maintain gives the store
-// back every region's slots this replica holds, so that an elastic check
-// does not borrow slack that was already spent.
+// persistence); until Maintain has given the store back every region's
+// slots the replica holds, an elastic check does not borrow (the slack it
+// would see was spent); after, it borrows what is really left.
 func TestStoreGetsGlobalCountersBack(t *testing.T) {
+	clock := newVirtualClock()
 	rs, srv := newTestRedisStore(t, RedisOptions{Region: "eu", Timeout: slowOK})
+	rs.testNow = clock.micros
 	regions := []string{"eu", "us"}
 	global := GlobalConfig{Regions: regions, StaleAfter: time.Hour}
-	eu := New(Config{Region: "eu", Store: rs, Timeout: slowOK, Breaker: BreakerConfig{Failures: 1, Cooldown: 50 * time.Millisecond},
+	eu := New(Config{Region: "eu", Store: rs, Clock: clock.Now, Timeout: slowOK, Breaker: BreakerConfig{Failures: 1, Cooldown: 50 * time.Millisecond},
 		Global: global}, mustParse(t, globalRules))
-	us := New(Config{Region: "us", Global: global}, mustParse(t, globalRules))
-	eu.HeardFrom("us", time.Now())
-	us.HeardFrom("eu", time.Now())
+	m := NewMemoryStore(clock.Now)
+	m.SetRegion("us")
+	us := New(Config{Region: "us", Store: m, Clock: clock.Now, Timeout: slowOK, Global: global}, mustParse(t, globalRules))
+	eu.HeardFrom("us", clock.Now())
+	us.HeardFrom("eu", clock.Now())
 	if got := countAllowed(t, us, "e_7", 600); got != 600 {
 		t.Fatalf("us admitted %d of 600", got)
 	}
@@ -369,7 +373,7 @@ func TestStoreGetsGlobalCountersBack(t *testing.T) {
 		t.Fatalf("eu admitted %d of 100", got)
 	}
 	key := []byte("gq:{g-elastic:e_7}")
-	start := time.Now().UnixMilli() / 3_600_000 * 3_600_000
+	start := clock.Now().UnixMilli() / 3_600_000 * 3_600_000
 	want := []crdt.Slot{{Region: "eu", P: 100}, {Region: "us", P: 600}}
 	if slots, err := rs.ReadGlobal(t.Context(), key, start); err != nil || !slices.Equal(slots, want) {
 		t.Fatalf("before the restart Redis holds %v (%v), want %v", slots, err, want)
@@ -386,11 +390,17 @@ func TestStoreGetsGlobalCountersBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, 5*time.Second, "the breaker closes", func() bool {
+		clock.AdvanceBy(60 * time.Millisecond) // past the cooldown: the next check probes
 		mustCheck(t, eu, Request{APIKey: "e_8", Endpoint: "/x"})
 		return eu.Breaker() == BreakerClosed
 	})
 	if slots, _ := rs.ReadGlobal(t.Context(), key, start); slices.Contains(slots, want[1]) {
 		t.Fatalf("the restarted Redis holds %v already: the test shows nothing", slots)
+	}
+	// The store knows eu's 100 (the replica's memory of its own slot) but
+	// not us's 600: borrowing now would take 890.
+	if got := countAllowed(t, eu, "e_7", 50); got != 0 {
+		t.Fatalf("before Maintain eu admitted %d more, want none: it must not borrow what it cannot see", got)
 	}
 	if err := eu.Maintain(t.Context()); err != nil {
 		t.Fatal(err)
@@ -398,6 +408,7 @@ func TestStoreGetsGlobalCountersBack(t *testing.T) {
 	if slots, err := rs.ReadGlobal(t.Context(), key, start); err != nil || !slices.Equal(slots, want) {
 		t.Fatalf("after Maintain Redis holds %v (%v), want %v back", slots, err, want)
 	}
+	clock.AdvanceBy(globalDenialHold * time.Microsecond) // the cached denials lapse
 	// The ceiling is 990; 700 are used.
 	if got := countAllowed(t, eu, "e_7", 400); got != 290 {
 		t.Fatalf("eu admitted %d more, want 290 up to the ceiling", got)

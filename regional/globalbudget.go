@@ -228,10 +228,7 @@ func (e *Engine) HeardFrom(region string, at time.Time) {
 	}
 	g.heardMu.Lock()
 	defer g.heardMu.Unlock()
-	if at.Before(g.heard[region]) {
-		return
-	}
-	g.heard[region] = at
+	g.heard[region] = at // the latest arrival, even if the clock went back
 	until := int64(math.MaxInt64)
 	for _, r := range g.peers {
 		h, ok := g.heard[r]
@@ -282,6 +279,21 @@ func (e *Engine) Lease(rule string) (budget.Lease, uint64, bool) {
 	return h.lease, h.ackable(e.now(), e.cfg.Timeout), true
 }
 
+// GlobalAllowance is the fraction of a global rule's limit the region may
+// admit in a window now, as its checks apply it (its lease's allowance,
+// or its floor), and whether a lease is in force; 0 and false for a rule
+// that is not global.
+func (e *Engine) GlobalAllowance(rule string) (float64, bool) {
+	r := e.rules.Load().Rule(rule)
+	if r == nil || r.Scope != ScopeGlobal {
+		return 0, false
+	}
+	now := e.now()
+	frac, _ := e.allowance(r, now)
+	h := (*e.global.leases.Load())[rule]
+	return frac, h != nil && h.lease.Holds(now)
+}
+
 // allowance is the fraction of a global rule's limit the region may admit
 // at now, and the part of it withheld as debt.
 func (e *Engine) allowance(r *Rule, now time.Time) (float64, float64) {
@@ -315,7 +327,10 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	op.Global = true
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
-	if r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() {
+	if r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() &&
+		e.breaker.recoveries.Load() == e.reseeded.Load() {
+		// (A store back after an outage may have lost the others'
+		// slots: no borrowing until Maintain has given them back.)
 		op.Ceiling = max(0, op.Params.Limit-int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9)))
 	}
 	// What this replica knows the region counted in the window, in case
@@ -459,12 +474,19 @@ func (e *Engine) reseedStore(ctx context.Context) error {
 		}
 	})
 	windows := globalWindowsOf(e.rules.Load(), d, known, e.now())
-	if len(windows) == 0 {
-		return nil
+	for len(windows) > 0 {
+		n := min(len(windows), reseedBatch)
+		if _, err := gs.MergeGlobal(ctx, windows[:n]); err != nil {
+			return err
+		}
+		windows = windows[n:]
 	}
-	_, err := gs.MergeGlobal(ctx, windows)
-	return err
+	return nil
 }
+
+// reseedBatch bounds the windows of one call when a store is given its
+// counters back, so that each call fits in its timeout.
+const reseedBatch = 1000
 
 // globalKeep is how long from now a window is kept: as long as the
 // region's own checks would keep it, or two minutes from its start for a

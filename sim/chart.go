@@ -31,7 +31,7 @@ type chart struct {
 
 const (
 	chartW, chartH         = 900, 320
-	padL, padR, padT, padB = 64, 150, 34, 44
+	padL, padR, padT, padB = 64, 210, 34, 44
 	plotW, plotH           = chartW - padL - padR, chartH - padT - padB
 	maxPointsPerLine       = 4000
 	svgFont                = `font-family="sans-serif" font-size="12"`
@@ -158,8 +158,9 @@ func (r *Report) charts() (admitted, shares, over chart) {
 	over.series = []series{ov}
 	if r.Mode == "elastic" && len(r.Windows) > 0 {
 		first, last := r.Windows[0].Start.Minutes(), r.Windows[len(r.Windows)-1].Start.Minutes()+wmin
-		over.series = append(over.series, series{name: "elastic bound (2%)", color: "#7f7f7f", dash: true,
-			xs: []float64{first, last}, ys: []float64{2, 2}})
+		over.series = append(over.series, series{name: fmt.Sprintf("elastic bound (%g%%)", r.ElasticBound), color: "#7f7f7f", dash: true,
+			xs: []float64{first, last}, ys: []float64{r.ElasticBound, r.ElasticBound}})
+		over.ymax = math.Max(over.ymax, math.Ceil(r.ElasticBound*1.1))
 	}
 	shares = chart{title: fmt.Sprintf("%s (%s): what each region may admit (its share)", r.Scenario, r.Mode),
 		xlabel: "virtual time (minutes)", ylabel: "fraction of the limit", ymin: 0, ymax: 1}

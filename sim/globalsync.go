@@ -24,9 +24,15 @@ type coordinator struct {
 	heardAt  map[string]time.Duration
 	history  []transport.BudgetDoc // the bucket's revisions, oldest first
 	usage    *crdt.Counters
-	closed   map[crdt.ID]bool
-	lastBook time.Duration
-	found    []OverAdmission
+	closed   map[crdt.ID]bool // by this leader
+	lastBook time.Time
+	// inherited is when the leader before this one last closed the books
+	// (BudgetDoc.BooksClosed): windows settled by then are closed.
+	inherited time.Time
+	// closedThrough is the end of the last window whose books were
+	// closed, true virtual time.
+	closedThrough time.Duration
+	found         []OverAdmission
 }
 
 // OverAdmission is one region's part of a window that admitted more than
@@ -39,7 +45,7 @@ type OverAdmission struct {
 }
 
 func newCoordinator(s *sim, cfg budget.Config) (*coordinator, error) {
-	c := &coordinator{s: s, cfg: cfg, closed: map[crdt.ID]bool{}}
+	c := &coordinator{s: s, cfg: cfg}
 	usage, err := crdt.NewCounters(gsName, append(slices.Clone(s.sc.Regions), gsName))
 	if err != nil {
 		return nil, err
@@ -75,6 +81,10 @@ func (c *coordinator) up() {
 	}
 	transport.RestoreAllocator(alloc, c.history, c.cfg.Skew)
 	c.alive, c.alloc = true, alloc
+	c.closed, c.lastBook, c.inherited = map[crdt.ID]bool{}, time.Time{}, time.Time{}
+	if n := len(c.history); n > 0 {
+		c.inherited = c.history[n-1].BooksClosed
+	}
 	c.rates, c.last, c.heardAt = map[string]*budget.DemandRate{}, map[string]heartbeat{}, map[string]time.Duration{}
 	if c.s.now > 0 {
 		c.s.rec.note(c.s.now, "globalsync leads again")
@@ -110,8 +120,11 @@ func (c *coordinator) rebalance() {
 			continue
 		}
 		hb := c.last[region]
-		c.alloc.Report(ruleID, budget.Report{Region: region, Demand: c.rates[region].Rate(), Acked: hb.acked,
-			Used: hb.used, UsedEpoch: hb.usedEpoch, HasUsed: hb.acked > 0})
+		rep := budget.Report{Region: region, Acked: hb.acked, Used: hb.used, UsedEpoch: hb.usedEpoch, HasUsed: hb.acked > 0}
+		if c.s.now-at <= 3*c.s.sc.Budget.Rebalance { // globalsync's demandSilence
+			rep.Demand = c.rates[region].Rate()
+		}
+		c.alloc.Report(ruleID, rep)
 	}
 	leases, err := c.alloc.Rebalance(now, c.s.rule, c.s.sc.Regions)
 	if err != nil {
@@ -119,6 +132,10 @@ func (c *coordinator) rebalance() {
 	}
 	doc := transport.NewBudgetDoc("sim", leases)
 	doc.SetSnapshot(c.alloc.Snapshot(ruleID))
+	doc.BooksClosed = c.lastBook
+	if c.inherited.After(doc.BooksClosed) {
+		doc.BooksClosed = c.inherited
+	}
 	c.history = append(c.history, doc)
 	if len(c.history) > transport.BudgetHistory {
 		c.history = c.history[1:]
@@ -174,19 +191,24 @@ func (c *coordinator) publishDigest() {
 // charged to their next windows.
 func (c *coordinator) closeBooks() {
 	s := c.s
-	if s.now-c.lastBook < s.sc.Gossip.AntiEntropy/2 {
+	now := c.now()
+	if now.Sub(c.lastBook) < s.sc.Gossip.AntiEntropy/2 {
 		return
 	}
-	c.lastBook = s.now
+	c.lastBook = now
 	settle := s.sc.Gossip.AntiEntropy + 2*s.sc.Budget.Rebalance
 	limit := s.sc.Rule.Limit
 	window := s.sc.Rule.Window
-	now := c.now()
 	for _, e := range c.usage.DeltaSince(0).Entries {
-		if c.closed[e.ID] || now.Before(time.UnixMilli(e.Epoch).Add(window+settle)) {
+		settled := time.UnixMilli(e.Epoch).Add(window + settle)
+		if c.closed[e.ID] || now.Before(settled) {
 			continue
 		}
 		c.closed[e.ID] = true
+		c.closedThrough = max(c.closedThrough, time.UnixMilli(e.Epoch).Add(window).Sub(epoch0))
+		if !settled.After(c.inherited) {
+			continue // an earlier leader closed these books
+		}
 		pn := c.usage.Get(e.ID)
 		total := pn.Value()
 		if total <= limit {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/crdt"
 )
 
@@ -71,15 +70,8 @@ func (rec *recorder) sample(r *region) {
 		rec.samples = append(rec.samples, Sample{At: s.now, Shares: make([]float64, len(s.regions)), Leased: make([]bool, len(s.regions))})
 	}
 	smp := &rec.samples[len(rec.samples)-1]
-	now := r.clock()
-	l, _, ok := r.engine.Lease(ruleID)
-	var lp *budget.Lease
-	if ok {
-		lp = &l
-	}
-	smp.Shares[r.idx] = budget.Allowance(lp, r.engine.Floor(), now)
-	holds := ok && l.Holds(now)
-	smp.Leased[r.idx] = holds
+	share, holds := r.engine.GlobalAllowance(ruleID)
+	smp.Shares[r.idx], smp.Leased[r.idx] = share, holds
 	if r.holding && !holds {
 		rec.expiries = append(rec.expiries, Expiry{At: s.now, Region: r.name})
 	}

@@ -40,7 +40,7 @@ func newRegion(s *sim, idx int, name string, faulty bool, bcfg budget.Config) (*
 	cfg.Region = name
 	cfg.Clock = func() time.Time { return s.clock(r.now, r.skew) }
 	cfg.Logger = discard
-	cfg.Global = regional.GlobalConfig{Regions: s.sc.Regions, Budget: bcfg}
+	cfg.Global = regional.GlobalConfig{Regions: s.sc.Regions, Budget: bcfg, StaleAfter: s.staleAfter()}
 	if err := cfg.Global.Validate(name); err != nil {
 		return nil, err
 	}
@@ -125,7 +125,7 @@ type endpoint interface {
 // than three heartbeats is back (a partition healed), and the region
 // trades digests at once, as the transport does.
 func (r *region) hear(from string) {
-	if last, ok := r.heard[from]; ok && from != r.name && r.now-last > 3*r.s.sc.Gossip.Heartbeat {
+	if last, ok := r.heard[from]; ok && from != r.name && r.now-last > r.s.staleAfter() {
 		r.publishDigest()
 	}
 	r.heard[from] = r.now
@@ -156,9 +156,12 @@ func (r *region) leases(ls []budget.Lease) {
 	}
 }
 
-// source is one stream of requests arriving at a region.
+// source is one stream of requests arriving at a region: a Poisson
+// process whose rate varies with time, never above peak.
 type source struct {
 	rate func(t time.Duration) float64
+	peak float64
+	end  time.Duration // no arrivals from here on
 	next time.Duration // the next arrival
 	keys int
 	zipf *rand.Zipf
@@ -166,14 +169,23 @@ type source struct {
 	rng  *rand.Rand
 }
 
-// gap draws the time from t to the next arrival: exponential, at the rate
-// at t (a rate of 0 looks again 10ms later).
+// gap draws the next arrival after t by thinning: candidates come at the
+// peak rate, and each is kept with probability rate/peak at its time, so
+// that the arrivals follow the rate however it moves. None before end:
+// end.
 func (src *source) gap(t time.Duration) time.Duration {
-	rate := src.rate(t)
-	if rate <= 0 {
-		return t + 10*time.Millisecond
+	if src.peak <= 0 {
+		return src.end
 	}
-	return t + time.Duration(src.rng.ExpFloat64()/rate*1e9) + 1
+	for {
+		t += time.Duration(src.rng.ExpFloat64()/src.peak*1e9) + 1
+		if t >= src.end {
+			return src.end
+		}
+		if r := src.rate(t); r >= src.peak || src.rng.Float64()*src.peak < r {
+			return t
+		}
+	}
 }
 
 func (src *source) key() int {
@@ -191,9 +203,9 @@ func (src *source) key() int {
 
 // addTraffic turns a traffic spec into sources at its regions.
 func (s *sim) addTraffic(t TrafficSpec) {
-	add := func(region string, rate func(time.Duration) float64) {
+	add := func(region string, peak float64, rate func(time.Duration) float64) {
 		r := s.byName[region]
-		src := &source{rate: rate, keys: t.Keys, hot: t.Hot, rng: r.rng}
+		src := &source{rate: rate, peak: peak, end: s.duration, keys: t.Keys, hot: t.Hot, rng: r.rng}
 		if t.Zipf > 0 && t.Keys > 1 {
 			src.zipf = rand.NewZipf(r.rng, t.Zipf, 1, uint64(t.Keys-1))
 		}
@@ -201,7 +213,7 @@ func (s *sim) addTraffic(t TrafficSpec) {
 	}
 	switch t.Kind {
 	case "steady":
-		add(t.Region, func(time.Duration) float64 { return t.Rate })
+		add(t.Region, t.Rate, func(time.Duration) float64 { return t.Rate })
 	case "shift":
 		moved := func(at time.Duration) float64 {
 			switch {
@@ -212,17 +224,17 @@ func (s *sim) addTraffic(t TrafficSpec) {
 			}
 			return float64(at-t.At) / float64(t.Over)
 		}
-		add(t.Region, func(at time.Duration) float64 { return t.Rate * (1 - moved(at)) })
-		add(t.To, func(at time.Duration) float64 { return t.Rate * moved(at) })
+		add(t.Region, t.Rate, func(at time.Duration) float64 { return t.Rate * (1 - moved(at)) })
+		add(t.To, t.Rate, func(at time.Duration) float64 { return t.Rate * moved(at) })
 	case "flash":
-		add(t.Region, func(at time.Duration) float64 {
+		add(t.Region, max(t.Rate, t.Peak), func(at time.Duration) float64 {
 			if at >= t.At && at < t.At+t.For {
 				return t.Peak
 			}
 			return t.Rate
 		})
 	case "diurnal":
-		add(t.Region, func(at time.Duration) float64 {
+		add(t.Region, t.Rate*(1+t.Amplitude), func(at time.Duration) float64 {
 			x := 2 * math.Pi * (float64(at)/float64(t.Period) + t.Phase)
 			return t.Rate * (1 + t.Amplitude*math.Sin(x))
 		})

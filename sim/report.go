@@ -29,6 +29,12 @@ type Report struct {
 	Heals       []Heal
 	Expiries    []Expiry
 	Found       []OverAdmission
+	// BooksClosed is the end of the last window whose books globalsync
+	// closed (Found covers the windows that ended by then).
+	BooksClosed time.Duration
+	// ElasticBound is the scenario's bound on elastic over-admission,
+	// percent of the limit.
+	ElasticBound float64
 	// Requests, Admitted and FalseRejected are over the whole run.
 	Requests, Admitted, FalseRejected int64
 	// MessagesCut and MessagesLost count gossip and budget messages that
@@ -78,8 +84,9 @@ func (s *sim) report() *Report {
 	rep := &Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description), Mode: s.mode, Seed: s.seed,
 		Regions: sc.Regions, Limit: sc.Rule.Limit, Window: sc.Rule.Window, Algorithm: sc.Rule.Algorithm,
 		Duration: s.duration, Gossip: sc.Gossip.Interval, Samples: s.rec.samples, Notes: s.rec.notes,
-		Heals: s.rec.heals, Expiries: s.rec.expiries, Found: s.gs.found,
-		MessagesCut: s.net.cut.Load(), MessagesLost: s.net.lost}
+		Heals: s.rec.heals, Expiries: s.rec.expiries, Found: s.gs.found, BooksClosed: s.gs.closedThrough,
+		ElasticBound: *sc.Expect.MaxElasticOver,
+		MessagesCut:  s.net.cut.Load(), MessagesLost: s.net.lost}
 	rep.Latency = [2]time.Duration{time.Hour, 0}
 	for i, a := range sc.Regions {
 		for _, b := range sc.Regions[i+1:] {
@@ -198,11 +205,17 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "requests %d, admitted %d, false rejections %d (%.2f%%)\n", r.Requests, r.Admitted, r.FalseRejected, pct(r.FalseRejected, r.Requests))
 	fmt.Fprintf(&b, "over-admission: %d in %d windows, worst %.2f%% of the limit\n", over, overWindows, worst)
-	var found int64
+	var found, wasOver int64
 	for _, f := range r.Found {
 		found += f.Amount
 	}
-	fmt.Fprintf(&b, "globalsync found %d over-admitted when it closed the books", found)
+	for _, win := range r.Windows {
+		if win.Start+r.Window <= r.BooksClosed {
+			wasOver += win.OverTotal
+		}
+	}
+	fmt.Fprintf(&b, "globalsync closed the books of the windows that ended by %s: found %d over-admitted (%d were)",
+		clockString(r.BooksClosed), found, wasOver)
 	if len(r.Found) > 0 {
 		by := map[string]int64{}
 		for _, f := range r.Found {

@@ -60,7 +60,7 @@ type NetworkSpec struct {
 		Max time.Duration `yaml:"max"`
 	} `yaml:"latency"`
 	// Local is the latency within a region (between a regiond and a
-	// globalsync in the same region). 1ms.
+	// globalsync in the same region), at least the step. 1ms.
 	Local time.Duration `yaml:"local"`
 	// Jitter adds to every message a delay drawn from [0, jitter]. 0.
 	Jitter time.Duration `yaml:"jitter"`
@@ -289,8 +289,10 @@ func (s *Scenario) check(src string) error {
 		return invalid(src, "step", "%v: want more than 0, at most 100ms", s.Step)
 	case s.Network.Latency.Min < s.Step || s.Network.Latency.Max < s.Network.Latency.Min:
 		return invalid(src, "network.latency", "min %v, max %v: want step (%v) ≤ min ≤ max", s.Network.Latency.Min, s.Network.Latency.Max, s.Step)
-	case s.Network.Local < 0 || s.Network.Jitter < 0:
-		return invalid(src, "network.local", "want 0 or more (jitter too)")
+	case s.Network.Local < s.Step:
+		return invalid(src, "network.local", "%v: want at least the step (%v)", s.Network.Local, s.Step)
+	case s.Network.Jitter < 0:
+		return invalid(src, "network.jitter", "%v: want 0 or more", s.Network.Jitter)
 	case !(s.Network.Loss >= 0 && s.Network.Loss < 1):
 		return invalid(src, "network.loss", "%v: want 0 to less than 1", s.Network.Loss)
 	case s.Rule.Limit <= 0:

@@ -130,6 +130,10 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 	return s, nil
 }
 
+// staleAfter is how long a region may go unheard before the others take
+// it for silent: three heartbeats, as the transport's Gossip.StaleAfter.
+func (s *sim) staleAfter() time.Duration { return 3 * s.sc.Gossip.Heartbeat }
+
 func (s *sim) budgetConfig() budget.Config {
 	c := budget.DefaultConfig()
 	c.Reserve, c.LeaseTTL, c.Skew = *s.sc.Budget.Reserve, s.sc.Budget.LeaseTTL, s.sc.Budget.Skew

@@ -41,6 +41,10 @@ type BudgetDoc struct {
 	// region.
 	Marks map[string]map[string]float64 `json:"marks,omitempty"`
 	Acked map[string]uint64             `json:"acked,omitempty"`
+	// BooksClosed is when the leader last closed the books: every window
+	// that ended a settling time before it is reconciled, and a leader
+	// taking over does not count it again.
+	BooksClosed time.Time `json:"books_closed,omitzero"`
 }
 
 // SetSnapshot puts an allocator's snapshot in the document.

@@ -156,10 +156,14 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 			continue
 		}
 		window := rule.Base.Window / 1000 // ms
-		if now.Before(time.UnixMilli(id.Epoch + window).Add(s.settleAfter())) {
+		settled := time.UnixMilli(id.Epoch + window).Add(s.settleAfter())
+		if now.Before(settled) {
 			continue
 		}
 		done = append(done, id)
+		if !settled.After(s.inheritedBooks) {
+			continue // an earlier leader closed these books
+		}
 		pn := c.Get(id)
 		total := pn.Value()
 		if total <= limit {

@@ -114,6 +114,7 @@ type Service struct {
 	found          []OverAdmission // the latest, for tests and the API
 	digestSeq      uint64
 	lastReconcile  time.Time
+	inheritedBooks time.Time // the last closing of the books by a leader before this one
 	rulesPublished bool
 
 	cancel context.CancelFunc
@@ -387,6 +388,7 @@ func (s *Service) takeOver(ctx context.Context) error {
 		return err
 	}
 	revs, docs := map[string]uint64{}, map[string]transport.BudgetDoc{}
+	var closed time.Time
 	keys, err := s.budgets.ListKeys(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return err
@@ -408,9 +410,13 @@ func (s *Service) takeOver(ctx context.Context) error {
 		}
 		docs[key] = all[len(all)-1]
 		transport.RestoreAllocator(alloc, all, s.cfg.Budget.Skew)
+		closed = laterOf(closed, docs[key].BooksClosed)
 	}
 	s.mu.Lock()
 	s.alloc, s.revs, s.docs = alloc, revs, docs
+	// The books the previous leaders closed stay closed: over-admission
+	// is counted, and debt charged, once.
+	s.inheritedBooks = laterOf(s.inheritedBooks, closed)
 	s.mu.Unlock()
 	return nil
 }
@@ -452,6 +458,7 @@ func (s *Service) rebalance(ctx context.Context) error {
 		key := transport.BudgetKey(rule.ID)
 		doc := transport.NewBudgetDoc(s.cfg.ID, leases)
 		doc.SetSnapshot(s.alloc.Snapshot(rule.ID))
+		doc.BooksClosed = laterOf(s.lastReconcile, s.inheritedBooks)
 		pubs = append(pubs, pub{key, doc, s.revs[key]})
 	}
 	s.mu.Unlock()
@@ -480,8 +487,15 @@ func (s *Service) rebalance(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+func laterOf(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // regionReport sums a region's live replicas' reports on a rule: demand
-// adds up; the lease acknowledged is the oldest any replica acknowledges
+// adds up (of the replicas heard within demandSilence); the lease acknowledged is the oldest any replica acknowledges
 // (each replica enforces its own); what was used is the most any saw, if
 // all speak of the same window. The caller holds s.mu.
 func (s *Service) regionReport(rule budget.Rule, region string, now time.Time) (budget.Report, bool) {
@@ -499,7 +513,9 @@ func (s *Service) regionReport(rule budget.Rule, region string, now time.Time) (
 			rep.Acked, epoch = t.last.Acked, t.last.UsedEpoch
 		}
 		found = true
-		rep.Demand += t.rate.Rate()
+		if now.Sub(r.heard) <= s.demandSilence() {
+			rep.Demand += t.rate.Rate()
+		}
 		rep.Acked = min(rep.Acked, t.last.Acked)
 		rep.Used = max(rep.Used, t.last.Used)
 		if t.last.UsedEpoch != epoch {
@@ -519,6 +535,13 @@ const maxWindowMillis = 366 * 24 * 3600 * 1000
 func (s *Service) replicaSilence() time.Duration {
 	return s.cfg.Budget.LeaseTTL + s.cfg.Budget.Skew + 2*time.Second
 }
+
+// demandSilence is how long a replica may be silent before its demand is
+// no longer believed: a region cut off stops being renewed at its share
+// (leases it cannot receive would keep the share from the others for a
+// lease's life after they were issued), while its acknowledgements still
+// count for replicaSilence.
+func (s *Service) demandSilence() time.Duration { return 3 * s.cfg.Rebalance }
 
 // reported says whether a replica reported the rule lately: within a
 // lease's life and two of the rule's windows. The caller holds s.mu.
