@@ -1,7 +1,7 @@
 // Command sim simulates geoquota, runs load against it, and measures the
 // accuracy of its algorithms.
 //
-//	sim run -scenario partition -seed 1 [-mode strict|elastic] [-out DIR]
+//	sim run -scenario partition -seed 1 [-mode strict|elastic] [-out sim-out]
 //	sim run -list
 //	sim accuracy [-keys 1000 -limit 60 -window 1m -duration 10m]
 //	sim load -target 127.0.0.1:8081 -api envoy|grpc|http -keys 10000 -concurrency 50 -duration 20s
@@ -12,8 +12,9 @@
 // false rejections, every region's share; then convergence after each
 // heal, lease expiries and what globalsync found when it closed the books.
 // The same seed prints the same output, byte for byte; how long the run
-// took goes to stderr. -out writes the report as CSV, SVG charts and an
-// HTML page that shows them.
+// took goes to stderr. The report is also written as CSV, SVG charts and
+// an HTML page that shows them, into -out (./sim-out by default; -out ''
+// writes none).
 //
 // sim accuracy replays one traffic trace through the sliding window counter
 // and the exact sliding window log (both the real engine, in memory) and

@@ -30,7 +30,7 @@ func parseRunFlags(args []string) (runConfig, error) {
 	fs.StringVar(&c.scenario, "scenario", "", "a built-in scenario (see -list), or a scenario file (.yaml)")
 	fs.Uint64Var(&c.seed, "seed", 1, "the seed: the same seed gives the same output")
 	fs.StringVar(&c.mode, "mode", "", "strict or elastic; empty runs every mode the scenario names")
-	fs.StringVar(&c.out, "out", "", "a directory to write the report into: CSV, SVG charts and an HTML page")
+	fs.StringVar(&c.out, "out", "sim-out", "the directory to write the report into: CSV, SVG charts and an HTML page; empty writes none")
 	fs.BoolVar(&c.list, "list", false, "list the built-in scenarios")
 	fs.DurationVar(&c.duration, "duration", 0, "cut the scenario short at this virtual time")
 	fs.IntVar(&c.workers, "workers", 0, "goroutines running the regions' requests; 0: one per CPU (the output is the same)")

@@ -39,11 +39,16 @@ func TestSimRun(t *testing.T) {
 			}
 		}
 	}
-	_, again, _ := runCmd(t, "run", "-scenario", "partition", "-seed", "1", "-workers", "1")
+	_, again, _ := runCmd(t, "run", "-scenario", "partition", "-seed", "1", "-workers", "1", "-out", "")
 	if again != out {
 		t.Error("a second run with the same seed printed something else")
 	}
+	// By default the files go to ./sim-out.
+	t.Chdir(t.TempDir())
 	code, strict, _ := runCmd(t, "run", "-scenario", "partition", "-seed", "1", "-mode", "strict")
+	if _, err := os.Stat(filepath.Join("sim-out", "partition-strict-index.html")); err != nil {
+		t.Errorf("no report in ./sim-out: %v", err)
+	}
 	if code != 0 || !strings.HasPrefix(out, strict) || strings.Contains(strict, "elastic mode") {
 		t.Errorf("-mode strict: exit %d, want the strict table alone", code)
 	}
@@ -61,7 +66,7 @@ traffic:
   - { region: left, kind: steady, rate: 20 }
   - { region: right, kind: flash, rate: 1, peak: 30, at: 10s, for: 5s }
 `), 0o644)
-	code, out, errs := runCmd(t, "run", "-scenario", path)
+	code, out, errs := runCmd(t, "run", "-scenario", path, "-out", "")
 	if code != 0 || !strings.Contains(out, "scenario mine, strict mode") || !strings.Contains(out, "2 regions (left right)") {
 		t.Fatalf("exit %d: %s%s", code, out, errs)
 	}
