@@ -42,7 +42,12 @@ type Report struct {
 	MessagesCut, MessagesLost int64
 }
 
-// Window is one window of the rule, all counters together.
+// Window is one window of the rule, all counters together. Windows are
+// aligned to the rule's window (as a fixed window is); for a sliding
+// window counter, whose estimate reaches into the window before, the
+// figures are per aligned window all the same: admissions over the limit
+// in one are over-admission either way, but the room counted for false
+// rejections may be more than the counter would have given.
 type Window struct {
 	Start time.Duration // true virtual time
 	// Full is false for a window the run began or ended within.

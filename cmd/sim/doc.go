@@ -13,7 +13,7 @@
 // heal, lease expiries and what globalsync found when it closed the books.
 // The same seed prints the same output, byte for byte; how long the run
 // took goes to stderr. The report is also written as CSV, SVG charts and
-// an HTML page that shows them, into -out (./sim-out by default; -out ''
+// an HTML page that shows them, into -out (./sim-out by default; -out ”
 // writes none).
 //
 // sim accuracy replays one traffic trace through the sliding window counter
