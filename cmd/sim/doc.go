@@ -13,8 +13,8 @@
 // heal, lease expiries and what globalsync found when it closed the books.
 // The same seed prints the same output, byte for byte; how long the run
 // took goes to stderr. The report is also written as CSV, SVG charts and
-// an HTML page that shows them, into -out (./sim-out by default; -out ”
-// writes none).
+// an HTML page that shows them, into the directory -out names (sim-out by
+// default; an empty name writes none).
 //
 // sim accuracy replays one traffic trace through the sliding window counter
 // and the exact sliding window log (both the real engine, in memory) and
