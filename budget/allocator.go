@@ -491,11 +491,16 @@ func (a *Allocator) Granted(rule string, epoch int64) map[string]float64 {
 
 // Snapshot is what an allocator taking over a rule needs besides the
 // leases still in force: the high-water marks of the live windows (usage
-// under leases that have lapsed still counts in its window), and the
-// leases each region acknowledged (older ones no longer count).
+// under leases that have lapsed still counts in its window), the leases
+// each region acknowledged (older ones no longer count), and the debt
+// still to withhold.
 type Snapshot struct {
 	Marks map[int64]map[string]float64 // window epoch → region → fraction
 	Acked map[string]uint64
+	// Debt is what is still to be withheld (carry_debt); Held what is
+	// withheld in window HeldEpoch.
+	Debt, Held map[string]float64
+	HeldEpoch  int64
 }
 
 // Snapshot returns the rule's snapshot, to hand to RestoreSnapshot.
@@ -504,7 +509,11 @@ func (a *Allocator) Snapshot(rule string) Snapshot {
 	if s == nil {
 		return Snapshot{}
 	}
-	out := Snapshot{Marks: make(map[int64]map[string]float64, len(s.hw)), Acked: maps.Clone(s.acked)}
+	out := Snapshot{Marks: make(map[int64]map[string]float64, len(s.hw)), Acked: maps.Clone(s.acked),
+		Debt: maps.Clone(s.debt)}
+	if s.started {
+		out.Held, out.HeldEpoch = maps.Clone(s.held), s.heldEp
+	}
 	for e, hw := range s.hw {
 		out.Marks[e] = maps.Clone(hw)
 	}
@@ -530,6 +539,21 @@ func (a *Allocator) RestoreSnapshot(rule string, snap Snapshot) {
 		s.acked[r] = max(s.acked[r], seq)
 	}
 	s.pruneAcked()
+	// Debt still owed, and what the window in course withholds, go on
+	// being withheld: a new leader neither forgets nor charges it twice.
+	for r, d := range snap.Debt {
+		if d > 0 && d <= 1+eps {
+			s.debt[r] = max(s.debt[r], d)
+		}
+	}
+	if snap.Held != nil && !s.started {
+		for r, h := range snap.Held {
+			if h > 0 && h <= 1+eps {
+				s.held[r] = h
+			}
+		}
+		s.heldEp, s.started = snap.HeldEpoch, true
+	}
 }
 
 // pruneAcked drops the grants a region acknowledged it moved on from. (A

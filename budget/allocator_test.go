@@ -476,3 +476,45 @@ func TestHysteresisStrandsNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestDebtSurvivesANewLeader: an allocator restored from another's
+// snapshot withholds the debt the other charged, in the window in course
+// and the next, no more and no less.
+func TestDebtSurvivesANewLeader(t *testing.T) {
+	demand := map[string]float64{"eu": 1, "us": 1}
+	rule := Rule{ID: "g", Window: 10 * time.Second}
+	takeOver := func(old *Allocator, leases []Lease) *Allocator {
+		t.Helper()
+		a, _ := NewAllocator(DefaultConfig())
+		a.Restore(rule.ID, leases)
+		a.RestoreSnapshot(rule.ID, old.Snapshot(rule.ID))
+		return a
+	}
+	// Charged, not yet withheld: the new leader withholds it next window.
+	a, _ := NewAllocator(DefaultConfig())
+	held := map[string]*Lease{}
+	ls := steady(t, a, rule, t0, 2, demand, held)
+	a.Charge(rule.ID, "us", 0.3)
+	b := takeOver(a, ls)
+	ls = steady(t, b, rule, t0.Add(10*time.Second), 1, demand, held)
+	if ls[1].Debt != 0.3 {
+		t.Fatalf("a new leader withholds %v of us's debt of 0.3", ls[1].Debt)
+	}
+	// Withheld in the window in course (0.3 of a lease of 0.45): the next
+	// leader keeps withholding it in that window, and the rest after.
+	b.Charge(rule.ID, "us", 0.7)
+	ls = steady(t, b, rule, t0.Add(20*time.Second), 1, demand, held)
+	first := ls[1].Debt
+	c := takeOver(b, ls)
+	ls = steady(t, c, rule, t0.Add(21*time.Second), 1, demand, held)
+	if ls[1].Debt != first {
+		t.Fatalf("in the same window the new leader withholds %v, the old withheld %v", ls[1].Debt, first)
+	}
+	ls = steady(t, c, rule, t0.Add(30*time.Second), 1, demand, held)
+	if got := first + ls[1].Debt; math.Abs(got-0.7) > 1e-9 && ls[1].Debt != ls[1].Floor+ls[1].Share {
+		t.Fatalf("withheld %v then %v of a debt of 0.7", first, ls[1].Debt)
+	}
+	if ls[1].Debt == 0 {
+		t.Fatal("the rest of the debt was forgotten")
+	}
+}

@@ -328,9 +328,10 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
 	if r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() &&
-		e.breaker.recoveries.Load() == e.reseeded.Load() {
-		// (A store back after an outage may have lost the others'
-		// slots: no borrowing until Maintain has given them back.)
+		e.breaker.State() == BreakerClosed && e.breaker.recoveries.Load() == e.reseeded.Load() {
+		// (A store coming back after an outage, the breaker's probe
+		// included, may have lost the others' slots: no borrowing until
+		// Maintain has given them back.)
 		op.Ceiling = max(0, op.Params.Limit-int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9)))
 	}
 	// What this replica knows the region counted in the window, in case

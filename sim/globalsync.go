@@ -26,9 +26,10 @@ type coordinator struct {
 	usage    *crdt.Counters
 	closed   map[crdt.ID]bool // by this leader
 	lastBook time.Time
-	// inherited is when the leader before this one last closed the books
-	// (BudgetDoc.BooksClosed): windows settled by then are closed.
-	inherited time.Time
+	// booksClosed: every window that ended by then is reconciled;
+	// inherited is the same of the leaders before this one
+	// (BudgetDoc.BooksClosed).
+	booksClosed, inherited time.Time
 	// closedThrough is the end of the last window whose books were
 	// closed, true virtual time.
 	closedThrough time.Duration
@@ -81,7 +82,7 @@ func (c *coordinator) up() {
 	}
 	transport.RestoreAllocator(alloc, c.history, c.cfg.Skew)
 	c.alive, c.alloc = true, alloc
-	c.closed, c.lastBook, c.inherited = map[crdt.ID]bool{}, time.Time{}, time.Time{}
+	c.closed, c.lastBook, c.booksClosed, c.inherited = map[crdt.ID]bool{}, time.Time{}, time.Time{}, time.Time{}
 	if n := len(c.history); n > 0 {
 		c.inherited = c.history[n-1].BooksClosed
 	}
@@ -121,7 +122,7 @@ func (c *coordinator) rebalance() {
 		}
 		hb := c.last[region]
 		rep := budget.Report{Region: region, Acked: hb.acked, Used: hb.used, UsedEpoch: hb.usedEpoch, HasUsed: hb.acked > 0}
-		if c.s.now-at <= 3*c.s.sc.Budget.Rebalance { // globalsync's demandSilence
+		if c.s.now-at <= max(3*c.s.sc.Budget.Rebalance, 2*time.Second) { // globalsync's demandSilence
 			rep.Demand = c.rates[region].Rate()
 		}
 		c.alloc.Report(ruleID, rep)
@@ -132,7 +133,7 @@ func (c *coordinator) rebalance() {
 	}
 	doc := transport.NewBudgetDoc("sim", leases)
 	doc.SetSnapshot(c.alloc.Snapshot(ruleID))
-	doc.BooksClosed = c.lastBook
+	doc.BooksClosed = c.booksClosed
 	if c.inherited.After(doc.BooksClosed) {
 		doc.BooksClosed = c.inherited
 	}
@@ -199,14 +200,15 @@ func (c *coordinator) closeBooks() {
 	settle := s.sc.Gossip.AntiEntropy + 2*s.sc.Budget.Rebalance
 	limit := s.sc.Rule.Limit
 	window := s.sc.Rule.Window
+	c.booksClosed = now.Add(-settle)
 	for _, e := range c.usage.DeltaSince(0).Entries {
-		settled := time.UnixMilli(e.Epoch).Add(window + settle)
-		if c.closed[e.ID] || now.Before(settled) {
+		end := time.UnixMilli(e.Epoch).Add(window)
+		if c.closed[e.ID] || now.Before(end.Add(settle)) {
 			continue
 		}
 		c.closed[e.ID] = true
-		c.closedThrough = max(c.closedThrough, time.UnixMilli(e.Epoch).Add(window).Sub(epoch0))
-		if !settled.After(c.inherited) {
+		c.closedThrough = max(c.closedThrough, end.Sub(epoch0))
+		if !end.After(c.inherited) {
 			continue // an earlier leader closed these books
 		}
 		pn := c.usage.Get(e.ID)

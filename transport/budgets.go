@@ -39,17 +39,20 @@ type BudgetDoc struct {
 	// Marks and Acked are the allocator's snapshot (budget.Snapshot), for
 	// a globalsync that takes over: marks by window epoch (decimal), then
 	// region.
-	Marks map[string]map[string]float64 `json:"marks,omitempty"`
-	Acked map[string]uint64             `json:"acked,omitempty"`
-	// BooksClosed is when the leader last closed the books: every window
-	// that ended a settling time before it is reconciled, and a leader
-	// taking over does not count it again.
+	Marks     map[string]map[string]float64 `json:"marks,omitempty"`
+	Acked     map[string]uint64             `json:"acked,omitempty"`
+	Debt      map[string]float64            `json:"debt,omitempty"`
+	Held      map[string]float64            `json:"held,omitempty"`
+	HeldEpoch int64                         `json:"held_epoch,omitempty"`
+	// BooksClosed is how far the leader has closed the books: every
+	// window that ended by then is reconciled, and a leader taking over
+	// does not count it again.
 	BooksClosed time.Time `json:"books_closed,omitzero"`
 }
 
 // SetSnapshot puts an allocator's snapshot in the document.
 func (d *BudgetDoc) SetSnapshot(s budget.Snapshot) {
-	d.Acked = s.Acked
+	d.Acked, d.Debt, d.Held, d.HeldEpoch = s.Acked, s.Debt, s.Held, s.HeldEpoch
 	d.Marks = make(map[string]map[string]float64, len(s.Marks))
 	for e, m := range s.Marks {
 		d.Marks[strconv.FormatInt(e, 10)] = m
@@ -58,7 +61,8 @@ func (d *BudgetDoc) SetSnapshot(s budget.Snapshot) {
 
 // Snapshot returns the allocator's snapshot the document carries.
 func (d BudgetDoc) Snapshot() budget.Snapshot {
-	s := budget.Snapshot{Acked: d.Acked, Marks: make(map[int64]map[string]float64, len(d.Marks))}
+	s := budget.Snapshot{Acked: d.Acked, Marks: make(map[int64]map[string]float64, len(d.Marks)),
+		Debt: d.Debt, Held: d.Held, HeldEpoch: d.HeldEpoch}
 	for e, m := range d.Marks {
 		if n, err := strconv.ParseInt(e, 10, 64); err == nil {
 			s.Marks[n] = m

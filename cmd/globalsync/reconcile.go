@@ -143,6 +143,7 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 		return nil
 	}
 	s.lastReconcile = now
+	s.booksClosed = now.Add(-s.settleAfter())
 	c := s.view()
 	if c == nil {
 		return nil
@@ -156,12 +157,12 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 			continue
 		}
 		window := rule.Base.Window / 1000 // ms
-		settled := time.UnixMilli(id.Epoch + window).Add(s.settleAfter())
-		if now.Before(settled) {
+		end := time.UnixMilli(id.Epoch + window)
+		if now.Before(end.Add(s.settleAfter())) {
 			continue
 		}
 		done = append(done, id)
-		if !settled.After(s.inheritedBooks) {
+		if !end.After(s.inheritedBooks) {
 			continue // an earlier leader closed these books
 		}
 		pn := c.Get(id)

@@ -114,7 +114,8 @@ type Service struct {
 	found          []OverAdmission // the latest, for tests and the API
 	digestSeq      uint64
 	lastReconcile  time.Time
-	inheritedBooks time.Time // the last closing of the books by a leader before this one
+	booksClosed    time.Time // every window that ended by then is reconciled
+	inheritedBooks time.Time // booksClosed of the leaders before this one
 	rulesPublished bool
 
 	cancel context.CancelFunc
@@ -458,7 +459,7 @@ func (s *Service) rebalance(ctx context.Context) error {
 		key := transport.BudgetKey(rule.ID)
 		doc := transport.NewBudgetDoc(s.cfg.ID, leases)
 		doc.SetSnapshot(s.alloc.Snapshot(rule.ID))
-		doc.BooksClosed = laterOf(s.lastReconcile, s.inheritedBooks)
+		doc.BooksClosed = laterOf(s.booksClosed, s.inheritedBooks)
 		pubs = append(pubs, pub{key, doc, s.revs[key]})
 	}
 	s.mu.Unlock()
@@ -541,7 +542,10 @@ func (s *Service) replicaSilence() time.Duration {
 // (leases it cannot receive would keep the share from the others for a
 // lease's life after they were issued), while its acknowledgements still
 // count for replicaSilence.
-func (s *Service) demandSilence() time.Duration { return 3 * s.cfg.Rebalance }
+func (s *Service) demandSilence() time.Duration { return max(3*s.cfg.Rebalance, minDemandSilence) }
+
+// minDemandSilence is four of the regions' heartbeats (500ms).
+const minDemandSilence = 2 * time.Second
 
 // reported says whether a replica reported the rule lately: within a
 // lease's life and two of the rule's windows. The caller holds s.mu.
