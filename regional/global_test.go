@@ -354,11 +354,18 @@ func TestStoreGetsGlobalCountersBack(t *testing.T) {
 	rs.testNow = clock.micros
 	regions := []string{"eu", "us"}
 	global := GlobalConfig{Regions: regions, StaleAfter: time.Hour}
+	// Failing closed, a check while Redis is down admits nothing: what
+	// eu admits below is what its elastic decisions let through.
+	rules := mustParse(t, `
+rules:
+  - { id: g-elastic, match: { api_key: "e_*" }, by: [api_key], scope: global, mode: elastic,
+      algorithm: fixed_window, limit: 1000, window: 1h, fallback: fail_closed }
+`)
 	eu := New(Config{Region: "eu", Store: rs, Clock: clock.Now, Timeout: slowOK, Breaker: BreakerConfig{Failures: 1, Cooldown: 50 * time.Millisecond},
-		Global: global}, mustParse(t, globalRules))
+		Global: global}, rules)
 	m := NewMemoryStore(clock.Now)
 	m.SetRegion("us")
-	us := New(Config{Region: "us", Store: m, Clock: clock.Now, Timeout: slowOK, Global: global}, mustParse(t, globalRules))
+	us := New(Config{Region: "us", Store: m, Clock: clock.Now, Timeout: slowOK, Global: global}, rules)
 	eu.HeardFrom("us", clock.Now())
 	us.HeardFrom("eu", clock.Now())
 	if got := countAllowed(t, us, "e_7", 600); got != 600 {
@@ -389,9 +396,13 @@ func TestStoreGetsGlobalCountersBack(t *testing.T) {
 	if err := srv.Restart(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// The checks that probe the store, and those after it closes the
+	// breaker, must not borrow: the store has lost us's 600.
 	harness.WaitFor(t, 5*time.Second, "the breaker closes", func() bool {
 		clock.AdvanceBy(60 * time.Millisecond) // past the cooldown: the next check probes
-		mustCheck(t, eu, Request{APIKey: "e_8", Endpoint: "/x"})
+		if mustCheck(t, eu, Request{APIKey: "e_7", Endpoint: "/x"}).Allowed {
+			t.Fatal("a check borrowed against the store that came back empty")
+		}
 		return eu.Breaker() == BreakerClosed
 	})
 	if slots, _ := rs.ReadGlobal(t.Context(), key, start); slices.Contains(slots, want[1]) {
