@@ -6,10 +6,14 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/geoquota/geoquota/deploy/local/harness"
+	"github.com/geoquota/geoquota/regional"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -46,5 +50,166 @@ func TestExampleConfigsParse(t *testing.T) {
 	}
 	if n < 2 {
 		t.Fatalf("found %d configurations under deploy/", n)
+	}
+}
+
+// TestNATSConfigsCheck runs nats-server's own check on every NATS config.
+func TestNATSConfigsCheck(t *testing.T) {
+	bin, err := harness.LookPath("nats-server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob("nats/*.conf")
+	if len(files) < 3 {
+		t.Fatalf("found %d NATS configs, want one per example region", len(files))
+	}
+	for _, f := range files {
+		cmd := exec.Command(bin, "-c", f, "-t")
+		cmd.Env = append(os.Environ(), "SERVER_NAME=check")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", f, err, out)
+		}
+	}
+	// The check can fail.
+	bad := filepath.Join(t.TempDir(), "bad.conf")
+	os.WriteFile(bad, []byte("cluster { listen: 0.0.0.0:6222\n"), 0o644)
+	if err := exec.Command(bin, "-c", bad, "-t").Run(); err == nil {
+		t.Error("nats-server -t passed a broken config")
+	}
+}
+
+// flagsOf reads the flag names a command defines, from its source.
+func flagsOf(t *testing.T, files ...string) map[string]bool {
+	t.Helper()
+	re := regexp.MustCompile(`fs\.\w+Var\([^,]+, "([a-z-]+)"`)
+	out := map[string]bool{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllSubmatch(b, -1) {
+			out[string(m[1])] = true
+		}
+	}
+	if len(out) < 5 {
+		t.Fatalf("found only %d flags in %v", len(out), files)
+	}
+	return out
+}
+
+// TestManifestFlags: every flag, or GEOQUOTA_ variable, that the manifests
+// and units give regiond or globalsync is one it has.
+func TestManifestFlags(t *testing.T) {
+	commands := map[string]map[string]bool{
+		"regiond":    flagsOf(t, "../cmd/regiond/config.go"),
+		"globalsync": flagsOf(t, "../cmd/globalsync/main.go"),
+	}
+	argRe := regexp.MustCompile(`--([a-z][a-z-]*)=`)
+	envRe := regexp.MustCompile(`GEOQUOTA_([A-Z_]+)`)
+	checked := 0
+	for _, c := range []struct{ file, command string }{
+		{"kubernetes/regiond-us.yaml", "regiond"},
+		{"kubernetes/globalsync.yaml", "globalsync"},
+		{"systemd/regiond.env.example", "regiond"},
+		{"systemd/globalsync.service", "globalsync"},
+	} {
+		b, err := os.ReadFile(c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range argRe.FindAllSubmatch(b, -1) {
+			checked++
+			if !commands[c.command][string(m[1])] {
+				t.Errorf("%s gives %s --%s, a flag it does not have", c.file, c.command, m[1])
+			}
+		}
+		for _, m := range envRe.FindAllSubmatch(b, -1) {
+			checked++
+			name := strings.ReplaceAll(strings.ToLower(string(m[1])), "_", "-")
+			if !commands[c.command][name] {
+				t.Errorf("%s sets GEOQUOTA_%s, but %s has no --%s", c.file, m[1], c.command, name)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("checked %d flags, want the manifests' and units' all", checked)
+	}
+}
+
+// TestRulesConfigMap: the rules the Kubernetes example mounts load.
+func TestRulesConfigMap(t *testing.T) {
+	b, err := os.ReadFile("kubernetes/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm struct {
+		Kind string            `yaml:"kind"`
+		Data map[string]string `yaml:"data"`
+	}
+	if err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&cm); err != nil || cm.Kind != "ConfigMap" {
+		t.Fatalf("the first document is not a ConfigMap: %v", err)
+	}
+	rs, err := regional.Parse("rules.yaml", []byte(cm.Data["rules.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs.Rule("tenant-global"); r == nil || r.Scope != regional.ScopeGlobal {
+		t.Fatal("the example rules lack their global rule")
+	}
+}
+
+// TestAlertsUseRealMetrics: every geoquota_ metric an alert uses is one
+// the code exports.
+func TestAlertsUseRealMetrics(t *testing.T) {
+	b, err := os.ReadFile("prometheus/alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `yaml:"alert"`
+				Expr  string `yaml:"expr"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var source strings.Builder
+	for _, dir := range []string{"../transport", "../cmd/globalsync", "../regional"} {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		for _, f := range files {
+			if !strings.HasSuffix(f, "_test.go") {
+				b, _ := os.ReadFile(f)
+				source.Write(b)
+			}
+		}
+	}
+	runbook, err := os.ReadFile("RUNBOOK.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricRe := regexp.MustCompile(`geoquota_[a-z_]+`)
+	alerts := 0
+	for _, g := range doc.Groups {
+		for _, r := range g.Rules {
+			alerts++
+			if r.Alert == "" || r.Expr == "" {
+				t.Errorf("a rule without alert or expr: %+v", r)
+			}
+			if !strings.Contains(string(runbook), "**"+r.Alert+"**") {
+				t.Errorf("RUNBOOK.md does not explain %s", r.Alert)
+			}
+			for _, m := range metricRe.FindAllString(r.Expr, -1) {
+				if !strings.Contains(source.String(), `"`+m+`"`) {
+					t.Errorf("%s uses %s, which nothing exports", r.Alert, m)
+				}
+			}
+		}
+	}
+	if alerts < 5 {
+		t.Fatalf("%d alerts", alerts)
 	}
 }

@@ -1,4 +1,6 @@
-// Package deploy holds what it takes to run geoquota for real.
+// Package deploy holds what it takes to run geoquota for real: Kubernetes
+// manifests, NATS and Sentinel configurations, systemd units, Prometheus
+// alerts and the runbook (see README.md there); its tests check them.
 //
 // deploy/local/harness starts real servers on free loopback ports —
 // redis-server standalone, as a Redis Cluster and under Sentinel; NATS

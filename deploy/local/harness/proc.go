@@ -283,3 +283,7 @@ func makeDir(dir, pattern string) (string, bool, error) {
 	d, err := os.MkdirTemp("", pattern)
 	return d, true, err
 }
+
+// LookPath finds a server binary (redis-server, redis-cli, nats-server),
+// in PATH or Debian's sbin directories, or says how to install it.
+func LookPath(name string) (string, error) { return lookPath(name) }
