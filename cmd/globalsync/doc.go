@@ -15,7 +15,9 @@
 // health and reflection. HTTP: GET /healthz, /metrics, /v1/budgets (the
 // leases last published), /v1/regions (regions heard from, replicas,
 // partition suspicion, and whether this instance leads),
-// /v1/over-admissions.
+// /v1/over-admissions, and a dashboard at / (the regions, every global
+// rule's shares, lease state, demand and admissions over the last ten
+// minutes, from /v1/dashboard).
 //
 // With --rules the leader publishes the rules to every region (JetStream
 // KV bucket geoquota-rules) and closes each window's books: over-admission

@@ -151,21 +151,28 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	reflection.Register(g)
 	go g.Serve(grpcLis)
 	defer g.Stop()
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /v1/over-admissions", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.OverAdmissions()) })
-	mux.HandleFunc("GET /v1/budgets", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.Budgets()) })
-	mux.HandleFunc("GET /v1/regions", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, map[string]any{"leader": svc.Leader(), "id": c.id, "regions": svc.Regions()})
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: httpHandler(svc, reg, c.id), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(httpLis)
 	defer srv.Close()
 	log.Info("globalsync serving", "id", c.id, "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String())
 	<-ctx.Done()
 	log.Info("shutting down")
 	return nil
+}
+
+// httpHandler is globalsync's HTTP API and dashboard.
+func httpHandler(svc *Service, reg *prometheus.Registry, id string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", serveDashboard)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/over-admissions", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.OverAdmissions()) })
+	mux.HandleFunc("GET /v1/budgets", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.Budgets()) })
+	mux.HandleFunc("GET /v1/regions", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, map[string]any{"leader": svc.Leader(), "id": id, "regions": svc.Regions()})
+	})
+	mux.HandleFunc("GET /v1/dashboard", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.Dashboard()) })
+	return mux
 }
 
 // rulesReader reads the rules file for publishing, or nil without one.

@@ -118,6 +118,8 @@ type Service struct {
 	inheritedBooks time.Time // booksClosed of the leaders before this one
 	rulesPublished bool
 
+	history []DashboardSample // the dashboard's, oldest first
+
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -131,14 +133,17 @@ type replica struct {
 // demandTrack is a replica's last report on a rule and its rate of
 // demand.
 type demandTrack struct {
-	last transport.RuleReport
-	rate budget.DemandRate
+	last     transport.RuleReport
+	rate     budget.DemandRate
+	admitted budget.DemandRate // what was admitted, for the dashboard
 }
 
 // add records a heartbeat's report.
 func (t *demandTrack) add(rep transport.RuleReport, now time.Time) {
 	t.last = rep
-	t.rate.Add(rep.Admitted+rep.Denied, time.Duration(rep.WindowMillis)*time.Millisecond, now)
+	window := time.Duration(rep.WindowMillis) * time.Millisecond
+	t.rate.Add(rep.Admitted+rep.Denied, window, now)
+	t.admitted.Add(rep.Admitted, window, now)
 }
 
 // Start makes the buckets if need be, subscribes to heartbeats, and starts
@@ -285,6 +290,7 @@ func (s *Service) run(ctx context.Context) {
 func (s *Service) tick(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Rebalance)
 	defer cancel()
+	defer s.sample()
 	if !s.lead(ctx) {
 		return
 	}

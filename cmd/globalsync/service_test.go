@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,7 @@ import (
 	"github.com/geoquota/geoquota/transport"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -384,6 +387,52 @@ func TestGlobalSyncAPI(t *testing.T) {
 	}
 	if _, err := client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "nope", Key: "k"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("GetGlobalUsage of an unknown rule: %v, want NotFound", err)
+	}
+
+	// The dashboard: a page that loads nothing from elsewhere, and the
+	// figures it draws.
+	web := httptest.NewServer(httpHandler(svc, prometheus.NewRegistry(), "gs"))
+	t.Cleanup(web.Close)
+	hc := web.Client()
+	res, err := hc.Get(web.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.HasPrefix(res.Header.Get("Content-Type"), "text/html") ||
+		!strings.Contains(string(page), "<title>geoquota globalsync</title>") || !strings.Contains(string(page), `fetch("/v1/dashboard"`) {
+		t.Fatalf("GET /: %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+	if rest := strings.ReplaceAll(string(page), "http://www.w3.org/2000/svg", ""); strings.Contains(rest, "http://") || strings.Contains(rest, "https://") {
+		t.Fatal("the dashboard page refers to another site")
+	}
+	var dash Dashboard
+	waitFor(t, 10*time.Second, "the dashboard has eu's lease and admissions", func() bool {
+		res, err := hc.Get(web.URL + "/v1/dashboard")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		dash = Dashboard{}
+		if json.NewDecoder(res.Body).Decode(&dash) != nil || len(dash.Regions) != 2 {
+			return false
+		}
+		shared, admitted := false, false
+		for _, smp := range dash.History {
+			p := smp.Rules["g"]["eu"]
+			shared = shared || (p.Share > 0 && p.Valid)
+			admitted = admitted || p.Admitted > 0
+		}
+		return shared && admitted
+	})
+	if !dash.Leader || dash.ID != "gs" || dash.Regions[0].Region != "eu" || dash.Interval != 200 {
+		t.Fatalf("dashboard: %+v", dash)
+	}
+	if res, err := hc.Get(web.URL + "/nothing"); err != nil || res.StatusCode != 404 {
+		t.Fatalf("GET /nothing: %v, want 404", err)
+	} else {
+		res.Body.Close()
 	}
 }
 

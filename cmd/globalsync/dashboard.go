@@ -1,0 +1,100 @@
+package main
+
+import (
+	_ "embed"
+	"net/http"
+	"slices"
+)
+
+// dashboardHistory is how many samples the dashboard keeps: ten minutes
+// at one rebalance a second.
+const dashboardHistory = 600
+
+// DashboardSample is what every region may admit (its lease's share of the
+// limit, floor included), was asked for and admitted (in limits per
+// window), rule by rule, at one time.
+type DashboardSample struct {
+	AtMillis int64                                `json:"at_ms"`
+	Rules    map[string]map[string]DashboardPoint `json:"rules"` // rule → region
+}
+
+// DashboardPoint is one region's figures for one rule.
+type DashboardPoint struct {
+	Share    float64 `json:"share"`
+	Valid    bool    `json:"lease_valid"`
+	Demand   float64 `json:"demand"`
+	Admitted float64 `json:"admitted"`
+}
+
+// sample records the figures of the moment for the dashboard.
+func (s *Service) sample() {
+	now := s.cfg.Clock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	smp := DashboardSample{AtMillis: now.UnixMilli(), Rules: map[string]map[string]DashboardPoint{}}
+	for _, rule := range s.sortedRules() {
+		points := map[string]DashboardPoint{}
+		for _, r := range s.replicas {
+			if now.Sub(r.heard) > s.replicaSilence() {
+				continue
+			}
+			if t := r.rules[rule.ID]; t != nil {
+				p := points[r.region]
+				p.Demand += t.rate.Rate()
+				p.Admitted += t.admitted.Rate()
+				points[r.region] = p
+			}
+		}
+		for _, doc := range s.docs {
+			if doc.Rule != rule.ID {
+				continue
+			}
+			for region, l := range doc.Leases {
+				p := points[region]
+				p.Share, p.Valid = l.Floor+l.Share-l.Debt, now.Before(l.Expires)
+				points[region] = p
+			}
+		}
+		smp.Rules[rule.ID] = points
+	}
+	s.history = append(s.history, smp)
+	if len(s.history) > dashboardHistory {
+		s.history = slices.Delete(s.history, 0, len(s.history)-dashboardHistory)
+	}
+}
+
+// Dashboard is what the dashboard page shows: the regions, and the
+// figures of the last minutes.
+type Dashboard struct {
+	ID       string            `json:"id"`
+	Leader   bool              `json:"leader"`
+	NowMS    int64             `json:"now_ms"`
+	Regions  []RegionStatus    `json:"regions"`
+	History  []DashboardSample `json:"history"`
+	Interval int64             `json:"interval_ms"`
+}
+
+// Dashboard returns the dashboard's data.
+func (s *Service) Dashboard() Dashboard {
+	d := Dashboard{ID: s.cfg.ID, Leader: s.Leader(), NowMS: s.cfg.Clock().UnixMilli(), Regions: s.Regions(),
+		Interval: s.cfg.Rebalance.Milliseconds()}
+	s.mu.Lock()
+	d.History = slices.Clone(s.history)
+	s.mu.Unlock()
+	return d
+}
+
+//go:embed dashboard.html
+var dashboardPage []byte
+
+// serveDashboard serves the page: self-contained, it draws what
+// /v1/dashboard returns, every two seconds.
+func serveDashboard(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
+	w.Write(dashboardPage)
+}
