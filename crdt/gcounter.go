@@ -109,6 +109,16 @@ func (c *PNCounter) Dec(region string, n uint64) { c.N.Inc(region, n) }
 // Value returns P - N, clamped to the range of int64.
 func (c PNCounter) Value() int64 { return diffClamp(c.P.Value(), c.N.Value()) }
 
+// ByRegion returns what each region that counted an increment counted in
+// all: its increments less its decrements.
+func (c PNCounter) ByRegion() map[string]int64 {
+	out := map[string]int64{}
+	for r, p := range c.P.All() {
+		out[r] = int64(p) - int64(c.N.Get(r))
+	}
+	return out
+}
+
 // Merge merges o's increments and decrements into c.
 func (c *PNCounter) Merge(o PNCounter) {
 	c.P.Merge(o.P)

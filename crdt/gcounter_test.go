@@ -129,3 +129,15 @@ func TestPNCounterValue(t *testing.T) {
 		t.Fatalf("Value() = %d, want clamped to %d", got, -math.MaxInt64)
 	}
 }
+
+func TestPNCounterByRegion(t *testing.T) {
+	var c PNCounter
+	c.Inc("eu", 7)
+	c.Dec("eu", 2)
+	c.Inc("us", 3)
+	c.Dec("ap", 1) // decrements alone: not a region that counted
+	got := c.ByRegion()
+	if len(got) != 2 || got["eu"] != 5 || got["us"] != 3 {
+		t.Fatalf("ByRegion: %v, want eu 5 and us 3", got)
+	}
+}

@@ -216,10 +216,7 @@ func (c *coordinator) closeBooks() {
 		if total <= limit {
 			continue
 		}
-		used := map[string]int64{}
-		for r, p := range pn.P.All() {
-			used[r] = int64(p) - int64(pn.N.Get(r))
-		}
+		used := pn.ByRegion()
 		granted := c.alloc.Granted(ruleID, e.Epoch*1000/window.Microseconds())
 		parts := budget.Attribute(total-limit, limit, used, granted)
 		for _, r := range sortedNames(parts) {

@@ -56,8 +56,6 @@ func (rec *recorder) start() {
 	})
 }
 
-func (rec *recorder) finish() {}
-
 func (rec *recorder) note(at time.Duration, format string, args ...any) {
 	rec.notes = append(rec.notes, Note{At: at, Text: fmt.Sprintf(format, args...)})
 }

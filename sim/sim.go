@@ -217,10 +217,6 @@ func (s *sim) run() {
 		}
 		s.now = min(next, s.duration)
 	}
-	for _, r := range s.regions {
-		r.now = s.duration
-	}
-	s.rec.finish()
 }
 
 // runEvents runs events in order; a run of events each for one endpoint

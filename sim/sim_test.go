@@ -187,15 +187,8 @@ func TestSameSeedSameOutput(t *testing.T) {
 		t.Error("seeds 7 and 8 gave the same windows")
 	}
 	// A busy scenario, whose requests run in parallel: the same again.
-	big, err := Load("million")
-	if err != nil {
-		t.Fatal(err)
-	}
 	text := func(workers int) string {
-		rep, err := Run(big, "elastic", 7, Options{Workers: workers, Duration: 200 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, rep := runScenario(t, "million", "elastic", 7, Options{Workers: workers, Duration: 200 * time.Millisecond})
 		var b strings.Builder
 		rep.WriteText(&b)
 		rep.WriteCSV(&b)
@@ -206,17 +199,24 @@ func TestSameSeedSameOutput(t *testing.T) {
 	}
 }
 
+// runScenario runs a built-in scenario, failing the test on an error.
+func runScenario(t *testing.T, name, mode string, seed uint64, opt Options) (*Scenario, *Report) {
+	t.Helper()
+	sc, err := Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(sc, mode, seed, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc, rep
+}
+
 // TestReportFiles: the charts are well-formed SVG with a series per
 // region, and the page shows them and the table.
 func TestReportFiles(t *testing.T) {
-	sc, err := Load("partition")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := Run(sc, "strict", 1, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, rep := runScenario(t, "partition", "strict", 1, Options{})
 	dir := t.TempDir()
 	if err := rep.WriteFiles(dir); err != nil {
 		t.Fatal(err)
@@ -267,14 +267,7 @@ func TestReportFiles(t *testing.T) {
 // guarantees: the region cut off lost its lease (once), ran on its floor
 // while cut off, and had its share back after the heal.
 func TestPartitionStory(t *testing.T) {
-	sc, err := Load("partition")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := Run(sc, "strict", 1, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, rep := runScenario(t, "partition", "strict", 1, Options{})
 	ap := slices.Index(rep.Regions, "ap")
 	if len(rep.Expiries) != 1 || rep.Expiries[0].Region != "ap" {
 		t.Fatalf("lease expiries %+v, want ap's alone", rep.Expiries)

@@ -172,10 +172,7 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 		}
 		over := total - limit
 		granted := s.alloc.Granted(rule.ID, id.Epoch*1000/rule.Base.Window)
-		used := map[string]int64{}
-		for r, p := range pn.P.All() {
-			used[r] = int64(p) - int64(pn.N.Get(r))
-		}
+		used := pn.ByRegion()
 		parts := budget.Attribute(over, limit, used, granted)
 		for _, r := range slices.Sorted(maps.Keys(parts)) {
 			part := parts[r]

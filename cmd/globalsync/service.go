@@ -608,14 +608,10 @@ func (s *Service) OverAdmissions() []OverAdmission {
 func (s *Service) GlobalUsage(key string, startMillis int64) map[string]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[string]int64{}
 	if c := s.view(); c != nil {
-		pn := c.Get(crdt.ID{Key: key, Epoch: startMillis})
-		for r, p := range pn.P.All() {
-			out[r] = int64(p) - int64(pn.N.Get(r))
-		}
+		return c.Get(crdt.ID{Key: key, Epoch: startMillis}).ByRegion()
 	}
-	return out
+	return map[string]int64{}
 }
 
 // RegionStatus is what globalsync knows of a region.
