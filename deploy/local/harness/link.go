@@ -1,14 +1,20 @@
 package harness
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/Shopify/toxiproxy/v2/stream"
+	"github.com/Shopify/toxiproxy/v2/toxics"
 	"github.com/rs/zerolog"
 )
 
@@ -58,6 +64,19 @@ func StartLink(upstream string) (*Link, error) {
 
 // Addr is where to connect to reach upstream through the link.
 func (l *Link) Addr() string { return l.addr }
+
+func (l *Link) port() int {
+	_, p, _ := net.SplitHostPort(l.addr)
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// Cutoff reports whether the link is cut.
+func (l *Link) Cutoff() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cut
+}
 
 // Cut closes every connection through the link and refuses new ones,
 // until Heal.
@@ -117,4 +136,82 @@ func (l *Link) Stop() {
 		l.proxy.Stop()
 		l.cut = true
 	}
+}
+
+// gatewayFrom is a toxic that lets through only gateway connections dialled
+// by one cluster: it reads the CONNECT a gateway sends first and closes the
+// connection unless its "gateway" names that cluster. NATS servers tell
+// each other every gateway address they know, so without it a server
+// cut off from another on its own link would redial it through a link
+// meant for a third cluster.
+type gatewayFrom struct {
+	Cluster string `json:"cluster"`
+}
+
+// gatewayFromState is what one connection has shown so far.
+type gatewayFromState struct {
+	head   []byte
+	passed bool
+}
+
+func (t *gatewayFrom) NewState() any { return new(gatewayFromState) }
+
+func (t *gatewayFrom) Pipe(stub *toxics.ToxicStub) {
+	st := stub.State.(*gatewayFromState)
+	for {
+		select {
+		case <-stub.Interrupt:
+			return
+		case c := <-stub.Input:
+			if c == nil {
+				stub.Close()
+				return
+			}
+			if st.passed {
+				stub.Output <- c
+				continue
+			}
+			st.head = append(st.head, c.Data...)
+			line, _, complete := bytes.Cut(st.head, []byte("\r\n"))
+			if !complete {
+				if len(st.head) > 64<<10 {
+					stub.Close()
+					return
+				}
+				continue
+			}
+			var connect struct {
+				Gateway string `json:"gateway"`
+			}
+			js, isConnect := bytes.CutPrefix(line, []byte("CONNECT "))
+			if !isConnect || json.Unmarshal(js, &connect) != nil || connect.Gateway != t.Cluster {
+				stub.Close()
+				return
+			}
+			st.passed = true
+			stub.Output <- &stream.StreamChunk{Data: st.head, Timestamp: c.Timestamp}
+			st.head = nil
+		}
+	}
+}
+
+func init() {
+	toxics.Register(gatewayFromToxic, new(gatewayFrom))
+}
+
+const gatewayFromToxic = "geoquota_gateway_from"
+
+// startGatewayLink starts a link to a NATS server's gateway port that only
+// cluster from's gateway connections may use.
+func startGatewayLink(upstream, from string) (*Link, error) {
+	l, err := StartLink(upstream)
+	if err != nil {
+		return nil, err
+	}
+	js := fmt.Sprintf(`{"name":"gateway_from","type":%q,"stream":"upstream","attributes":{"cluster":%q}}`, gatewayFromToxic, from)
+	if _, err := l.proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+		l.Stop()
+		return nil, fmt.Errorf("harness: gateway link from %s to %s: %w", from, upstream, err)
+	}
+	return l, nil
 }

@@ -47,6 +47,10 @@ type NATS struct {
 	conf    string
 	binary  bool
 	expect  natsExpect
+	// advertiseNowhere makes the server advertise a gateway address where
+	// nothing listens, so that the other clusters reach it only through
+	// the links their configurations name (see SuperclusterOptions.Links).
+	advertiseNowhere bool
 
 	proc      *process // when binary
 	logOffset int64    // where the current start's log begins
@@ -113,7 +117,15 @@ func (n *NATS) writeConfig(routes []int, gateways map[string][]int) error {
 	if n.cluster != "" {
 		fmt.Fprintf(&b, "cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n",
 			n.cluster, n.ports.cluster, urlList("nats-route", routes))
-		fmt.Fprintf(&b, "gateway {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  gateways: [\n", n.cluster, n.ports.gateway)
+		fmt.Fprintf(&b, "gateway {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n", n.cluster, n.ports.gateway)
+		if n.advertiseNowhere {
+			// A server tells those that dial it its gateway address, and
+			// they add it to the addresses they redial after a broken
+			// connection: one that refuses every connection (port 1, where
+			// nothing listens on loopback) keeps them on their links.
+			b.WriteString("  advertise: \"127.0.0.1:1\"\n")
+		}
+		b.WriteString("  gateways: [\n")
 		for _, name := range slices.Sorted(maps.Keys(gateways)) {
 			fmt.Fprintf(&b, "    {name: %q, urls: [%s]}\n", name, urlList("nats", gateways[name]))
 		}

@@ -239,3 +239,102 @@ func TestNATSOnTakenPortsIsNotReady(t *testing.T) {
 		}
 	})
 }
+
+// outboundGateway returns the port a server's outbound gateway connection
+// to cluster is connected to, or 0 without one.
+func outboundGateway(ctx context.Context, n *NATS, cluster string) (int, error) {
+	var gatewayz struct {
+		Outbound map[string]struct {
+			Connection struct {
+				Port int `json:"port"`
+			} `json:"connection"`
+		} `json:"outbound_gateways"`
+	}
+	if err := n.monitor(ctx, "/gatewayz", &gatewayz); err != nil {
+		return 0, err
+	}
+	return gatewayz.Outbound[cluster].Connection.Port, nil
+}
+
+// TestSuperclusterLinks: with Links, every gateway connection goes
+// through a link; cutting a cluster's links both ways cuts it off from
+// that cluster alone, it does not find its way around them while cut, and
+// healing them joins the clusters again.
+func TestSuperclusterLinks(t *testing.T) {
+	serverKinds(t, func(t *testing.T, binary bool) {
+		ctx := testContext(t)
+		sc := NewSupercluster(t, SuperclusterOptions{Binary: binary, Clusters: []string{"a", "b", "c"}, Links: true})
+		if sc.Link("a", "a") != nil || len(sc.Link("a", "b")) != 1 {
+			t.Fatalf("links a→a %v, a→b %v", sc.Link("a", "a"), sc.Link("a", "b"))
+		}
+		a := connect(t, sc.Cluster("a").ClientURLs())
+		for _, name := range []string{"b", "c"} {
+			nc := connect(t, sc.Cluster(name).ClientURLs())
+			sub, err := nc.Subscribe("echo."+name, func(m *nats.Msg) { m.Respond(m.Data) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { sub.Unsubscribe() })
+			nc.Flush()
+			requestAcross(ctx, t, a, "echo."+name, "hi", "hi")
+		}
+		for _, from := range []string{"a", "b", "c"} {
+			for _, to := range []string{"a", "b", "c"} {
+				if from == to {
+					continue
+				}
+				port, err := outboundGateway(ctx, sc.Cluster(from).Servers[0], to)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := sc.Link(from, to)[0].port(); port != want {
+					t.Errorf("%s's gateway to %s is connected to port %d, not its link's %d", from, to, port, want)
+				}
+			}
+		}
+
+		cut := func(heal bool) {
+			for _, l := range append(sc.Link("a", "b"), sc.Link("b", "a")...) {
+				if heal {
+					if err := l.Heal(); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					l.Cut()
+				}
+			}
+		}
+		cut(false)
+		err := poll(ctx, func(ctx context.Context) error {
+			if port, err := outboundGateway(ctx, sc.Cluster("a").Servers[0], "b"); err != nil || port != 0 {
+				return fmt.Errorf("a's gateway to b still connected to %d (%v)", port, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The gateway redials every second: for three seconds it must not
+		// reach b around its link.
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			if port, err := outboundGateway(ctx, sc.Cluster("a").Servers[0], "b"); err != nil || port != 0 {
+				t.Fatalf("a's gateway to b while cut: port %d, %v (b listens on %s, link %s)", port, err, sc.Cluster("b").Servers[0].GatewayAddr(), sc.Link("a", "b")[0].Addr())
+			}
+			time.Sleep(50 * time.Millisecond) // polling a condition that must hold throughout
+		}
+		rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err = a.RequestWithContext(rctx, "echo.b", []byte("cut"))
+		cancel()
+		if err == nil {
+			t.Fatal("a request from a reached b while their links were cut")
+		}
+		requestAcross(ctx, t, a, "echo.c", "still", "still")
+
+		cut(true)
+		if err := sc.WaitConnected(ctx); err != nil {
+			t.Fatal(err)
+		}
+		requestAcross(ctx, t, a, "echo.b", "healed", "healed")
+	})
+}

@@ -26,6 +26,10 @@ type SuperclusterOptions struct {
 	// JetStream enables JetStream on every server: one JetStream domain
 	// spanning the supercluster.
 	JetStream bool
+	// Links puts every gateway connection through a Link, one per pair of
+	// clusters and direction (see Supercluster.Link): the links between
+	// regions, which Cut and SetLatency act on.
+	Links bool
 }
 
 // Supercluster is a set of NATS clusters joined by gateways, on loopback.
@@ -33,6 +37,7 @@ type Supercluster struct {
 	Clusters []*NATSCluster
 	dir      string
 	ownDir   bool
+	links    map[[2]string][]*Link // from cluster, to cluster: one per server of the second
 }
 
 // NATSCluster is one cluster of a supercluster.
@@ -112,13 +117,24 @@ func (sc *Supercluster) build(opts SuperclusterOptions) error {
 		}
 		sc.Clusters = append(sc.Clusters, c)
 	}
+	sc.links = map[[2]string][]*Link{}
 	for _, c := range sc.Clusters {
 		gateways := map[string][]int{}
 		for _, o := range sc.Clusters {
-			if o != c {
-				for _, s := range o.Servers {
-					gateways[o.Name] = append(gateways[o.Name], s.ports.gateway)
+			if o == c {
+				continue
+			}
+			for _, s := range o.Servers {
+				port := s.ports.gateway
+				if opts.Links {
+					l, err := startGatewayLink(s.GatewayAddr(), c.Name)
+					if err != nil {
+						return err
+					}
+					sc.links[[2]string{c.Name, o.Name}] = append(sc.links[[2]string{c.Name, o.Name}], l)
+					port = l.port()
 				}
+				gateways[o.Name] = append(gateways[o.Name], port)
 			}
 		}
 		// Every server gets the same route list, itself included (a server
@@ -129,6 +145,7 @@ func (sc *Supercluster) build(opts SuperclusterOptions) error {
 			routes = append(routes, s.ports.cluster)
 		}
 		for _, s := range c.Servers {
+			s.advertiseNowhere = opts.Links
 			if err := s.writeConfig(routes, gateways); err != nil {
 				return err
 			}
@@ -183,6 +200,14 @@ func (sc *Supercluster) Cluster(name string) *NATSCluster {
 	return nil
 }
 
+// Link returns the links that carry cluster from's gateway connections
+// to cluster to (what from sends to to), one per server of to; nil without
+// SuperclusterOptions.Links. Messages from to to from travel over
+// Link(to, from).
+func (sc *Supercluster) Link(from, to string) []*Link {
+	return sc.links[[2]string{from, to}]
+}
+
 // Servers returns every server of every cluster.
 func (sc *Supercluster) Servers() []*NATS {
 	var all []*NATS
@@ -197,6 +222,12 @@ func (sc *Supercluster) stopServers() error {
 	for _, s := range sc.Servers() {
 		err = errors.Join(err, s.Stop())
 	}
+	for _, ls := range sc.links {
+		for _, l := range ls {
+			l.Stop()
+		}
+	}
+	sc.links = nil
 	return err
 }
 

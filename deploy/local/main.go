@@ -1,0 +1,495 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/geoquota/geoquota/deploy/local/harness"
+	"github.com/geoquota/geoquota/regional"
+)
+
+const usage = `usage: go run ./deploy/local <command> [flags]
+
+commands:
+  up       start a deployment in the background, print its endpoints, write DIR/state.json
+  down     stop the deployment described by DIR/state.json, and everything it started
+  status   print the running deployment's endpoints
+  fault    cut, heal or slow the links between regions of the running deployment:
+             fault partition ap | fault split us,eu ap | fault heal | fault latency us ap 150ms
+
+flags of up (each command takes -dir):
+`
+
+// defaultDir is where the state file and the deployment's data go when no
+// -dir is given: sim live -deployment deploy/local reads it there.
+const defaultDir = "deploy/local"
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "deploy/local:", err)
+		os.Exit(1)
+	}
+}
+
+// upConfig is what up and supervise are given.
+type upConfig struct {
+	dir        string
+	regions    int
+	names      string
+	replicas   int
+	globalsync int
+	rules      string
+	adminToken string
+	timeout    time.Duration
+}
+
+func upFlags(name string, c *upConfig, errOut io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	fs.StringVar(&c.dir, "dir", defaultDir, "directory of the state file (state.json) and, under .run, the deployment's data and logs")
+	fs.IntVar(&c.regions, "regions", 3, "number of regions, named us, eu, ap, sa, af, me, oc, ca in that order")
+	fs.StringVar(&c.names, "names", "", "region names, comma-separated (instead of -regions)")
+	fs.IntVar(&c.replicas, "replicas", 2, "regiond replicas per region")
+	fs.IntVar(&c.globalsync, "globalsync", 2, "globalsync instances (in the first region)")
+	fs.StringVar(&c.rules, "rules", "", "rules file; default: the example rules of SPEC §11")
+	fs.StringVar(&c.adminToken, "admin-token", "local-admin", "every daemon's --admin-token")
+	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "how long up waits for the deployment, builds included")
+	return fs
+}
+
+func run(args []string, out, errOut io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(errOut, usage)
+		upFlags("up", &upConfig{}, errOut).PrintDefaults()
+		if len(args) == 0 {
+			return errors.New("a command is required: up, down, status or fault")
+		}
+		return nil
+	}
+	switch args[0] {
+	case "up", "supervise":
+		var c upConfig
+		fs := upFlags(args[0], &c, errOut)
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return fmt.Errorf("%s: unexpected argument %q", args[0], fs.Arg(0))
+		}
+		opts, err := c.options()
+		if err != nil {
+			return err
+		}
+		if args[0] == "up" {
+			return up(c, args[1:], out)
+		}
+		return supervise(c, opts)
+	case "down", "status", "fault":
+		fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+		fs.SetOutput(errOut)
+		dir := fs.String("dir", defaultDir, "directory of the state file")
+		timeout := fs.Duration("timeout", time.Minute, "how long down waits for everything to stop")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		switch args[0] {
+		case "down":
+			return down(*dir, *timeout, out)
+		case "status":
+			st, err := readLive(*dir)
+			if err != nil {
+				return err
+			}
+			printState(out, st)
+			return nil
+		default:
+			return fault(*dir, fs.Args(), out)
+		}
+	default:
+		return fmt.Errorf("unknown command %q: want up, down, status or fault", args[0])
+	}
+}
+
+// options turns up's flags into a deployment, checking each.
+func (c upConfig) options() (harness.DeploymentOptions, error) {
+	opts := harness.DeploymentOptions{Replicas: c.replicas, GlobalSyncs: c.globalsync, AdminToken: c.adminToken,
+		Dir: filepath.Join(c.dir, ".run"), Rules: regional.ExampleRules}
+	switch {
+	case c.names != "":
+		opts.Regions = strings.Split(c.names, ",")
+		for _, n := range opts.Regions {
+			if n == "" {
+				return opts, fmt.Errorf("-names %q: a region name is empty", c.names)
+			}
+		}
+	case c.regions < 1 || c.regions > len(harness.DefaultRegions):
+		return opts, fmt.Errorf("-regions %d: want 1 to %d (or name them with -names)", c.regions, len(harness.DefaultRegions))
+	default:
+		opts.Regions = harness.DefaultRegions[:c.regions]
+	}
+	if c.replicas < 1 {
+		return opts, fmt.Errorf("-replicas %d: want at least 1", c.replicas)
+	}
+	if c.globalsync < 1 {
+		return opts, fmt.Errorf("-globalsync %d: want at least 1", c.globalsync)
+	}
+	if c.rules != "" {
+		b, err := os.ReadFile(c.rules)
+		if err != nil {
+			return opts, fmt.Errorf("-rules: %w", err)
+		}
+		if _, err := regional.Parse(c.rules, b); err != nil {
+			return opts, fmt.Errorf("-rules: %w", err)
+		}
+		opts.Rules = b
+	}
+	return opts, nil
+}
+
+func statePath(dir string) string { return filepath.Join(dir, "state.json") }
+
+// up starts a supervisor in the background, in its own session so that
+// it outlives this command, and waits until it has written the state
+// file (or died, and then shows its log).
+func up(c upConfig, args []string, out io.Writer) error {
+	if st, err := harness.ReadState(statePath(c.dir)); err == nil && alive(st.PID) {
+		return fmt.Errorf("a deployment is already up (pid %d, %s): run down first", st.PID, statePath(c.dir))
+	}
+	os.Remove(statePath(c.dir))
+	if err := os.MkdirAll(filepath.Join(c.dir, ".run"), 0o755); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	logPath := filepath.Join(c.dir, ".run", "supervisor.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(self, append([]string{"supervise"}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	fmt.Fprintf(out, "starting %s (builds regiond and globalsync first; log: %s)\n", c.dirDescription(), logPath)
+	deadline := time.After(c.timeout)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-exited:
+			b, _ := os.ReadFile(logPath)
+			return fmt.Errorf("the deployment did not start (%v); its log:\n%s", err, b)
+		case <-deadline:
+			cmd.Process.Signal(syscall.SIGTERM)
+			return fmt.Errorf("the deployment was not up within %v (-timeout); see %s", c.timeout, logPath)
+		case <-tick.C:
+			st, err := harness.ReadState(statePath(c.dir))
+			if err != nil {
+				continue
+			}
+			printState(out, st)
+			fmt.Fprintf(out, "\nstate: %s\nstop everything: go run ./deploy/local down%s\n", statePath(c.dir), dirFlag(c.dir))
+			return nil
+		}
+	}
+}
+
+func (c upConfig) dirDescription() string {
+	if c.names != "" {
+		return "regions " + c.names
+	}
+	return fmt.Sprintf("%d regions", c.regions)
+}
+
+func dirFlag(dir string) string {
+	if dir == defaultDir {
+		return ""
+	}
+	return " -dir " + dir
+}
+
+// supervise runs the deployment in the foreground: it holds the links
+// between regions (in this process), serves the fault API, writes the
+// state file, and stops everything on SIGTERM or SIGINT.
+func supervise(c upConfig, opts harness.DeploymentOptions) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	startCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	// Data from an earlier run is not reused: every region starts empty.
+	os.RemoveAll(filepath.Join(opts.Dir, "nats"))
+	for _, n := range opts.Regions {
+		os.RemoveAll(filepath.Join(opts.Dir, "redis-"+n))
+	}
+	d, err := harness.StartDeployment(startCtx, opts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		os.Remove(statePath(c.dir))
+		if err := d.Stop(); err != nil {
+			log.Error("stopping the deployment", "error", err)
+		}
+		log.Info("deployment stopped")
+	}()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: controlAPI(d, c.dir), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	st := d.State()
+	st.PID, st.Control = os.Getpid(), "http://"+ln.Addr().String()
+	if err := harness.WriteState(statePath(c.dir), st); err != nil {
+		return err
+	}
+	log.Info("deployment up", "regions", opts.Regions, "control", st.Control)
+	<-ctx.Done()
+	log.Info("stopping")
+	return nil
+}
+
+// controlAPI is the supervisor's HTTP API: faults on the links between
+// regions, and the state.
+func controlAPI(d *harness.Deployment, dir string) http.Handler {
+	mux := http.NewServeMux()
+	writeState := func(w http.ResponseWriter) {
+		st, err := harness.ReadState(statePath(dir))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fresh := d.State()
+		fresh.PID, fresh.Control = st.PID, st.Control
+		harness.WriteState(statePath(dir), fresh)
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(fresh)
+	}
+	handle := func(pattern string, body any, act func() error) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if body != nil {
+				dec := json.NewDecoder(r.Body)
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(body); err != nil {
+					http.Error(w, "body: "+err.Error(), http.StatusBadRequest)
+					return
+				}
+			}
+			if err := act(); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			writeState(w)
+		})
+	}
+	var part struct {
+		Regions []string `json:"regions"`
+	}
+	handle("POST /v1/partition", &part, func() error {
+		if len(part.Regions) == 0 {
+			return errors.New("regions: name at least one region")
+		}
+		return d.Partition(part.Regions...)
+	})
+	var split struct {
+		Groups [][]string `json:"groups"`
+	}
+	handle("POST /v1/split", &split, func() error {
+		if len(split.Groups) < 2 {
+			return errors.New("groups: want at least two groups")
+		}
+		return d.Split(split.Groups...)
+	})
+	handle("POST /v1/heal", nil, d.Heal)
+	var lat struct {
+		A         string  `json:"a"`
+		B         string  `json:"b"`
+		LatencyMS float64 `json:"latency_ms"`
+	}
+	handle("POST /v1/latency", &lat, func() error {
+		if lat.LatencyMS < 0 {
+			return fmt.Errorf("latency_ms: %v is negative", lat.LatencyMS)
+		}
+		return d.SetLatency(lat.A, lat.B, time.Duration(lat.LatencyMS*float64(time.Millisecond)))
+	})
+	mux.HandleFunc("GET /v1/state", func(w http.ResponseWriter, _ *http.Request) { writeState(w) })
+	return mux
+}
+
+// readLive reads the state file and checks that its supervisor is alive.
+func readLive(dir string) (harness.DeploymentState, error) {
+	st, err := harness.ReadState(statePath(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return st, fmt.Errorf("no deployment is up in %s (no %s): run up first", dir, statePath(dir))
+	}
+	if err != nil {
+		return st, err
+	}
+	if !alive(st.PID) {
+		return st, fmt.Errorf("the deployment in %s is gone (pid %d not running); remove %s", dir, st.PID, statePath(dir))
+	}
+	return st, nil
+}
+
+// down stops the supervisor, which stops everything it started, and
+// checks that every process of the deployment is gone.
+func down(dir string, timeout time.Duration, out io.Writer) error {
+	st, err := harness.ReadState(statePath(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(out, "no deployment is up in %s\n", dir)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	pids := []int{st.PID}
+	for _, r := range st.Regions {
+		for _, d := range r.Replicas {
+			pids = append(pids, d.PID)
+		}
+	}
+	for _, d := range st.GlobalSyncs {
+		pids = append(pids, d.PID)
+	}
+	if alive(st.PID) {
+		syscall.Kill(st.PID, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) && anyAlive(pids) {
+		time.Sleep(100 * time.Millisecond) // waiting on other processes to exit
+	}
+	if anyAlive(pids) {
+		for _, p := range pids {
+			if alive(p) {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		return fmt.Errorf("the deployment did not stop within %v (-timeout): killed what was left", timeout)
+	}
+	os.Remove(statePath(dir))
+	fmt.Fprintln(out, "deployment stopped; nothing of it is running")
+	return nil
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	// A zombie is dead for our purposes.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+func anyAlive(pids []int) bool {
+	for _, p := range pids {
+		if alive(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// fault sends a fault to the running deployment's supervisor.
+func fault(dir string, args []string, out io.Writer) error {
+	st, err := readLive(dir)
+	if err != nil {
+		return err
+	}
+	if len(args) == 0 {
+		return errors.New("fault: want partition REGION[,REGION], split GROUP GROUP…, heal, or latency A B DURATION")
+	}
+	var path string
+	var body any
+	switch args[0] {
+	case "partition":
+		if len(args) != 2 {
+			return errors.New("fault partition: want one argument, the regions to cut off (comma-separated)")
+		}
+		path, body = "/v1/partition", map[string]any{"regions": strings.Split(args[1], ",")}
+	case "split":
+		if len(args) < 3 {
+			return errors.New("fault split: want two or more groups of regions (comma-separated)")
+		}
+		var groups [][]string
+		for _, g := range args[1:] {
+			groups = append(groups, strings.Split(g, ","))
+		}
+		path, body = "/v1/split", map[string]any{"groups": groups}
+	case "heal":
+		path = "/v1/heal"
+	case "latency":
+		if len(args) != 4 {
+			return errors.New("fault latency: want A B DURATION, such as us ap 150ms")
+		}
+		d, err := time.ParseDuration(args[3])
+		if err != nil {
+			return fmt.Errorf("fault latency: duration: %w", err)
+		}
+		path, body = "/v1/latency", map[string]any{"a": args[1], "b": args[2], "latency_ms": float64(d) / float64(time.Millisecond)}
+	default:
+		return fmt.Errorf("fault %q: want partition, split, heal or latency", args[0])
+	}
+	if _, err := harness.Control(context.Background(), st.Control, path, body); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s: done\n", strings.Join(args, " "))
+	return nil
+}
+
+// printState prints every endpoint of a deployment.
+func printState(out io.Writer, st harness.DeploymentState) {
+	fmt.Fprintf(out, "geoquota deployment in %s (supervisor pid %d, faults at %s)\n", st.Dir, st.PID, st.Control)
+	for _, r := range st.Regions {
+		fmt.Fprintf(out, "region %s\n  redis   %s\n  nats    %s\n", r.Name, r.Redis, r.NATS)
+		for _, d := range r.Replicas {
+			fmt.Fprintf(out, "  regiond %-6s grpc %s  http http://%s  memberlist %s  pid %d\n", d.Name, d.GRPC, d.HTTP, d.Memberlist, d.PID)
+		}
+	}
+	for _, d := range st.GlobalSyncs {
+		fmt.Fprintf(out, "globalsync %s grpc %s  http http://%s (dashboard)  pid %d\n", d.Name, d.GRPC, d.HTTP, d.PID)
+	}
+	var cut []string
+	for _, l := range st.Links {
+		if l.Cut {
+			cut = append(cut, l.From+"→"+l.To)
+		}
+	}
+	fmt.Fprintf(out, "links between regions: %d", len(st.Links))
+	if len(cut) > 0 {
+		fmt.Fprintf(out, " (cut: %s)", strings.Join(cut, " "))
+	}
+	fmt.Fprintf(out, "\nrules %s (admin token %q)\n", st.Rules, st.AdminToken)
+}
