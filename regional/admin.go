@@ -89,7 +89,7 @@ func (e *Engine) Usage(ctx context.Context, rule string, req *Request) (Usage, e
 		return Usage{}, err
 	}
 	if r.Scope == ScopeGlobal {
-		return e.globalUsage(ctx, r, key, p)
+		return e.globalUsage(ctx, r, key, p, e.now())
 	}
 	res, err := e.store.Inspect(ctx, key.store, p)
 	if err != nil {
@@ -101,6 +101,21 @@ func (e *Engine) Usage(ctx context.Context, rule string, req *Request) (Usage, e
 		u.WindowStart = time.UnixMicro(now / p.Window * p.Window)
 	}
 	return u, nil
+}
+
+// UsageAt reports a global rule's window that contains at, as this
+// region's store has it: past windows are kept until a window (at least
+// a minute) after they end, for globalsync and for whoever checks that
+// every region agrees. A rule that is not global keeps no past windows.
+func (e *Engine) UsageAt(ctx context.Context, rule string, req *Request, at time.Time) (Usage, error) {
+	r, key, p, err := e.counter(rule, req)
+	if err != nil {
+		return Usage{}, err
+	}
+	if r.Scope != ScopeGlobal {
+		return Usage{}, &RequestError{Field: "window_start", Msg: fmt.Sprintf("%q is not a global rule: only global rules keep past windows", r.ID)}
+	}
+	return e.globalUsage(ctx, r, key, p, at)
 }
 
 // Inspect returns where a counter stands, changing nothing.
@@ -380,9 +395,9 @@ func (e *Engine) Run(ctx context.Context, interval time.Duration) {
 }
 
 // globalUsage is Usage for a global rule: the window's slots.
-func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Params) (Usage, error) {
+func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Params, at time.Time) (Usage, error) {
 	now := e.now()
-	start := now.UnixMicro() / p.Window * p.Window
+	start := at.UnixMicro() / p.Window * p.Window
 	var slots []crdt.Slot
 	if gs, ok := e.store.(GlobalStore); ok {
 		var err error

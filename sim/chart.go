@@ -182,7 +182,8 @@ func (r *Report) charts() (admitted, shares, over chart) {
 }
 
 // WriteFiles writes the report into dir: windows.csv, report.txt, the
-// charts as SVG and index.html that shows them, under a name prefix
+// charts as SVG, shares.csv (every region's share at each sample) and
+// index.html that shows them, under a name prefix
 // (scenario-mode-).
 func (r *Report) WriteFiles(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -200,6 +201,7 @@ func (r *Report) WriteFiles(dir string) error {
 	files := map[string]string{
 		"report.txt":   text.String(),
 		"windows.csv":  csvb.String(),
+		"shares.csv":   r.sharesCSV(),
 		"admitted.svg": adm.svg(),
 		"shares.svg":   sh.svg(),
 		"over.svg":     ov.svg(),
@@ -224,4 +226,23 @@ func (r *Report) WriteFiles(dir string) error {
 		}
 	}
 	return nil
+}
+
+// sharesCSV writes every sample: its time in seconds, then each region's
+// share of the limit.
+func (r *Report) sharesCSV() string {
+	var b strings.Builder
+	b.WriteString("at_s")
+	for _, name := range r.Regions {
+		b.WriteString("," + name)
+	}
+	b.WriteString("\n")
+	for _, smp := range r.Samples {
+		fmt.Fprintf(&b, "%.3f", smp.At.Seconds())
+		for _, sh := range smp.Shares {
+			fmt.Fprintf(&b, ",%.4f", sh)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }

@@ -203,17 +203,24 @@ func (src *source) key() int {
 
 // addTraffic turns a traffic spec into sources at its regions.
 func (s *sim) addTraffic(t TrafficSpec) {
-	add := func(region string, peak float64, rate func(time.Duration) float64) {
-		r := s.byName[region]
-		src := &source{rate: rate, peak: peak, end: s.duration, keys: t.Keys, hot: t.Hot, rng: r.rng}
+	trafficSources(t, s.duration, func(region string) *rand.Rand { return s.byName[region].rng },
+		func(region string, src *source) { r := s.byName[region]; r.srcs = append(r.srcs, src) })
+}
+
+// trafficSources makes the sources of a traffic spec, each drawing from
+// its region's rng, and gives them to add.
+func trafficSources(t TrafficSpec, end time.Duration, rng func(region string) *rand.Rand, add func(region string, src *source)) {
+	source := func(region string, peak float64, rate func(time.Duration) float64) {
+		r := rng(region)
+		src := &source{rate: rate, peak: peak, end: end, keys: t.Keys, hot: t.Hot, rng: r}
 		if t.Zipf > 0 && t.Keys > 1 {
-			src.zipf = rand.NewZipf(r.rng, t.Zipf, 1, uint64(t.Keys-1))
+			src.zipf = rand.NewZipf(r, t.Zipf, 1, uint64(t.Keys-1))
 		}
-		r.srcs = append(r.srcs, src)
+		add(region, src)
 	}
 	switch t.Kind {
 	case "steady":
-		add(t.Region, t.Rate, func(time.Duration) float64 { return t.Rate })
+		source(t.Region, t.Rate, func(time.Duration) float64 { return t.Rate })
 	case "shift":
 		moved := func(at time.Duration) float64 {
 			switch {
@@ -224,17 +231,17 @@ func (s *sim) addTraffic(t TrafficSpec) {
 			}
 			return float64(at-t.At) / float64(t.Over)
 		}
-		add(t.Region, t.Rate, func(at time.Duration) float64 { return t.Rate * (1 - moved(at)) })
-		add(t.To, t.Rate, func(at time.Duration) float64 { return t.Rate * moved(at) })
+		source(t.Region, t.Rate, func(at time.Duration) float64 { return t.Rate * (1 - moved(at)) })
+		source(t.To, t.Rate, func(at time.Duration) float64 { return t.Rate * moved(at) })
 	case "flash":
-		add(t.Region, max(t.Rate, t.Peak), func(at time.Duration) float64 {
+		source(t.Region, max(t.Rate, t.Peak), func(at time.Duration) float64 {
 			if at >= t.At && at < t.At+t.For {
 				return t.Peak
 			}
 			return t.Rate
 		})
 	case "diurnal":
-		add(t.Region, t.Rate*(1+t.Amplitude), func(at time.Duration) float64 {
+		source(t.Region, t.Rate*(1+t.Amplitude), func(at time.Duration) float64 {
 			x := 2 * math.Pi * (float64(at)/float64(t.Period) + t.Phase)
 			return t.Rate * (1 + t.Amplitude*math.Sin(x))
 		})

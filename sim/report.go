@@ -23,6 +23,7 @@ type Report struct {
 	Duration    time.Duration
 	Gossip      time.Duration
 	Latency     [2]time.Duration // the shortest and longest link
+	Links       []LinkLatency    // every link between two regions
 	Windows     []Window
 	Samples     []Sample
 	Notes       []Note
@@ -97,6 +98,7 @@ func (s *sim) report() *Report {
 		for _, b := range sc.Regions[i+1:] {
 			d := s.net.Latency(a, b)
 			rep.Latency[0], rep.Latency[1] = min(rep.Latency[0], d), max(rep.Latency[1], d)
+			rep.Links = append(rep.Links, LinkLatency{A: a, B: b, Latency: d})
 		}
 	}
 	epochs := map[int64]bool{}

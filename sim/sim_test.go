@@ -261,6 +261,11 @@ func TestReportFiles(t *testing.T) {
 	if lines := strings.Count(csv, "\n"); lines != len(rep.Windows)+1 {
 		t.Errorf("windows.csv has %d lines, want a header and %d windows", lines, len(rep.Windows))
 	}
+	sharesCSV := strings.Split(strings.TrimSpace(read("shares.csv")), "\n")
+	if len(sharesCSV) != len(rep.Samples)+1 || strings.Count(sharesCSV[0], ",") != len(rep.Regions) ||
+		strings.Count(sharesCSV[len(sharesCSV)-1], ",") != len(rep.Regions) {
+		t.Errorf("shares.csv: %d lines (header %q), want a header and %d samples of %d regions", len(sharesCSV), sharesCSV[0], len(rep.Samples), len(rep.Regions))
+	}
 }
 
 // TestPartitionStory checks the partition scenario's story beyond its

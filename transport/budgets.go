@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/geoquota/geoquota/budget"
@@ -151,8 +152,8 @@ func RestoreAllocator(a *budget.Allocator, history []BudgetDoc, skew time.Durati
 // ends (and notes the other regions' leases, for usage reports), waiting
 // for the bucket if globalsync has not made it yet and watching again
 // after errors.
-func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) {
-	watchKV(ctx, js, BudgetsBucket, jetstream.AllKeys, log, func(en jetstream.KeyValueEntry) {
+func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger, resync *Resync) {
+	watchKV(ctx, js, BudgetsBucket, jetstream.AllKeys, log, resync, func(en jetstream.KeyValueEntry) {
 		d, err := DecodeBudgetDoc(en.Value())
 		if err != nil {
 			log.Warn("budgets: bad document ignored", "key", en.Key(), "err", err)
@@ -168,9 +169,14 @@ func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engin
 // bucket to handle, the current ones first, until ctx ends: it waits for
 // the bucket if it is not there yet and watches again after errors.
 // handle runs on this goroutine.
-func watchKV(ctx context.Context, js jetstream.JetStream, bucket, keys string, log *slog.Logger, handle func(jetstream.KeyValueEntry)) {
+func watchKV(ctx context.Context, js jetstream.JetStream, bucket, keys string, log *slog.Logger, resync *Resync, handle func(jetstream.KeyValueEntry)) {
 	for ctx.Err() == nil {
-		if err := watchOnce(ctx, js, bucket, keys, handle); err != nil && ctx.Err() == nil {
+		err := watchOnce(ctx, js, bucket, keys, resync.C(), handle)
+		if errors.Is(err, errResync) {
+			log.Debug("watching again from the current values", "bucket", bucket)
+			continue
+		}
+		if err != nil && ctx.Err() == nil {
 			log.Debug("watching again", "bucket", bucket, "err", err)
 			select {
 			case <-ctx.Done():
@@ -180,7 +186,9 @@ func watchKV(ctx context.Context, js jetstream.JetStream, bucket, keys string, l
 	}
 }
 
-func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, keys string, handle func(jetstream.KeyValueEntry)) error {
+var errResync = errors.New("resync")
+
+func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, keys string, resync <-chan struct{}, handle func(jetstream.KeyValueEntry)) error {
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return err
@@ -194,6 +202,8 @@ func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, keys string,
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-resync:
+			return errResync
 		case en, ok := <-w.Updates():
 			if !ok {
 				return errors.New("watch ended")
@@ -202,5 +212,42 @@ func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, keys string,
 				handle(en)
 			}
 		}
+	}
+}
+
+// Resync tells KV watchers to watch again from the current values. A
+// watch through a NATS gateway that was cut (a partition) does not
+// notice by itself for as long as its consumer's heartbeats take to be
+// missed, and meanwhile its region runs on a lapsing lease: the gossip
+// fires it when a region silent for a while is heard again. Safe for
+// concurrent use; a nil *Resync never fires.
+type Resync struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// C returns a channel closed at the next Fire.
+func (r *Resync) C() <-chan struct{} {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == nil {
+		r.ch = make(chan struct{})
+	}
+	return r.ch
+}
+
+// Fire tells every watcher waiting on C to watch again.
+func (r *Resync) Fire() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch != nil {
+		close(r.ch)
+		r.ch = nil
 	}
 }

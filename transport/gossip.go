@@ -45,6 +45,10 @@ type GossipConfig struct {
 	// elected (Members.Elected) to trade digests for anti-entropy; the
 	// others leave it to it. Unset: every replica does.
 	Elected func() bool
+	// Resync, if set, is fired when a region silent for longer than
+	// StaleAfter is heard again (a partition healed), for the KV
+	// watchers (WatchBudgets, WatchRules) to catch up at once.
+	Resync *Resync
 	// Clock returns the time; nil means time.Now.
 	Clock  func() time.Time
 	Logger *slog.Logger
@@ -438,6 +442,7 @@ func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 		case g.kick <- struct{}{}:
 		default:
 		}
+		g.cfg.Resync.Fire()
 	}
 	g.heard[region] = now
 	g.engine.HeardFrom(region, now)

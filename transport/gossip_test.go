@@ -44,6 +44,18 @@ func gossipConfig(region string) GossipConfig {
 
 func startGossipRegion(t *testing.T, name, natsURL string, srv *harness.Redis) *gossipRegion {
 	t.Helper()
+	return startGossipRegionOn(t, name, natsURL, srv, gossipConfig(name))
+}
+
+// startGossipRegionWith starts a region on its own redis-server with the
+// given gossip configuration.
+func startGossipRegionWith(t *testing.T, name, natsURL string, cfg GossipConfig) *gossipRegion {
+	t.Helper()
+	return startGossipRegionOn(t, name, natsURL, nil, cfg)
+}
+
+func startGossipRegionOn(t *testing.T, name, natsURL string, srv *harness.Redis, cfg GossipConfig) *gossipRegion {
+	t.Helper()
 	if srv == nil {
 		srv = harness.NewRedis(t, harness.RedisOptions{})
 	}
@@ -63,7 +75,7 @@ func startGossipRegion(t *testing.T, name, natsURL string, srv *harness.Redis) *
 		t.Fatal(err)
 	}
 	t.Cleanup(r.nc.Close)
-	if r.gossip, err = StartGossip(r.nc, r.engine, gossipConfig(name)); err != nil {
+	if r.gossip, err = StartGossip(r.nc, r.engine, cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.gossip.Close)

@@ -240,7 +240,15 @@ type limitBody struct {
 	ResetAt       string `json:"reset_at"`
 }
 
-func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+// rfc3339 writes a time in whole seconds, rounded up as X-RateLimit-Reset
+// is: a reset a moment before a window's end, as the store's clock turns
+// into this replica's, is the window's end.
+func rfc3339(t time.Time) string {
+	if s := t.Truncate(time.Second); !s.Equal(t) {
+		t = s.Add(time.Second)
+	}
+	return t.UTC().Format(time.RFC3339)
+}
 
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	body, err := readBody(w, r)
@@ -325,13 +333,14 @@ type regionBody struct {
 	Stale       bool    `json:"stale"`
 }
 
-// queryRequest reads rule and descriptors from a query string: rule= and
-// domain= are themselves, every other parameter a descriptor.
+// queryRequest reads rule and descriptors from a query string: rule=,
+// domain= and window_start= are themselves, every other parameter a
+// descriptor.
 func queryRequest(r *http.Request) (string, regional.Request, error) {
 	q := r.URL.Query()
 	descriptors := map[string]string{}
 	for name, values := range q {
-		if name == "rule" || name == "domain" {
+		if name == "rule" || name == "domain" || name == "window_start" {
 			continue
 		}
 		if len(values) != 1 {
@@ -353,7 +362,17 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 		s.writeInputError(w, err)
 		return
 	}
-	u, err := s.engine.Usage(r.Context(), rule, &req)
+	var u regional.Usage
+	if at := r.URL.Query().Get("window_start"); at != "" {
+		t, perr := time.Parse(time.RFC3339, at)
+		if perr != nil {
+			s.writeInputError(w, &FieldError{Field: "window_start", Msg: fmt.Sprintf("%q: want an RFC 3339 time, such as 2026-01-01T00:00:00Z", at)})
+			return
+		}
+		u, err = s.engine.UsageAt(r.Context(), rule, &req, t)
+	} else {
+		u, err = s.engine.Usage(r.Context(), rule, &req)
+	}
 	if err != nil {
 		s.writeInputError(w, err)
 		return

@@ -36,8 +36,8 @@ func PublishRules(ctx context.Context, kv jetstream.KeyValue, yaml []byte) (uint
 // engine, until ctx ends: each published set as it comes (an invalid one
 // is rejected whole, logged and counted, and the last good rules stay).
 // Whatever changed last, the rules file or the bucket, is in force.
-func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger) {
-	watchKV(ctx, js, RulesBucket, RulesKey, log, func(en jetstream.KeyValueEntry) {
+func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger, resync *Resync) {
+	watchKV(ctx, js, RulesBucket, RulesKey, log, resync, func(en jetstream.KeyValueEntry) {
 		if bytes.Equal(en.Value(), e.Rules().YAML()) {
 			return
 		}

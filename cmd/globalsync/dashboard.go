@@ -72,6 +72,9 @@ type Dashboard struct {
 	Regions  []RegionStatus    `json:"regions"`
 	History  []DashboardSample `json:"history"`
 	Interval int64             `json:"interval_ms"`
+	// BooksClosedMS: every window that ended by then has had its books
+	// closed (by this instance or the leaders before it); 0 if none.
+	BooksClosedMS int64 `json:"books_closed_ms"`
 }
 
 // Dashboard returns the dashboard's data.
@@ -80,6 +83,9 @@ func (s *Service) Dashboard() Dashboard {
 		Interval: s.cfg.Rebalance.Milliseconds()}
 	s.mu.Lock()
 	d.History = slices.Clone(s.history)
+	if bc := laterOf(s.booksClosed, s.inheritedBooks); !bc.IsZero() {
+		d.BooksClosedMS = bc.UnixMilli()
+	}
 	s.mu.Unlock()
 	return d
 }

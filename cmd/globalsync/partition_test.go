@@ -183,6 +183,9 @@ func TestReconcileAfterPartition(t *testing.T) {
 	}
 	var found []OverAdmission
 	waitFor(t, 10*time.Second, "over-admission found", func() bool { found = svc.OverAdmissions(); return len(found) > 0 })
+	if bc := svc.Dashboard().BooksClosedMS; bc < first+w {
+		t.Errorf("the dashboard says books closed by %d, before the end of the window found over (%d)", bc, first+w)
+	}
 	sum := int64(0)
 	for _, oa := range found {
 		t.Logf("over-admission: %+v", oa)

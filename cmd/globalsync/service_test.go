@@ -102,8 +102,8 @@ func startReplica(t *testing.T, name, natsURL string, regions []string, rules st
 		defer close(done)
 		var wg sync.WaitGroup
 		wg.Add(2)
-		go func() { defer wg.Done(); transport.WatchBudgets(ctx, js, r.engine, quiet()) }()
-		go func() { defer wg.Done(); transport.WatchRules(ctx, js, r.engine, quiet()) }()
+		go func() { defer wg.Done(); transport.WatchBudgets(ctx, js, r.engine, quiet(), nil) }()
+		go func() { defer wg.Done(); transport.WatchRules(ctx, js, r.engine, quiet(), nil) }()
 		wg.Wait()
 	}()
 	t.Cleanup(func() { cancel(); <-done; g.Close(); nc.Close() })

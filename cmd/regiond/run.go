@@ -96,8 +96,9 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 			return fmt.Errorf("--nats: %w", err)
 		}
 		defer nc.Close()
+		resync := new(transport.Resync)
 		gossip, err = transport.StartGossip(nc, engine, transport.GossipConfig{Region: c.region, Replica: c.replicaName,
-			Interval: c.gossipInterval, AntiEntropy: c.antiEntropy, Elected: elected, Logger: log})
+			Interval: c.gossipInterval, AntiEntropy: c.antiEntropy, Elected: elected, Resync: resync, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -111,8 +112,8 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		watched := make(chan struct{})
 		var watchers sync.WaitGroup
 		watchers.Add(2)
-		go func() { defer watchers.Done(); transport.WatchBudgets(watchCtx, js, engine, log) }()
-		go func() { defer watchers.Done(); transport.WatchRules(watchCtx, js, engine, log) }()
+		go func() { defer watchers.Done(); transport.WatchBudgets(watchCtx, js, engine, log, resync) }()
+		go func() { defer watchers.Done(); transport.WatchRules(watchCtx, js, engine, log, resync) }()
 		go func() { watchers.Wait(); close(watched) }()
 		defer func() { stopWatch(); <-watched }()
 	}

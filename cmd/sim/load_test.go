@@ -117,8 +117,4 @@ func TestLoadFlags(t *testing.T) {
 			t.Errorf("%v: %v, want an error about %s", tc.args, err, tc.want)
 		}
 	}
-	var stderr bytes.Buffer
-	if code := run(context.Background(), []string{"live"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "not built yet") {
-		t.Fatalf("sim live: %d %s", code, stderr.String())
-	}
 }

@@ -17,7 +17,7 @@ commands:
   load      generate load against a regiond API and report throughput and latency
   run       run a scenario in the simulator: deterministic, in virtual time
   accuracy  compare the sliding window counter with the exact sliding window log
-  live      run a scenario against a local deployment (not built yet)
+  live      run a scenario against a local deployment in real time, and the simulator beside it
 
 Run "sim <command> -h" for a command's flags.
 `
@@ -74,8 +74,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	case "live":
-		fmt.Fprintf(stderr, "sim %s: not built yet; see the status list in README.md\n", args[0])
-		return 2
+		cfg, err := parseLiveFlags(args[1:])
+		if err != nil {
+			fmt.Fprintln(stderr, "sim live:", err)
+			return 2
+		}
+		if err := runLive(ctx, cfg, stdout, stderr); err != nil {
+			fmt.Fprintln(stderr, "sim live:", err)
+			return 1
+		}
+		return 0
 	default:
 		fmt.Fprintf(stderr, "sim: unknown command %q\n%s", args[0], usage)
 		return 2

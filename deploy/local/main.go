@@ -238,10 +238,13 @@ func supervise(c upConfig, opts harness.DeploymentOptions) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	startCtx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	// Data from an earlier run is not reused: every region starts empty.
+	// Nothing of an earlier run is reused: every region starts empty,
+	// every log anew.
 	os.RemoveAll(filepath.Join(opts.Dir, "nats"))
-	for _, n := range opts.Regions {
-		os.RemoveAll(filepath.Join(opts.Dir, "redis-"+n))
+	old, _ := filepath.Glob(filepath.Join(opts.Dir, "redis-*"))
+	logs, _ := filepath.Glob(filepath.Join(opts.Dir, "*-*.log"))
+	for _, p := range append(old, logs...) {
+		os.RemoveAll(p)
 	}
 	d, err := harness.StartDeployment(startCtx, opts)
 	if err != nil {
