@@ -4,18 +4,26 @@ GO ?= go
 # detector, uncached, since the servers they start are not inputs go test sees.
 # The simulator's tests run after the others: they keep both cores busy, and
 # the others wait on real time. Allocation counts need the race detector off
-# (it makes sync.Pool drop what it holds).
+# (it makes sync.Pool drop what it holds). Last, the end-to-end suite: real
+# deployments of regiond and globalsync processes, broken under load.
 .PHONY: test
 test:
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v 'geoquota/sim$$')
 	$(GO) test -race -count=1 -timeout 10m ./sim
 	$(GO) test -count=1 -run AllocatesNothing ./regional
+	$(MAKE) e2e
+
+# The end-to-end fault suite (build tag e2e): a few minutes.
+.PHONY: e2e
+e2e:
+	$(GO) test -tags e2e -count=1 -timeout 15m -v ./deploy/local/e2e
 
 .PHONY: lint
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./deploy/local/e2e
 
 # Regenerates the Go code of every .proto under transport/ with Debian's
 # protoc and the plugins pinned by go.mod's tool directives.

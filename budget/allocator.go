@@ -44,6 +44,11 @@ type Rule struct {
 	// Sliding is set for a sliding window counter, whose estimate carries
 	// the previous window into the current one.
 	Sliding bool
+	// Floors are floors larger than the configured one that regions may
+	// be using, as fractions of the limit: a region that has not heard
+	// that the limit was lowered keeps its floor of the higher limit.
+	// The others are granted only what is left.
+	Floors map[string]float64
 }
 
 // Allocator computes the leases of every global rule. Not safe for
@@ -172,7 +177,7 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	// A region may use its floor at any time: the floor counts as a grant
 	// that never lapses. A region keeps the largest floor it was told (the
 	// regions known may have grown since), or, never told, this one.
-	floorOf := func(r string) float64 { return max(floor, s.floors[r]) }
+	floorOf := func(r string) float64 { return max(floor, s.floors[r], rule.Floors[r]) }
 
 	first, last := s.epoch(now.Add(-a.cfg.Skew)), s.epoch(now.Add(a.cfg.Skew))
 	for e := first; e <= last; e++ {

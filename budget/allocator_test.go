@@ -352,6 +352,39 @@ func TestCutOffRegionKeepsItsLease(t *testing.T) {
 	}
 }
 
+// TestHigherFloorIsLeftToItsRegion: us is cut off and its lease has
+// lapsed, but it may still enforce an older, higher limit (twice the
+// current one): its floor, as a fraction of the current limit, is twice
+// the configured one, and the others are granted all but that.
+func TestHigherFloorIsLeftToItsRegion(t *testing.T) {
+	cfg := DefaultConfig()
+	a, _ := NewAllocator(cfg)
+	names := []string{"ap", "eu", "us"}
+	floor := cfg.Floor(3)
+	rule := Rule{ID: "g", Window: time.Minute, Floors: map[string]float64{"us": 2 * floor}}
+	held := map[string]*Lease{}
+	at := t0
+	var ls []Lease
+	for range 5 {
+		for _, r := range names[:2] {
+			rep := Report{Region: r, Demand: 3}
+			if held[r] != nil {
+				rep.Acked = held[r].Seq
+			}
+			a.Report(rule.ID, rep)
+		}
+		var err error
+		if ls, err = a.Rebalance(at, rule, names); err != nil {
+			t.Fatal(err)
+		}
+		held["ap"], held["eu"] = &ls[0], &ls[1]
+		at = at.Add(time.Second)
+	}
+	if got, want := ls[0].Allowance()+ls[1].Allowance(), 1-2*floor; got > want+1e-9 || got < want-0.01 {
+		t.Fatalf("the others hold %v, want %v: all but us's higher floor", got, want)
+	}
+}
+
 func TestDebtIsWithheldOnce(t *testing.T) {
 	a, _ := NewAllocator(DefaultConfig())
 	rule := Rule{ID: "g", Window: 10 * time.Second}

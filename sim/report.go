@@ -41,6 +41,9 @@ type Report struct {
 	// MessagesCut and MessagesLost count gossip and budget messages that
 	// a cut link or loss kept from their destination.
 	MessagesCut, MessagesLost int64
+	// Live is set for a report of a scenario played against a real
+	// deployment (sim live), which cannot see lease expiries or messages.
+	Live bool
 }
 
 // Window is one window of the rule, all counters together. Windows are
@@ -242,16 +245,21 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(&b, "heal at %s: every copy agreed %v later\n", clockString(h.At), h.Converged)
 		}
 	}
-	if len(r.Expiries) == 0 {
+	switch {
+	case r.Live:
+		b.WriteString("lease expiries and messages: not seen live\n")
+	case len(r.Expiries) == 0:
 		b.WriteString("lease expiries: none\n")
-	} else {
+	default:
 		var parts []string
 		for _, e := range r.Expiries {
 			parts = append(parts, fmt.Sprintf("%s at %s", e.Region, clockString(e.At)))
 		}
 		fmt.Fprintf(&b, "lease expiries: %s\n", strings.Join(parts, ", "))
 	}
-	fmt.Fprintf(&b, "messages cut %d, lost %d\n", r.MessagesCut, r.MessagesLost)
+	if !r.Live {
+		fmt.Fprintf(&b, "messages cut %d, lost %d\n", r.MessagesCut, r.MessagesLost)
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "  %s %s\n", clockString(n.At), n.Text)
 	}

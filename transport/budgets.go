@@ -13,6 +13,7 @@ import (
 
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/regional"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -151,18 +152,25 @@ func RestoreAllocator(a *budget.Allocator, history []BudgetDoc, skew time.Durati
 // WatchBudgets keeps the engine's lease current from the bucket until ctx
 // ends (and notes the other regions' leases, for usage reports), waiting
 // for the bucket if globalsync has not made it yet and watching again
-// after errors.
+// after errors; and takes the documents globalsync pushes (see
+// PushBudgetsSubject) as they come.
 func WatchBudgets(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger, resync *Resync) {
-	watchKV(ctx, js, BudgetsBucket, jetstream.AllKeys, log, resync, func(en jetstream.KeyValueEntry) {
-		d, err := DecodeBudgetDoc(en.Value())
+	apply := func(key string, value []byte) {
+		d, err := DecodeBudgetDoc(value)
 		if err != nil {
-			log.Warn("budgets: bad document ignored", "key", en.Key(), "err", err)
+			log.Warn("budgets: bad document ignored", "key", key, "err", err)
 			return
 		}
 		for _, l := range d.All() {
-			e.SetLease(l) // ours in force; the others' noted for usage reports
+			e.SetLease(l) // ours in force (if newer than the one held); the others' noted for usage reports
 		}
-	})
+	}
+	if sub, err := js.Conn().Subscribe(PushBudgetsSubject, func(m *nats.Msg) { apply("pushed", m.Data) }); err != nil {
+		log.Warn("budgets: not subscribed to pushed documents; the bucket alone keeps the lease", "err", err)
+	} else {
+		defer sub.Unsubscribe()
+	}
+	watchKV(ctx, js, BudgetsBucket, jetstream.AllKeys, log, resync, func(en jetstream.KeyValueEntry) { apply(en.Key(), en.Value()) })
 }
 
 // watchKV hands every value put under keys (a KV key or wildcard) in
@@ -189,29 +197,52 @@ func watchKV(ctx context.Context, js jetstream.JetStream, bucket, keys string, l
 var errResync = errors.New("resync")
 
 func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, keys string, resync <-chan struct{}, handle func(jetstream.KeyValueEntry)) error {
+	// A resync while the watch is being made (its request to JetStream
+	// may be lost on a way still cut) abandons it for a new one.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	resynced := make(chan struct{})
+	go func() {
+		select {
+		case <-resync:
+			close(resynced)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
-		return err
+		return resyncOr(resynced, err)
 	}
 	w, err := kv.Watch(ctx, keys, jetstream.IgnoreDeletes())
 	if err != nil {
-		return err
+		return resyncOr(resynced, err)
 	}
 	defer w.Stop()
 	for {
 		select {
+		case <-resynced:
+			return errResync
 		case <-ctx.Done():
 			return nil
-		case <-resync:
-			return errResync
 		case en, ok := <-w.Updates():
 			if !ok {
-				return errors.New("watch ended")
+				return resyncOr(resynced, errors.New("watch ended"))
 			}
 			if en != nil { // nil: the current values are all in
 				handle(en)
 			}
 		}
+	}
+}
+
+// resyncOr is errResync if a resync came, or else err.
+func resyncOr(resynced <-chan struct{}, err error) error {
+	select {
+	case <-resynced:
+		return errResync
+	default:
+		return err
 	}
 }
 

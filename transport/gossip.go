@@ -163,6 +163,10 @@ type RuleReport struct {
 	// Algorithm its algorithm.
 	WindowMillis int64  `json:"window_ms"`
 	Algorithm    string `json:"algorithm"`
+	// Limit is the rule's limit as this replica enforces it (0 for a rule
+	// limited by tier): a region that has not yet heard of a lower limit
+	// still allows itself its floor of the higher one.
+	Limit int64 `json:"limit,omitempty"`
 }
 
 // Gossip publishes this region's global usage over NATS and merges the
@@ -179,7 +183,10 @@ type Gossip struct {
 	mu        sync.Mutex
 	published uint64               // the usage version last published
 	heard     map[string]time.Time // region → last message
-	replicas  map[string]replicaSeen
+	// rejoined are regions heard again after a silence whose digest has
+	// not come since: when it comes, this region sends its own again.
+	rejoined map[string]bool
+	replicas map[string]replicaSeen
 
 	stats  GossipStats
 	kick   chan struct{} // publish the digest now: a region is heard again
@@ -202,7 +209,7 @@ func StartGossip(nc *nats.Conn, engine *regional.Engine, cfg GossipConfig) (*Gos
 	}
 	var inst [6]byte
 	rand.Read(inst[:])
-	g := &Gossip{cfg: cfg, nc: nc, engine: engine, heard: map[string]time.Time{}, replicas: map[string]replicaSeen{},
+	g := &Gossip{cfg: cfg, nc: nc, engine: engine, heard: map[string]time.Time{}, rejoined: map[string]bool{}, replicas: map[string]replicaSeen{},
 		kick: make(chan struct{}, 1), done: make(chan struct{}), instance: hex.EncodeToString(inst[:])}
 	for _, s := range []struct {
 		subject string
@@ -293,9 +300,10 @@ func (g *Gossip) run(ctx context.Context) {
 			if !g.elected() {
 				continue
 			}
-			// A region silent for a while is back (a partition healed):
-			// trade digests now rather than at the next anti-entropy
-			// round, so that both sides agree within a heartbeat or two.
+			// A region silent for a while is back (a partition healed),
+			// or sent its first digest since: trade digests now rather
+			// than at the next anti-entropy round, so that both sides
+			// agree within a heartbeat or two of the way being up.
 			g.PublishDigest()
 		case <-hb.C:
 			g.PublishHeartbeat()
@@ -394,7 +402,7 @@ func (g *Gossip) PublishHeartbeat() {
 	for _, r := range g.engine.GlobalRules() {
 		d := g.engine.Demand(r.ID)
 		rep := RuleReport{Admitted: d.Admitted, Denied: d.Denied, Used: d.Used, UsedEpoch: d.UsedEpoch,
-			WindowMillis: r.Base.Window / 1000, Algorithm: r.Base.Algorithm.String()}
+			WindowMillis: r.Base.Window / 1000, Algorithm: r.Base.Algorithm.String(), Limit: r.Base.Limit}
 		if _, acked, ok := g.engine.Lease(r.ID); ok {
 			rep.Acked = acked
 		}
@@ -438,10 +446,8 @@ func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 	}
 	g.replicas[stream] = replicaSeen{region: region, seq: seq, at: now}
 	if last, ok := g.heard[region]; ok && region != g.cfg.Region && now.Sub(last) > g.StaleAfter() {
-		select {
-		case g.kick <- struct{}{}:
-		default:
-		}
+		g.kickDigest()
+		g.rejoined[region] = true
 		g.cfg.Resync.Fire()
 	}
 	g.heard[region] = now
@@ -504,6 +510,14 @@ func (g *Gossip) merge(m *nats.Msg, repair bool) {
 	}
 }
 
+// kickDigest has the digest published at once.
+func (g *Gossip) kickDigest() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
 // onHeartbeat notes that a region is alive; globalsync reads the rest.
 func (g *Gossip) onHeartbeat(m *nats.Msg) { g.accept(m) }
 
@@ -511,6 +525,20 @@ func (g *Gossip) onDigest(m *nats.Msg) {
 	region, ok := g.accept(m)
 	if !ok || region == g.cfg.Region || !g.elected() {
 		return // a sibling replica's digest (the same store), or not ours to answer
+	}
+	g.mu.Lock()
+	back := g.rejoined[region]
+	delete(g.rejoined, region)
+	g.mu.Unlock()
+	if back {
+		// The first digest from a region heard again after a silence: the
+		// one this region sent when it heard it may have been lost (a
+		// NATS gateway redials each way on its own, a second or so
+		// apart), so it goes again, now that the way is known to be up
+		// both ways; and the KV watchers, which may have asked JetStream
+		// over a way still cut, ask again.
+		g.kickDigest()
+		g.cfg.Resync.Fire()
 	}
 	g.stats.DigestsAnswered.Add(1)
 	dg, err := crdt.DecodeDigest(m.Data)

@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"github.com/geoquota/geoquota/regional"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -33,19 +35,40 @@ func PublishRules(ctx context.Context, kv jetstream.KeyValue, yaml []byte) (uint
 }
 
 // WatchRules puts the rules published in the bucket in force in the
-// engine, until ctx ends: each published set as it comes (an invalid one
-// is rejected whole, logged and counted, and the last good rules stay).
-// Whatever changed last, the rules file or the bucket, is in force.
+// engine, until ctx ends: each published set as it comes, from the bucket
+// or pushed by globalsync (PushRulesSubject), once, in the order of their
+// revisions (an invalid one is rejected whole, logged and counted, and the
+// last good rules stay). Whatever changed last, the rules file or the
+// bucket, is in force: a revision already applied is not applied again
+// over a rules file edited since.
 func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger, resync *Resync) {
-	watchKV(ctx, js, RulesBucket, RulesKey, log, resync, func(en jetstream.KeyValueEntry) {
-		if bytes.Equal(en.Value(), e.Rules().YAML()) {
+	var mu sync.Mutex
+	var applied uint64 // the last revision put in force, or found in force
+	apply := func(rev uint64, value []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		if rev <= applied {
 			return
 		}
-		source := fmt.Sprintf("%s/%s@%d", RulesBucket, RulesKey, en.Revision())
-		if rs, err := e.PutRules(source, en.Value()); err != nil {
-			log.Error("published rules rejected; the last good rules stay in force", "revision", en.Revision(), "error", err)
-		} else {
-			log.Info("published rules in force", "revision", en.Revision(), "rules", len(rs.Rules()))
+		applied = rev
+		if bytes.Equal(value, e.Rules().YAML()) {
+			return
 		}
-	})
+		source := fmt.Sprintf("%s/%s@%d", RulesBucket, RulesKey, rev)
+		if rs, err := e.PutRules(source, value); err != nil {
+			log.Error("published rules rejected; the last good rules stay in force", "revision", rev, "error", err)
+		} else {
+			log.Info("published rules in force", "revision", rev, "rules", len(rs.Rules()))
+		}
+	}
+	if sub, err := js.Conn().Subscribe(PushRulesSubject, func(m *nats.Msg) {
+		if rev := pushedRevision(m); rev > 0 {
+			apply(rev, m.Data)
+		}
+	}); err != nil {
+		log.Warn("rules: not subscribed to pushed rules; the bucket alone brings them", "err", err)
+	} else {
+		defer sub.Unsubscribe()
+	}
+	watchKV(ctx, js, RulesBucket, RulesKey, log, resync, func(en jetstream.KeyValueEntry) { apply(en.Revision(), en.Value()) })
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -132,6 +133,34 @@ type OverAdmission struct {
 	Amount            int64
 }
 
+// earlierRules is a rule set that was in force until a time.
+type earlierRules struct {
+	rules *regional.RuleSet
+	until time.Time
+}
+
+// maxEarlierRules bounds the rule sets kept for closing books: a set
+// replaced more than a few changes ago no longer governs an open window.
+const maxEarlierRules = 8
+
+// limitDuring is the limit a window starting at start is judged against:
+// the highest of the limits in force while it ran (the current one, and
+// those of the rule sets replaced after it began). A region that had not
+// yet heard of a lower limit did not over-admit by keeping to the
+// higher. The caller holds s.mu.
+func (s *Service) limitDuring(key string, current int64, start time.Time) int64 {
+	limit := current
+	for _, er := range s.earlierRules {
+		if !er.until.After(start) {
+			continue
+		}
+		if _, l, ok := er.rules.GlobalLimitOf(key); ok {
+			limit = max(limit, l)
+		}
+	}
+	return limit
+}
+
 // reconcile closes the books of windows that ended: a counter whose
 // regions together admitted more than its limit is over-admission, put on
 // the regions that went beyond what they were granted (in proportion), or
@@ -158,6 +187,7 @@ func (s *Service) reconcile(now time.Time) []OverAdmission {
 		}
 		window := rule.Base.Window / 1000 // ms
 		end := time.UnixMilli(id.Epoch + window)
+		limit = s.limitDuring(id.Key, limit, time.UnixMilli(id.Epoch))
 		if now.Before(end.Add(s.settleAfter())) {
 			continue
 		}

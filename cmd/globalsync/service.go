@@ -107,8 +107,13 @@ type Service struct {
 	revs      map[string]uint64 // budget key → last revision seen
 	docs      map[string]transport.BudgetDoc
 
-	usage          *usageView
-	rulesSet       *regional.RuleSet
+	usage    *usageView
+	rulesSet *regional.RuleSet
+	rulesRev uint64 // the rules bucket's revision of rulesSet, once published
+	// earlierRules are the rule sets in force before rulesSet, each until
+	// it was replaced: a window's books are closed against the limits in
+	// force while it ran.
+	earlierRules   []earlierRules
 	reconciled     map[crdt.ID]bool
 	overAdmitted   *prometheus.CounterVec
 	found          []OverAdmission // the latest, for tests and the API
@@ -297,8 +302,24 @@ func (s *Service) tick(ctx context.Context) {
 	if err := s.publishRules(ctx); err != nil {
 		s.cfg.Logger.Warn("globalsync: rules not published", "err", err)
 	}
+	s.pushRules()
 	if err := s.rebalance(ctx); err != nil {
 		s.cfg.Logger.Warn("globalsync: rebalance", "err", err)
+	}
+}
+
+// pushRules pushes the rules last published, every tick: a region that
+// was cut off has them within a tick of hearing globalsync again, before
+// JetStream answers it (see transport.PushRulesSubject).
+func (s *Service) pushRules() {
+	s.mu.Lock()
+	rs, rev, published := s.rulesSet, s.rulesRev, s.rulesPublished
+	s.mu.Unlock()
+	if rs == nil || rev == 0 || !published {
+		return
+	}
+	if err := transport.PushRules(s.nc, rev, rs.YAML()); err != nil {
+		s.cfg.Logger.Warn("globalsync: rules not pushed", "err", err)
 	}
 }
 
@@ -318,14 +339,23 @@ func (s *Service) publishRules(ctx context.Context) error {
 	if err != nil {
 		return err // the last good rules stay published
 	}
-	if en, err := s.rulesKV.Get(ctx, transport.RulesKey); err != nil || !bytes.Equal(en.Value(), yaml) {
-		if _, err := transport.PublishRules(ctx, s.rulesKV, yaml); err != nil {
+	var rev uint64
+	if en, err := s.rulesKV.Get(ctx, transport.RulesKey); err == nil && bytes.Equal(en.Value(), yaml) {
+		rev = en.Revision()
+	} else {
+		if rev, err = transport.PublishRules(ctx, s.rulesKV, yaml); err != nil {
 			return err
 		}
 		s.cfg.Logger.Info("rules published", "rules", len(rs.Rules()))
 	}
 	s.mu.Lock()
-	s.rulesSet, s.rulesPublished = rs, true
+	if s.rulesSet != nil && !bytes.Equal(s.rulesSet.YAML(), rs.YAML()) {
+		s.earlierRules = append(s.earlierRules, earlierRules{s.rulesSet, s.cfg.Clock()})
+		if len(s.earlierRules) > maxEarlierRules {
+			s.earlierRules = s.earlierRules[1:]
+		}
+	}
+	s.rulesSet, s.rulesPublished, s.rulesRev = rs, true, rev
 	s.mu.Unlock()
 	return nil
 }
@@ -436,6 +466,11 @@ func (s *Service) rebalance(ctx context.Context) error {
 	if found := s.reconcile(now); len(found) > 0 {
 		s.found = append(s.found, found...)
 	}
+	for id, r := range s.replicas {
+		if now.Sub(r.heard) > replicaForget {
+			delete(s.replicas, id)
+		}
+	}
 	regions := s.knownRegions()
 	type pub struct {
 		key string
@@ -457,6 +492,7 @@ func (s *Service) rebalance(ctx context.Context) error {
 			s.alloc.Forget(rule.ID)
 			continue
 		}
+		rule.Floors = s.higherFloors(rule.ID, regions, now)
 		leases, err := s.alloc.Rebalance(now, rule, regions)
 		if err != nil {
 			s.cfg.Logger.Warn("globalsync: rule skipped", "rule", rule.ID, "err", err)
@@ -478,6 +514,11 @@ func (s *Service) rebalance(ctx context.Context) error {
 			rev, err = s.budgets.Create(ctx, p.key, b)
 		} else {
 			rev, err = s.budgets.Update(ctx, p.key, b, p.rev)
+		}
+		if err == nil {
+			if perr := transport.PushBudget(s.nc, rev, b); perr != nil {
+				s.cfg.Logger.Warn("globalsync: budget not pushed", "rule", p.doc.Rule, "err", perr)
+			}
 		}
 		if err != nil {
 			// Another instance wrote since: it leads now, or did.
@@ -576,6 +617,53 @@ func (s *Service) knownRegions() []string {
 		all[r] = true
 	}
 	return slices.Sorted(maps.Keys(all))
+}
+
+// replicaForget is how long a replica may be silent before globalsync
+// forgets it: it is gone, or cut off for so long that it is the operator's
+// concern (see the runbook).
+const replicaForget = 10 * time.Minute
+
+// higherFloors returns the floors, as fractions of the rule's limit now,
+// of regions whose replicas last said they enforce a higher limit: a
+// region cut off when the limit was lowered keeps its floor of the old
+// limit until it hears of the new. The limit now is the rules file's, or
+// else the one the replica heard last reported. The caller holds s.mu.
+func (s *Service) higherFloors(rule string, regions []string, now time.Time) map[string]float64 {
+	current, latest := int64(0), time.Time{}
+	if s.rulesSet != nil {
+		if r := s.rulesSet.Rule(rule); r != nil {
+			current = r.Base.Limit
+		}
+	}
+	enforced := map[string]int64{}
+	for _, r := range s.replicas {
+		if now.Sub(r.heard) > replicaForget {
+			continue
+		}
+		t := r.rules[rule]
+		if t == nil || t.last.Limit <= 0 {
+			continue
+		}
+		enforced[r.region] = max(enforced[r.region], t.last.Limit)
+		if s.rulesSet == nil && r.heard.After(latest) {
+			current, latest = t.last.Limit, r.heard
+		}
+	}
+	if current <= 0 {
+		return nil
+	}
+	floor := s.cfg.Budget.Floor(len(regions))
+	var out map[string]float64
+	for region, l := range enforced {
+		if l > current {
+			if out == nil {
+				out = map[string]float64{}
+			}
+			out[region] = min(1, floor*float64(l)/float64(current))
+		}
+	}
+	return out
 }
 
 func (s *Service) sortedRules() []budget.Rule {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http/httptest"
 	"strings"
@@ -483,5 +484,61 @@ func TestTwoReplicasInARegion(t *testing.T) {
 		if total < 594 {
 			t.Fatalf("window %d admitted %d, not within 1%% of 600", i, total)
 		}
+	}
+}
+
+// TestBooksUseTheLimitOfTheirWindow: a window is judged against the
+// highest limit in force while it ran: one that ended before a cut from
+// 600 to 300 against 600, the one the cut fell in against 600 too, the
+// windows after it against 300.
+func TestBooksUseTheLimitOfTheirWindow(t *testing.T) {
+	rules := func(limit int) *regional.RuleSet {
+		rs, err := regional.Parse("rules.yaml", fmt.Appendf(nil, "rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: %d, window: 10s }\n", limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	cut := time.Date(2026, 1, 1, 0, 0, 15, 0, time.UTC)
+	s := &Service{rulesSet: rules(300), earlierRules: []earlierRules{{rules(600), cut}}}
+	key := "gq:{g:k1}"
+	for _, tc := range []struct {
+		start time.Time
+		want  int64
+	}{
+		{cut.Add(-15 * time.Second), 600},
+		{cut.Add(-5 * time.Second), 600},
+		{cut.Add(5 * time.Second), 300},
+	} {
+		if got := s.limitDuring(key, 300, tc.start); got != tc.want {
+			t.Errorf("window from %v: limit %d, want %d", tc.start.Format(time.TimeOnly), got, tc.want)
+		}
+	}
+}
+
+// TestHigherFloorsOfRegionsOnAnOldLimit: a region whose replicas last
+// reported enforcing 600 when the limit is now 300 is left twice its
+// floor; one on the current limit, or silent for longer than globalsync
+// remembers, is not.
+func TestHigherFloorsOfRegionsOnAnOldLimit(t *testing.T) {
+	rs, err := regional.Parse("rules.yaml", []byte("rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 300, window: 10s }\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	rep := func(region string, limit int64, heard time.Time) *replica {
+		return &replica{region: region, heard: heard, rules: map[string]*demandTrack{"g": {last: transport.RuleReport{Limit: limit}}}}
+	}
+	s := &Service{cfg: Config{Budget: budget.DefaultConfig()}, rulesSet: rs, replicas: map[string]*replica{
+		"ap-1": rep("ap", 600, now.Add(-30*time.Second)), // cut off before the change
+		"ap-2": rep("ap", 300, now),
+		"eu-1": rep("eu", 300, now),
+		"us-1": rep("us", 900, now.Add(-time.Hour)), // gone
+	}}
+	regions := []string{"ap", "eu", "us"}
+	got := s.higherFloors("g", regions, now)
+	floor := budget.DefaultConfig().Floor(3)
+	if len(got) != 1 || math.Abs(got["ap"]-2*floor) > 1e-9 {
+		t.Fatalf("higher floors %v, want ap's alone at %v", got, 2*floor)
 	}
 }

@@ -208,6 +208,49 @@ func TestRulesReloadWithoutRestart(t *testing.T) {
 	}
 }
 
+// TestPublishedRulesOutliveOtherFiles: rules put through the admin API
+// (as rules published over NATS are) stay in force when something else
+// in the rules file's directory changes (its log, say); an edit of the
+// file itself puts the file's rules back.
+func TestPublishedRulesOutliveOtherFiles(t *testing.T) {
+	redis := harness.NewRedis(t, harness.RedisOptions{})
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	writeRules(t, path, 5)
+	d := startRegiond(t, nil, "--redis", redis.URL(), "--rules", path, "--region", "us-east", "--admin-token", "T")
+	req, err := http.NewRequest(http.MethodPut, d.http+"/v1/admin/rules",
+		strings.NewReader("rules:\n  - { id: r, match: { endpoint: /r }, by: [api_key], algorithm: fixed_window, limit: 11, window: 1h }\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer T")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || limitOf(d, "put") != "11" {
+		t.Fatalf("PUT rules: %s, limit %s", resp.Status, limitOf(d, "put"))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "regiond.log"), []byte("a line\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Ten debounce periods: the published rules must hold throughout.
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if got := limitOf(d, "other-file"); got != "11" {
+			t.Fatalf("limit %s after another file in the directory changed, want the published 11:\n%s", got, d.logs())
+		}
+	}
+	writeRules(t, path, 6)
+	deadline := time.Now().Add(2 * time.Second)
+	for limitOf(d, "edited") != "6" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the edited file's rules not in force within 2s:\n%s", d.logs())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the condition
+	}
+}
+
 func TestFlagsFromEnvironment(t *testing.T) {
 	redis := harness.NewRedis(t, harness.RedisOptions{})
 	path := filepath.Join(t.TempDir(), "rules.yaml")

@@ -176,7 +176,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 				log.Info("rules reloaded", "why", why)
 			}
 		}
-		spawn(func() { watchRules(bg, c.rules, c.reloadDebounce, engine, reload, log) })
+		spawn(func() { watchRules(bg, c.rules, c.reloadDebounce, reload, log) })
 		spawn(func() { onSIGHUP(bg, func() { reload("SIGHUP") }) })
 	}
 	spawn(func() {
@@ -254,8 +254,8 @@ func loadRules(c config) (*regional.RuleSet, error) {
 // watchRules reloads the rules file when it changes. It watches the
 // directory, not the file: editors replace files, and Kubernetes swaps a
 // ConfigMap's symlink. Any event in the directory leads, after a short
-// wait, to reading the file; only a change of content reloads.
-func watchRules(ctx context.Context, path string, debounce time.Duration, e *regional.Engine, reload func(string), log *slog.Logger) {
+// wait, to reading the file; only a change of the file's content reloads.
+func watchRules(ctx context.Context, path string, debounce time.Duration, reload func(string), log *slog.Logger) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		log.Error("cannot watch the rules file; reload with SIGHUP", "error", err)
@@ -269,6 +269,10 @@ func watchRules(ctx context.Context, path string, debounce time.Duration, e *reg
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	// The file as last read: rules published since (NATS, the admin API)
+	// stay in force until the file itself changes, not whenever something
+	// else in its directory does.
+	last, _ := os.ReadFile(path)
 	for {
 		select {
 		case <-ctx.Done():
@@ -283,7 +287,8 @@ func watchRules(ctx context.Context, path string, debounce time.Duration, e *reg
 				log.Warn("rules file unreadable; the last good rules stay", "file", path, "error", err)
 				continue
 			}
-			if !bytes.Equal(b, e.Rules().YAML()) {
+			if !bytes.Equal(b, last) {
+				last = b
 				reload("file changed")
 			}
 		}

@@ -685,7 +685,7 @@ func (run *liveRun) report(mode string, simRep *sim.Report) *sim.Report {
 	rep := &sim.Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description) + "\n(played live)", Mode: mode, Seed: run.c.seed,
 		Regions: simRep.Regions, Limit: sc.Rule.Limit, Window: sc.Rule.Window, Algorithm: sc.Rule.Algorithm, Duration: sc.Duration,
 		Gossip: simRep.Gossip, Latency: simRep.Latency, Links: simRep.Links, Notes: run.notes, Heals: run.heals, Samples: run.samples,
-		ElasticBound: simRep.ElasticBound}
+		ElasticBound: simRep.ElasticBound, Live: true}
 	starts := make([]int64, 0, len(run.windows))
 	for s := range run.windows {
 		starts = append(starts, s)
