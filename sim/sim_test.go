@@ -175,8 +175,8 @@ func TestSameSeedSameOutput(t *testing.T) {
 		return out
 	}
 	a, b, c := files(7, 1), files(7, 4), files(8, 2)
-	if len(a) != 6 {
-		t.Fatalf("wrote %d files, want 6 (report, CSV, three charts, page)", len(a))
+	if len(a) != 7 {
+		t.Fatalf("wrote %d files, want 7 (report, two CSVs, three charts, page)", len(a))
 	}
 	for name, content := range a {
 		if !bytes.Equal(content, b[name]) {

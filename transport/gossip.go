@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -446,9 +447,11 @@ func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 	}
 	g.replicas[stream] = replicaSeen{region: region, seq: seq, at: now}
 	if last, ok := g.heard[region]; ok && region != g.cfg.Region && now.Sub(last) > g.StaleAfter() {
-		g.kickDigest()
-		g.rejoined[region] = true
-		g.cfg.Resync.Fire()
+		if g.isRegion(region) { // not globalsync, which speaks only every anti-entropy round
+			g.kickDigest()
+			g.rejoined[region] = true
+			g.cfg.Resync.Fire()
+		}
 	}
 	g.heard[region] = now
 	g.engine.HeardFrom(region, now)
@@ -510,6 +513,14 @@ func (g *Gossip) merge(m *nats.Msg, repair bool) {
 	}
 }
 
+// isRegion reports whether name is one of the regions whose usage this
+// region counts (globalsync, which also gossips, is not).
+func (g *Gossip) isRegion(name string) bool {
+	var regions []string
+	g.engine.GlobalUsage().With(func(c *crdt.Counters) { regions = c.Regions() })
+	return slices.Contains(regions, name)
+}
+
 // kickDigest has the digest published at once.
 func (g *Gossip) kickDigest() {
 	select {
@@ -523,8 +534,13 @@ func (g *Gossip) onHeartbeat(m *nats.Msg) { g.accept(m) }
 
 func (g *Gossip) onDigest(m *nats.Msg) {
 	region, ok := g.accept(m)
-	if !ok || region == g.cfg.Region || !g.elected() {
-		return // a sibling replica's digest (the same store), or not ours to answer
+	if !ok || region == g.cfg.Region {
+		return // a sibling replica's digest: the same store
+	}
+	dg, err := crdt.DecodeDigest(m.Data)
+	if err != nil || dg.Origin != region {
+		g.stats.Malformed.Add(1)
+		return
 	}
 	g.mu.Lock()
 	back := g.rejoined[region]
@@ -532,20 +548,21 @@ func (g *Gossip) onDigest(m *nats.Msg) {
 	g.mu.Unlock()
 	if back {
 		// The first digest from a region heard again after a silence: the
-		// one this region sent when it heard it may have been lost (a
-		// NATS gateway redials each way on its own, a second or so
-		// apart), so it goes again, now that the way is known to be up
-		// both ways; and the KV watchers, which may have asked JetStream
-		// over a way still cut, ask again.
-		g.kickDigest()
+		// way from it is up, and likely the way back (it sends a digest
+		// when it hears this region again). The digest this region sent
+		// when it heard it may have been lost (a NATS gateway redials
+		// each way on its own, a second or so apart): it goes again; and
+		// the KV watchers, which may have asked JetStream over a way still
+		// cut, ask again.
 		g.cfg.Resync.Fire()
+		if g.elected() {
+			g.kickDigest()
+		}
+	}
+	if !g.elected() {
+		return // not ours to answer
 	}
 	g.stats.DigestsAnswered.Add(1)
-	dg, err := crdt.DecodeDigest(m.Data)
-	if err != nil || dg.Origin != region {
-		g.stats.Malformed.Add(1)
-		return
-	}
 	var d crdt.Delta
 	g.engine.GlobalUsage().With(func(c *crdt.Counters) { d, err = c.Diff(dg) })
 	if err != nil {

@@ -386,7 +386,9 @@ func (s *Server) usageBody(rule string, u regional.Usage) usageBody {
 		Limit: u.Limit, Remaining: u.Remaining, Used: used, ResetAt: rfc3339(u.ResetAt), GlobalUsed: used,
 		Regions: []regionBody{{Region: s.opts.Region, Used: used, Share: 1}}}
 	if !u.WindowStart.IsZero() {
-		b.WindowStart = rfc3339(u.WindowStart)
+		// A window's start exactly (whole seconds for windows of whole
+		// seconds), as window_start= takes it back.
+		b.WindowStart = u.WindowStart.UTC().Format(time.RFC3339Nano)
 	}
 	if u.Global {
 		b.GlobalUsed, b.Regions = u.GlobalUsed, b.Regions[:0]

@@ -114,7 +114,9 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 	e := regional.New(regional.Config{Region: "eu", Logger: discardLogger()}, rs)
 	wctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { WatchRules(wctx, js, e, discardLogger(), nil); close(done) }()
+	var logs lockedBuffer
+	resync := new(Resync)
+	go func() { WatchRules(wctx, js, e, slog.New(slog.NewTextHandler(&logs, nil)), resync); close(done) }()
 	t.Cleanup(func() { stop(); <-done })
 	waitFor(t, 10*time.Second, "the bucket's rules in force", func() bool { return e.Rules().Rule("g").Base.Limit == 7 })
 	// Edited locally after; the same revision pushed changes nothing.
@@ -126,22 +128,31 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 	}
 	nc.Flush()
 	marker := []byte("rules:\n  - { id: g, by: [api_key], algorithm: fixed_window, limit: 11, window: 1m }\n")
-	if _, err := PublishRules(ctx, kv, marker); err != nil {
+	next, err := PublishRules(ctx, kv, marker)
+	if err != nil {
 		t.Fatal(err)
 	}
-	var seen []int64
-	waitFor(t, 10*time.Second, "the next revision in force", func() bool {
-		l := e.Rules().Rule("g").Base.Limit
-		if len(seen) == 0 || seen[len(seen)-1] != l {
-			seen = append(seen, l)
-		}
-		return l == 11
-	})
-	for _, l := range seen {
-		if l == 7 {
-			t.Fatalf("limits seen %v: revision %d applied again over the local edit", seen, rev)
+	waitFor(t, 10*time.Second, "the next revision in force", func() bool { return e.Rules().Rule("g").Base.Limit == 11 })
+	for r, want := range map[uint64]int{rev: 1, next: 1} {
+		if got := strings.Count(logs.String(), fmt.Sprintf("published rules in force\" revision=%d ", r)); got != want {
+			t.Errorf("revision %d put in force %d times, want %d:\n%s", r, got, want, logs.String())
 		}
 	}
+
+	// The bucket made anew: its revisions start again, and a watch made
+	// again (here on a resync) applies them.
+	if err := js.DeleteKeyValue(ctx, RulesBucket); err != nil {
+		t.Fatal(err)
+	}
+	if kv, err = js.CreateKeyValue(ctx, RulesBucketConfig); err != nil {
+		t.Fatal(err)
+	}
+	anew := []byte("rules:\n  - { id: g, by: [api_key], algorithm: fixed_window, limit: 13, window: 1m }\n")
+	if r, err := PublishRules(ctx, kv, anew); err != nil || r >= next {
+		t.Fatalf("a new bucket's first revision: %d, %v (the old one was at %d)", r, err, next)
+	}
+	resync.Fire()
+	waitFor(t, 15*time.Second, "a new bucket's rules in force", func() bool { return e.Rules().Rule("g").Base.Limit == 13 })
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -15,12 +16,12 @@ import (
 )
 
 // TestLeasesCatchUpAfterAHeal: region ap watches its leases in a bucket
-// that lives in eu's NATS cluster, across a gateway. The gateway is cut for longer
-// than a JetStream consumer outlives its client's silence; a new lease is
-// published meanwhile. When the link heals and ap hears eu again, its
-// watch starts again from the current values, and ap holds the new lease within
-// a few seconds instead of when its old watch notices it is dead.
+// that lives in eu's NATS cluster, across a gateway. The gateway is cut
+// for several seconds and a new lease is published meanwhile; within a
+// few seconds of the heal ap holds it (its watch is made again when it
+// hears eu again).
 func TestLeasesCatchUpAfterAHeal(t *testing.T) {
+	const partitionFor = 8 * time.Second // longer than JetStream's 5s request timeout
 	sc := harness.NewSupercluster(t, harness.SuperclusterOptions{Clusters: []string{"eu", "ap"}, JetStream: true, Links: true})
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
@@ -64,7 +65,7 @@ func TestLeasesCatchUpAfterAHeal(t *testing.T) {
 	for _, l := range cut {
 		l.Cut()
 	}
-	time.Sleep(8 * time.Second) // the partition: longer than an idle consumer is kept
+	time.Sleep(partitionFor) // the partition
 	publish(2)
 	for _, l := range cut {
 		if err := l.Heal(); err != nil {
@@ -137,5 +138,56 @@ func TestHealOneWayAtATime(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("10s after the heal, eu holds %v and ap %v; want both %v", euw, apw, want)
 		}
+	}
+}
+
+// TestGlobalSyncDigestsAreNoRejoin: globalsync sends its digest once an
+// anti-entropy round, silent in between; its digests do not count as a
+// region heard again after a silence, which would remake every KV watch
+// each round.
+func TestGlobalSyncDigestsAreNoRejoin(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{})
+	resync := new(Resync)
+	cfg := gossipConfig("eu")
+	cfg.Resync = resync
+	eu := startGossipRegionWith(t, "eu", ns.ClientURL(), cfg)
+	fired := resync.C()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	digest := func(seq int) {
+		t.Helper()
+		var dg crdt.Digest
+		var derr error
+		eu.engine.GlobalUsage().With(func(c *crdt.Counters) { dg, derr = c.Digest(crdt.DefaultDigestBuckets) })
+		if derr != nil {
+			t.Fatal(derr)
+		}
+		dg.Origin = "globalsync"
+		b, err := crdt.AppendDigest(nil, dg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg("geoquota.digest.globalsync")
+		m.Data = b
+		m.Header.Set(HeaderReplica, "globalsync-gs")
+		m.Header.Set(HeaderSeq, strconv.Itoa(seq))
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		nc.Flush()
+	}
+	before := eu.gossip.Stats().Received.Load()
+	digest(1)
+	waitFor(t, 5*time.Second, "the first digest heard", func() bool { _, ok := eu.gossip.LastHeard("globalsync"); return ok })
+	time.Sleep(2 * eu.gossip.StaleAfter()) // globalsync's silence between two rounds
+	digest(2)
+	waitFor(t, 5*time.Second, "the second digest heard", func() bool { return eu.gossip.Stats().Received.Load() >= before+2 })
+	select {
+	case <-fired:
+		t.Fatal("a digest from globalsync after its usual silence remade the KV watches")
+	default:
 	}
 }

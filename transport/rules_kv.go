@@ -44,9 +44,12 @@ func PublishRules(ctx context.Context, kv jetstream.KeyValue, yaml []byte) (uint
 func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger, resync *Resync) {
 	var mu sync.Mutex
 	var applied uint64 // the last revision put in force, or found in force
-	apply := func(rev uint64, value []byte) {
+	apply := func(rev uint64, value []byte, fromBucket bool) {
 		mu.Lock()
 		defer mu.Unlock()
+		if fromBucket && rev < applied {
+			applied = 0 // the bucket was made anew: its revisions start again
+		}
 		if rev <= applied {
 			return
 		}
@@ -63,12 +66,12 @@ func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine,
 	}
 	if sub, err := js.Conn().Subscribe(PushRulesSubject, func(m *nats.Msg) {
 		if rev := pushedRevision(m); rev > 0 {
-			apply(rev, m.Data)
+			apply(rev, m.Data, false)
 		}
 	}); err != nil {
 		log.Warn("rules: not subscribed to pushed rules; the bucket alone brings them", "err", err)
 	} else {
 		defer sub.Unsubscribe()
 	}
-	watchKV(ctx, js, RulesBucket, RulesKey, log, resync, func(en jetstream.KeyValueEntry) { apply(en.Revision(), en.Value()) })
+	watchKV(ctx, js, RulesBucket, RulesKey, log, resync, func(en jetstream.KeyValueEntry) { apply(en.Revision(), en.Value(), true) })
 }

@@ -296,6 +296,7 @@ func (s *Service) tick(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Rebalance)
 	defer cancel()
 	defer s.sample()
+	s.forgetReplicas()
 	if !s.lead(ctx) {
 		return
 	}
@@ -466,11 +467,6 @@ func (s *Service) rebalance(ctx context.Context) error {
 	if found := s.reconcile(now); len(found) > 0 {
 		s.found = append(s.found, found...)
 	}
-	for id, r := range s.replicas {
-		if now.Sub(r.heard) > replicaForget {
-			delete(s.replicas, id)
-		}
-	}
 	regions := s.knownRegions()
 	type pub struct {
 		key string
@@ -617,6 +613,19 @@ func (s *Service) knownRegions() []string {
 		all[r] = true
 	}
 	return slices.Sorted(maps.Keys(all))
+}
+
+// forgetReplicas forgets the replicas silent for longer than
+// replicaForget, leader or not.
+func (s *Service) forgetReplicas() {
+	now := s.cfg.Clock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, r := range s.replicas {
+		if now.Sub(r.heard) > replicaForget {
+			delete(s.replicas, id)
+		}
+	}
 }
 
 // replicaForget is how long a replica may be silent before globalsync

@@ -176,7 +176,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 				log.Info("rules reloaded", "why", why)
 			}
 		}
-		spawn(func() { watchRules(bg, c.rules, c.reloadDebounce, reload, log) })
+		spawn(func() { watchRules(bg, c.rules, rules.YAML(), c.reloadDebounce, reload, log) })
 		spawn(func() { onSIGHUP(bg, func() { reload("SIGHUP") }) })
 	}
 	spawn(func() {
@@ -255,7 +255,7 @@ func loadRules(c config) (*regional.RuleSet, error) {
 // directory, not the file: editors replace files, and Kubernetes swaps a
 // ConfigMap's symlink. Any event in the directory leads, after a short
 // wait, to reading the file; only a change of the file's content reloads.
-func watchRules(ctx context.Context, path string, debounce time.Duration, reload func(string), log *slog.Logger) {
+func watchRules(ctx context.Context, path string, loaded []byte, debounce time.Duration, reload func(string), log *slog.Logger) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		log.Error("cannot watch the rules file; reload with SIGHUP", "error", err)
@@ -269,10 +269,10 @@ func watchRules(ctx context.Context, path string, debounce time.Duration, reload
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	// The file as last read: rules published since (NATS, the admin API)
-	// stay in force until the file itself changes, not whenever something
-	// else in its directory does.
-	last, _ := os.ReadFile(path)
+	// The file as last read (loaded: at start): rules published since
+	// (NATS, the admin API) stay in force until the file itself changes,
+	// not whenever something else in its directory does.
+	last := loaded
 	for {
 		select {
 		case <-ctx.Done():

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -189,6 +190,8 @@ type liveRun struct {
 	client *http.Client
 	stderr io.Writer
 
+	measuring sync.WaitGroup // convergence after each heal
+
 	mu      sync.Mutex
 	windows map[int64]*liveWindow // by window start, ms since t0
 	errors  int64
@@ -207,7 +210,8 @@ type liveWindow struct {
 
 // playLive runs one mode: the rule in force everywhere, the links' latency
 // as the simulator drew it, the requests at their times, the faults at
-// theirs; then it puts the rules and links back as they were.
+// theirs; then it puts the rules files back as they were, heals every link
+// and takes the latencies it set off.
 func playLive(ctx context.Context, c liveConfig, st harness.DeploymentState, sc *sim.Scenario, mode string, simRep *sim.Report, stderr io.Writer) (*sim.Report, error) {
 	run := &liveRun{c: c, st: st, sc: sc, rule: "sim-live-" + mode, prefix: fmt.Sprintf("simlive-%d-", time.Now().UnixNano()),
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c.concurrency}},
@@ -235,7 +239,7 @@ func playLive(ctx context.Context, c liveConfig, st harness.DeploymentState, sc 
 	}
 	// Start on a window boundary, as the simulator's time 0 is.
 	w := sc.Rule.Window
-	run.t0 = time.Now().Add(time.Second).Truncate(w).Add(w)
+	run.t0 = windowStart(time.Now().Add(time.Second), w).Add(w)
 	fmt.Fprintf(stderr, "sim live: %s, %s mode: %v of traffic from %s (window %v, limit %d)\n",
 		sc.Name, mode, sc.Duration, run.t0.Format(time.TimeOnly), w, sc.Rule.Limit)
 	if err := sleepUntil(ctx, run.t0); err != nil {
@@ -315,6 +319,14 @@ func (run *liveRun) getJSON(ctx context.Context, url string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
+// windowStart is the start of the window of length w that holds t:
+// windows are aligned to multiples of w since the Unix epoch, as the
+// regions align them (time.Truncate aligns to year 1).
+func windowStart(t time.Time, w time.Duration) time.Time {
+	ms := w.Milliseconds()
+	return time.UnixMilli(t.UnixMilli() / ms * ms)
+}
+
 func sleepUntil(ctx context.Context, t time.Time) error {
 	timer := time.NewTimer(time.Until(t))
 	defer timer.Stop()
@@ -349,11 +361,11 @@ func (run *liveRun) putRule(ctx context.Context, mode string) (func(), error) {
 			restore()
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
-		if err := writeAtomic(path, added); err != nil {
+		if err := harness.WriteFileAtomic(path, added); err != nil {
 			restore()
 			return nil, err
 		}
-		restores = append(restores, func() { writeAtomic(path, old) })
+		restores = append(restores, func() { harness.WriteFileAtomic(path, old) })
 	}
 	return restore, nil
 }
@@ -370,14 +382,6 @@ func withRule(rules []byte, rule string) ([]byte, error) {
 	at := i + len("\nrules:\n")
 	out := append(slices.Clone(rules[:at]), rule...)
 	return append(out, rules[at:]...), nil
-}
-
-func writeAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // waitRuleEverywhere waits until every replica knows the scenario's rule.
@@ -505,7 +509,7 @@ func (run *liveRun) check(ctx context.Context, addr string, a sim.Arrival) {
 	// A fixed window's reset is its end; otherwise, the window the
 	// request was sent in.
 	w := run.sc.Rule.Window
-	start := sent.Truncate(w)
+	start := windowStart(sent, w)
 	if t, err := time.Parse(time.RFC3339, reset); err == nil && run.sc.Rule.Algorithm == "fixed_window" {
 		start = t.Add(-w)
 	}
@@ -594,12 +598,16 @@ func (run *liveRun) faults(ctx context.Context) {
 		run.notes = append(run.notes, sim.Note{At: at, Text: text})
 		run.mu.Unlock()
 		if f.Kind == "heal" && err == nil {
-			h := sim.Heal{At: at, Converged: run.convergence(ctx, at)}
-			run.mu.Lock()
-			run.heals = append(run.heals, h)
-			run.mu.Unlock()
+			// Measured beside the faults still to come, which keep time.
+			run.measuring.Go(func() {
+				h := sim.Heal{At: at, Converged: run.convergence(ctx, at)}
+				run.mu.Lock()
+				run.heals = append(run.heals, h)
+				run.mu.Unlock()
+			})
 		}
 	}
+	run.measuring.Wait()
 }
 
 // convergence polls one replica of each region until every one holds,
@@ -684,7 +692,8 @@ func (run *liveRun) report(mode string, simRep *sim.Report) *sim.Report {
 	sc := run.sc
 	rep := &sim.Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description) + "\n(played live)", Mode: mode, Seed: run.c.seed,
 		Regions: simRep.Regions, Limit: sc.Rule.Limit, Window: sc.Rule.Window, Algorithm: sc.Rule.Algorithm, Duration: sc.Duration,
-		Gossip: simRep.Gossip, Latency: simRep.Latency, Links: simRep.Links, Notes: run.notes, Heals: run.heals, Samples: run.samples,
+		Gossip: simRep.Gossip, Latency: simRep.Latency, Links: simRep.Links, Notes: run.notes, Samples: run.samples,
+		Heals:        slices.SortedFunc(slices.Values(run.heals), func(a, b sim.Heal) int { return cmp.Compare(a.At, b.At) }),
 		ElasticBound: simRep.ElasticBound, Live: true}
 	starts := make([]int64, 0, len(run.windows))
 	for s := range run.windows {

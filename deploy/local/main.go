@@ -14,6 +14,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +35,10 @@ commands:
 
 flags of up (each command takes -dir):
 `
+
+// regionName is what a region may be called: a NATS subject token, a
+// cluster name and a file name alike.
+var regionName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
 
 // defaultDir is where the state file and the deployment's data go when no
 // -dir is given: sim live -deployment deploy/local reads it there.
@@ -55,6 +61,7 @@ type upConfig struct {
 	rules      string
 	adminToken string
 	timeout    time.Duration
+	regionsSet bool // -regions was given
 }
 
 func upFlags(name string, c *upConfig, errOut io.Writer) *flag.FlagSet {
@@ -90,6 +97,7 @@ func run(args []string, out, errOut io.Writer) error {
 		if fs.NArg() > 0 {
 			return fmt.Errorf("%s: unexpected argument %q", args[0], fs.Arg(0))
 		}
+		fs.Visit(func(f *flag.Flag) { c.regionsSet = c.regionsSet || f.Name == "regions" })
 		opts, err := c.options()
 		if err != nil {
 			return err
@@ -102,12 +110,21 @@ func run(args []string, out, errOut io.Writer) error {
 		fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 		fs.SetOutput(errOut)
 		dir := fs.String("dir", defaultDir, "directory of the state file")
-		timeout := fs.Duration("timeout", time.Minute, "how long down waits for everything to stop")
+		var timeout *time.Duration
+		if args[0] == "down" {
+			timeout = fs.Duration("timeout", time.Minute, "how long down waits for everything to stop")
+		}
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
+		if args[0] != "fault" && fs.NArg() > 0 {
+			return fmt.Errorf("%s: unexpected argument %q", args[0], fs.Arg(0))
+		}
 		switch args[0] {
 		case "down":
+			if *timeout <= 0 {
+				return fmt.Errorf("-timeout %v: want more than 0", *timeout)
+			}
 			return down(*dir, *timeout, out)
 		case "status":
 			st, err := readLive(*dir)
@@ -129,11 +146,16 @@ func (c upConfig) options() (harness.DeploymentOptions, error) {
 	opts := harness.DeploymentOptions{Replicas: c.replicas, GlobalSyncs: c.globalsync, AdminToken: c.adminToken,
 		Dir: filepath.Join(c.dir, ".run"), Rules: regional.ExampleRules}
 	switch {
+	case c.names != "" && c.regionsSet:
+		return opts, errors.New("-names and -regions: give one or the other")
 	case c.names != "":
 		opts.Regions = strings.Split(c.names, ",")
-		for _, n := range opts.Regions {
-			if n == "" {
-				return opts, fmt.Errorf("-names %q: a region name is empty", c.names)
+		for i, n := range opts.Regions {
+			if !regionName.MatchString(n) {
+				return opts, fmt.Errorf("-names %q: region name %q: want lower-case letters, digits and dashes", c.names, n)
+			}
+			if slices.Contains(opts.Regions[:i], n) {
+				return opts, fmt.Errorf("-names %q: region %q named twice", c.names, n)
 			}
 		}
 	case c.regions < 1 || c.regions > len(harness.DefaultRegions):
@@ -146,6 +168,9 @@ func (c upConfig) options() (harness.DeploymentOptions, error) {
 	}
 	if c.globalsync < 1 {
 		return opts, fmt.Errorf("-globalsync %d: want at least 1", c.globalsync)
+	}
+	if c.timeout <= 0 {
+		return opts, fmt.Errorf("-timeout %v: want more than 0", c.timeout)
 	}
 	if c.rules != "" {
 		b, err := os.ReadFile(c.rules)
@@ -166,7 +191,7 @@ func statePath(dir string) string { return filepath.Join(dir, "state.json") }
 // it outlives this command, and waits until it has written the state
 // file (or died, and then shows its log).
 func up(c upConfig, args []string, out io.Writer) error {
-	if st, err := harness.ReadState(statePath(c.dir)); err == nil && alive(st.PID) {
+	if st, err := harness.ReadState(statePath(c.dir)); err == nil && harness.ProcessRunning(st.PID, "supervise") {
 		return fmt.Errorf("a deployment is already up (pid %d, %s): run down first", st.PID, statePath(c.dir))
 	}
 	os.Remove(statePath(c.dir))
@@ -291,52 +316,65 @@ func controlAPI(d *harness.Deployment, dir string) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(fresh)
 	}
-	handle := func(pattern string, body any, act func() error) {
+	// Each request decodes its own body: requests may come at once.
+	handle := func(pattern string, act func(decode func(any) error) error) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			if body != nil {
+			decode := func(body any) error {
 				dec := json.NewDecoder(r.Body)
 				dec.DisallowUnknownFields()
 				if err := dec.Decode(body); err != nil {
-					http.Error(w, "body: "+err.Error(), http.StatusBadRequest)
-					return
+					return fmt.Errorf("body: %w", err)
 				}
+				return nil
 			}
-			if err := act(); err != nil {
+			if err := act(decode); err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
 			writeState(w)
 		})
 	}
-	var part struct {
-		Regions []string `json:"regions"`
-	}
-	handle("POST /v1/partition", &part, func() error {
-		if len(part.Regions) == 0 {
+	handle("POST /v1/partition", func(decode func(any) error) error {
+		var b struct {
+			Regions []string `json:"regions"`
+		}
+		if err := decode(&b); err != nil {
+			return err
+		}
+		if len(b.Regions) == 0 {
 			return errors.New("regions: name at least one region")
 		}
-		return d.Partition(part.Regions...)
+		return d.Partition(b.Regions...)
 	})
-	var split struct {
-		Groups [][]string `json:"groups"`
-	}
-	handle("POST /v1/split", &split, func() error {
-		if len(split.Groups) < 2 {
+	handle("POST /v1/split", func(decode func(any) error) error {
+		var b struct {
+			Groups [][]string `json:"groups"`
+		}
+		if err := decode(&b); err != nil {
+			return err
+		}
+		if len(b.Groups) < 2 {
 			return errors.New("groups: want at least two groups")
 		}
-		return d.Split(split.Groups...)
+		return d.Split(b.Groups...)
 	})
-	handle("POST /v1/heal", nil, d.Heal)
-	var lat struct {
-		A         string  `json:"a"`
-		B         string  `json:"b"`
-		LatencyMS float64 `json:"latency_ms"`
-	}
-	handle("POST /v1/latency", &lat, func() error {
-		if lat.LatencyMS < 0 {
-			return fmt.Errorf("latency_ms: %v is negative", lat.LatencyMS)
+	handle("POST /v1/heal", func(func(any) error) error { return d.Heal() })
+	handle("POST /v1/latency", func(decode func(any) error) error {
+		var b struct {
+			A         string   `json:"a"`
+			B         string   `json:"b"`
+			LatencyMS *float64 `json:"latency_ms"`
 		}
-		return d.SetLatency(lat.A, lat.B, time.Duration(lat.LatencyMS*float64(time.Millisecond)))
+		if err := decode(&b); err != nil {
+			return err
+		}
+		switch {
+		case b.LatencyMS == nil:
+			return errors.New("latency_ms: missing")
+		case *b.LatencyMS < 0:
+			return fmt.Errorf("latency_ms: %v is negative", *b.LatencyMS)
+		}
+		return d.SetLatency(b.A, b.B, time.Duration(*b.LatencyMS*float64(time.Millisecond)))
 	})
 	mux.HandleFunc("GET /v1/state", func(w http.ResponseWriter, _ *http.Request) { writeState(w) })
 	return mux
@@ -351,14 +389,47 @@ func readLive(dir string) (harness.DeploymentState, error) {
 	if err != nil {
 		return st, err
 	}
-	if !alive(st.PID) {
-		return st, fmt.Errorf("the deployment in %s is gone (pid %d not running); remove %s", dir, st.PID, statePath(dir))
+	if !harness.ProcessRunning(st.PID, "supervise") {
+		return st, fmt.Errorf("the deployment in %s is gone (pid %d not running); run down to clean up", dir, st.PID)
 	}
 	return st, nil
 }
 
-// down stops the supervisor, which stops everything it started, and
-// checks that every process of the deployment is gone.
+// process is one process of a deployment, as its state file names it.
+type process struct {
+	pid  int
+	name string // in its command line
+}
+
+// processes lists every process of a deployment: the supervisor first.
+func processes(st harness.DeploymentState) []process {
+	ps := []process{{st.PID, "supervise"}}
+	for _, r := range st.Regions {
+		ps = append(ps, process{r.RedisPID, "redis-server"})
+		for _, d := range r.Replicas {
+			ps = append(ps, process{d.PID, "regiond"})
+		}
+	}
+	for _, d := range st.GlobalSyncs {
+		ps = append(ps, process{d.PID, "globalsync"})
+	}
+	return ps
+}
+
+// running returns the processes still running.
+func running(ps []process) []process {
+	var out []process
+	for _, p := range ps {
+		if harness.ProcessRunning(p.pid, p.name) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// down stops the supervisor, which stops everything it started (or, if
+// it is gone, every process of the deployment itself), and checks that
+// every process of the deployment is gone.
 func down(dir string, timeout time.Duration, out io.Writer) error {
 	st, err := harness.ReadState(statePath(dir))
 	if errors.Is(err, os.ErrNotExist) {
@@ -368,61 +439,27 @@ func down(dir string, timeout time.Duration, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pids := []int{st.PID}
-	for _, r := range st.Regions {
-		for _, d := range r.Replicas {
-			pids = append(pids, d.PID)
-		}
-	}
-	for _, d := range st.GlobalSyncs {
-		pids = append(pids, d.PID)
-	}
-	if alive(st.PID) {
+	ps := processes(st)
+	if harness.ProcessRunning(st.PID, "supervise") {
 		syscall.Kill(st.PID, syscall.SIGTERM)
+	} else {
+		for _, p := range running(ps) {
+			syscall.Kill(p.pid, syscall.SIGTERM)
+		}
 	}
 	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) && anyAlive(pids) {
+	for time.Now().Before(deadline) && len(running(ps)) > 0 {
 		time.Sleep(100 * time.Millisecond) // waiting on other processes to exit
 	}
-	if anyAlive(pids) {
-		for _, p := range pids {
-			if alive(p) {
-				syscall.Kill(p, syscall.SIGKILL)
-			}
+	if left := running(ps); len(left) > 0 {
+		for _, p := range left {
+			syscall.Kill(p.pid, syscall.SIGKILL)
 		}
-		return fmt.Errorf("the deployment did not stop within %v (-timeout): killed what was left", timeout)
+		return fmt.Errorf("the deployment did not stop within %v (-timeout): killed what was left (%d processes)", timeout, len(left))
 	}
 	os.Remove(statePath(dir))
 	fmt.Fprintln(out, "deployment stopped; nothing of it is running")
 	return nil
-}
-
-func alive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	// A zombie is dead for our purposes.
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] != 'Z'
-	}
-	return true
-}
-
-func anyAlive(pids []int) bool {
-	for _, p := range pids {
-		if alive(p) {
-			return true
-		}
-	}
-	return false
 }
 
 // fault sends a fault to the running deployment's supervisor.

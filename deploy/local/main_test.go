@@ -25,6 +25,10 @@ func TestUpFlags(t *testing.T) {
 		{[]string{"-regions", "0"}, "-regions"},
 		{[]string{"-regions", "9"}, "-regions"},
 		{[]string{"-names", "us,,ap"}, "-names"},
+		{[]string{"-names", "us,eu,us"}, "named twice"},
+		{[]string{"-names", "us,e.u"}, "e.u"},
+		{[]string{"-names", "us,eu", "-regions", "2"}, "-names and -regions"},
+		{[]string{"-timeout", "0s"}, "-timeout"},
 		{[]string{"-replicas", "0"}, "-replicas"},
 		{[]string{"-globalsync", "0"}, "-globalsync"},
 		{[]string{"-rules", filepath.Join(dir, "missing.yaml")}, "-rules"},
@@ -62,6 +66,11 @@ func TestCommandsWithoutADeployment(t *testing.T) {
 		err := run(append([]string{cmd[0], "-dir", dir}, cmd[1:]...), io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "run up first") {
 			t.Errorf("%v: %v", cmd, err)
+		}
+	}
+	for _, args := range [][]string{{"status", "-dir", dir, "extra"}, {"down", "-dir", dir, "-timeout", "0s"}, {"status", "-timeout", "1s"}} {
+		if err := run(args, io.Discard, io.Discard); err == nil {
+			t.Errorf("%v: no error", args)
 		}
 	}
 	if err := run([]string{"sideways"}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "sideways") {

@@ -4,14 +4,12 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -49,14 +47,24 @@ func TestUpSimLiveDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pids := []int{st.PID}
+	type proc struct {
+		pid  int
+		name string
+	}
+	procs := []proc{{st.PID, "supervise"}}
 	for _, r := range st.Regions {
+		procs = append(procs, proc{r.RedisPID, "redis-server"})
 		for _, d := range r.Replicas {
-			pids = append(pids, d.PID)
+			procs = append(procs, proc{d.PID, "regiond"})
 		}
 	}
 	for _, d := range st.GlobalSyncs {
-		pids = append(pids, d.PID)
+		procs = append(procs, proc{d.PID, "globalsync"})
+	}
+	for _, p := range procs {
+		if !harness.ProcessRunning(p.pid, p.name) {
+			t.Errorf("%s (pid %d) is not running after up", p.name, p.pid)
+		}
 	}
 	downed := false
 	t.Cleanup(func() {
@@ -64,8 +72,8 @@ func TestUpSimLiveDown(t *testing.T) {
 			exec.Command(filepath.Join(bin, "local"), "down", "-dir", dir).Run()
 		}
 	})
-	if len(st.Regions) != 3 || len(pids) != 1+3*2+2 || len(st.Links) != 6 {
-		t.Fatalf("state: %d regions, %d processes, %d links; want 3, 9, 6", len(st.Regions), len(pids), len(st.Links))
+	if len(st.Regions) != 3 || len(procs) != 1+3*3+2 || len(st.Links) != 6 {
+		t.Fatalf("state: %d regions, %d processes, %d links; want 3, 12, 6", len(st.Regions), len(procs), len(st.Links))
 	}
 	for _, name := range []string{"us", "eu", "ap"} {
 		if !strings.Contains(up, "region "+name) {
@@ -101,9 +109,9 @@ func TestUpSimLiveDown(t *testing.T) {
 		t.Errorf("down said %q", down)
 	}
 	downed = true
-	for _, pid := range pids {
-		if syscall.Kill(pid, 0) == nil && !zombie(pid) {
-			t.Errorf("process %d of the deployment still runs after down", pid)
+	for _, p := range procs {
+		if harness.ProcessRunning(p.pid, p.name) {
+			t.Errorf("%s (pid %d) still runs after down", p.name, p.pid)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "state.json")); !os.IsNotExist(err) {
@@ -114,14 +122,4 @@ func TestUpSimLiveDown(t *testing.T) {
 			t.Errorf("region %s's redis-server still answers after down", r.Name)
 		}
 	}
-}
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
 }

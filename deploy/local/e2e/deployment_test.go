@@ -44,6 +44,27 @@ func TestDeploymentState(t *testing.T) {
 	if len(st.Regions) != 2 || len(st.GlobalSyncs) != 2 {
 		t.Fatalf("state lists %d regions and %d globalsync, want 2 and 2: %+v", len(st.Regions), len(st.GlobalSyncs), st)
 	}
+	for _, r := range st.Regions {
+		if !harness.ProcessRunning(r.RedisPID, "redis-server") {
+			t.Errorf("region %s: redis-server pid %d not running", r.Name, r.RedisPID)
+		}
+	}
+	// Faults that make no sense are refused, and cut nothing.
+	for name, err := range map[string]error{
+		"partition of every region": d.Partition("us", "eu"),
+		"partition of none":         d.Partition(),
+		"a region in two groups":    d.Split([]string{"us"}, []string{"us", "eu"}),
+		"an unknown region":         d.Partition("mars"),
+	} {
+		if err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	for _, l := range d.State().Links {
+		if l.Cut {
+			t.Errorf("link %s→%s cut by a refused fault", l.From, l.To)
+		}
+	}
 	// Every process, and every address that must take connections while
 	// the deployment runs and refuse them after.
 	var pids []int

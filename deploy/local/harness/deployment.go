@@ -248,12 +248,34 @@ func (d *Deployment) GlobalSyncRulesPath() string { return d.gsRulesPath }
 // deployment does: it writes globalsync's rules file, the leader publishes
 // them in the rules bucket (JetStream KV), and every regiond that can reach
 // it puts them in force (a region cut off, once its link heals).
-func (d *Deployment) PublishRules(yaml []byte) error {
-	tmp := d.gsRulesPath + ".tmp"
-	if err := os.WriteFile(tmp, yaml, 0o644); err != nil {
+func (d *Deployment) PublishRules(yaml []byte) error { return WriteFileAtomic(d.gsRulesPath, yaml) }
+
+// WriteFileAtomic writes a file through a temporary one renamed over it,
+// so that a watcher never reads it half written.
+func WriteFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return err
 	}
-	return os.Rename(tmp, d.gsRulesPath)
+	return os.Rename(tmp, path)
+}
+
+// ProcessRunning reports whether pid is a live process (not a zombie)
+// whose command line contains name: a process id in a stale state file
+// may belong to another program by now.
+func ProcessRunning(pid int, name string) bool {
+	if pid <= 0 {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && bytes.Contains(cmdline, []byte(name))
 }
 
 // waitReady waits until a regiond's /readyz or a globalsync's /healthz
@@ -318,11 +340,17 @@ func (dm *Daemon) Stop() error { return dm.proc.stop(15 * time.Second) }
 // Partition cuts the given regions off from every other region, both
 // ways; the regions given still reach each other.
 func (d *Deployment) Partition(regions ...string) error {
+	if len(regions) == 0 {
+		return errors.New("harness: partition: name the regions to cut off")
+	}
 	var rest []string
 	for _, r := range d.Regions {
 		if !slices.Contains(regions, r.Name) {
 			rest = append(rest, r.Name)
 		}
+	}
+	if len(rest) == 0 {
+		return fmt.Errorf("harness: partition: %q is every region: there is no other side to cut off from", regions)
 	}
 	return d.Split(regions, rest)
 }
@@ -335,6 +363,9 @@ func (d *Deployment) Split(groups ...[]string) error {
 		for _, name := range g {
 			if d.Region(name) == nil {
 				return fmt.Errorf("harness: no region %q in the deployment", name)
+			}
+			if group[name] != 0 {
+				return fmt.Errorf("harness: split: region %q is in two groups", name)
 			}
 			group[name] = i + 1
 		}
@@ -427,6 +458,7 @@ type DeploymentState struct {
 type RegionState struct {
 	Name     string        `json:"name"`
 	Redis    string        `json:"redis"`
+	RedisPID int           `json:"redis_pid"`
 	NATS     string        `json:"nats"`
 	Replicas []DaemonState `json:"regiond"`
 }
@@ -456,7 +488,7 @@ func (d *Deployment) State() DeploymentState {
 		return DaemonState{Name: dm.Name, GRPC: dm.GRPCAddr, HTTP: dm.HTTPAddr, Memberlist: dm.Memberlist, PID: dm.PID(), Log: dm.LogPath()}
 	}
 	for _, r := range d.Regions {
-		rs := RegionState{Name: r.Name, Redis: r.Redis.URL(), NATS: r.NATS.ClientURLs()}
+		rs := RegionState{Name: r.Name, Redis: r.Redis.URL(), RedisPID: r.Redis.PID(), NATS: r.NATS.ClientURLs()}
 		for _, rep := range r.Replicas {
 			rs.Replicas = append(rs.Replicas, ds(rep))
 		}
@@ -479,11 +511,7 @@ func WriteState(path string, st DeploymentState) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return WriteFileAtomic(path, append(b, '\n'))
 }
 
 // ReadState reads a state file written by WriteState.

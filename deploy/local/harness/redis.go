@@ -178,6 +178,14 @@ func (r *Redis) Dir() string { return r.dir }
 // LogPath returns the path of the server's log.
 func (r *Redis) LogPath() string { return r.proc.logPath }
 
+// PID is the redis-server's process id, or 0 if it is not running.
+func (r *Redis) PID() int {
+	if !r.proc.running() {
+		return 0
+	}
+	return r.proc.pid()
+}
+
 // Running reports whether the server process is up.
 func (r *Redis) Running() bool { return r.proc.running() }
 
