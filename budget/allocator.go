@@ -293,7 +293,9 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 		return m
 	}
 	base, extra := 0.0, 0.0
-	for r := range s.hwRegions(first, last, regions) {
+	// In name order: a sum of floats in map order differs in its last
+	// bits from run to run.
+	for _, r := range slices.Sorted(maps.Keys(s.hwRegions(first, last, regions))) {
 		base += mark(r)
 	}
 	want := make([]float64, len(regions))
