@@ -30,11 +30,12 @@ type region struct {
 
 	published uint64                   // own slots gossiped up to this version
 	heard     map[string]time.Duration // endpoint → last message from it
+	rejoined  map[string]bool          // regions heard again whose digest has not come since
 	holding   bool                     // held a lease at the last sample
 }
 
 func newRegion(s *sim, idx int, name string, faulty bool, bcfg budget.Config) (*region, error) {
-	r := &region{s: s, idx: idx, name: name, skew: s.sc.ClockSkew[name], heard: map[string]time.Duration{},
+	r := &region{s: s, idx: idx, name: name, skew: s.sc.ClockSkew[name], heard: map[string]time.Duration{}, rejoined: map[string]bool{},
 		rng: rand.New(rand.NewPCG(s.seed, uint64(idx)+1))}
 	cfg := regional.DefaultConfig()
 	cfg.Region = name
@@ -123,13 +124,22 @@ type endpoint interface {
 
 // hear notes a message from another endpoint; a region silent for longer
 // than three heartbeats is back (a partition healed), and the region
-// trades digests at once, as the transport does.
-func (r *region) hear(from string) {
-	if last, ok := r.heard[from]; ok && from != r.name && r.now-last > r.s.staleAfter() {
+// trades digests at once, as the transport does (globalsync, which speaks
+// once an anti-entropy round, does not count).
+func (r *region) hear(from string) (back bool) {
+	if last, ok := r.heard[from]; ok && from != r.name && from != gsName && r.now-last > r.s.staleAfter() {
 		r.publishDigest()
+		// The way there may come a second after the way here: again a
+		// second and two seconds on, as the transport does.
+		for i := 1; i <= 2; i++ {
+			r.s.atFor(r.idx, r.now+time.Duration(i)*time.Second, r.publishDigest)
+		}
+		r.rejoined[from] = true
+		back = true
 	}
 	r.heard[from] = r.now
 	r.engine.HeardFrom(from, r.clock())
+	return back
 }
 
 func (r *region) delta(from string, d crdt.Delta, repair bool) {
@@ -138,7 +148,12 @@ func (r *region) delta(from string, d crdt.Delta, repair bool) {
 }
 
 func (r *region) digest(from string, dg crdt.Digest) {
-	r.hear(from)
+	if back := r.hear(from); r.rejoined[from] && !back {
+		// Its first digest since it was heard again: the one sent then
+		// may have been lost on a way still cut; send it again.
+		delete(r.rejoined, from)
+		r.publishDigest()
+	}
 	var d crdt.Delta
 	var err error
 	r.engine.GlobalUsage().With(func(c *crdt.Counters) { d, err = c.Diff(dg) })

@@ -191,6 +191,7 @@ type Gossip struct {
 
 	stats  GossipStats
 	kick   chan struct{} // publish the digest now: a region is heard again
+	rejoin chan struct{} // and again twice, a second apart
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -211,7 +212,7 @@ func StartGossip(nc *nats.Conn, engine *regional.Engine, cfg GossipConfig) (*Gos
 	var inst [6]byte
 	rand.Read(inst[:])
 	g := &Gossip{cfg: cfg, nc: nc, engine: engine, heard: map[string]time.Time{}, rejoined: map[string]bool{}, replicas: map[string]replicaSeen{},
-		kick: make(chan struct{}, 1), done: make(chan struct{}), instance: hex.EncodeToString(inst[:])}
+		kick: make(chan struct{}, 1), rejoin: make(chan struct{}, 1), done: make(chan struct{}), instance: hex.EncodeToString(inst[:])}
 	for _, s := range []struct {
 		subject string
 		handle  func(*nats.Msg)
@@ -276,6 +277,10 @@ func (g *Gossip) run(ctx context.Context) {
 	pub := time.NewTicker(g.cfg.Interval)
 	ae := time.NewTicker(g.cfg.AntiEntropy)
 	hb := time.NewTicker(g.cfg.Heartbeat)
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	again := 0 // digests still to send again for a region that came back
 	defer pub.Stop()
 	defer ae.Stop()
 	defer hb.Stop()
@@ -296,6 +301,21 @@ func (g *Gossip) run(ctx context.Context) {
 			g.forgetQuiet()
 			if g.elected() {
 				g.PublishDigest()
+			}
+		case <-g.rejoin:
+			// A region is back: its gateway's way here is up, the way
+			// there may come a second later; a digest sent now may be
+			// lost, so it goes again a second and two seconds on.
+			again = rejoinRepeats
+			retry.Reset(rejoinRetry)
+		case <-retry.C:
+			if again > 0 {
+				if again--; again > 0 {
+					retry.Reset(rejoinRetry)
+				}
+				if g.elected() {
+					g.PublishDigest()
+				}
 			}
 		case <-g.kick:
 			if !g.elected() {
@@ -418,19 +438,27 @@ func (g *Gossip) PublishHeartbeat() {
 // accept checks a message's sender: the region its subject names, known,
 // not this replica, and not a replay. It returns the region.
 func (g *Gossip) accept(m *nats.Msg) (string, bool) {
+	region, ok, _ := g.acceptBack(m)
+	return region, ok
+}
+
+// acceptBack is accept, and also reports whether this message is the
+// first from its region after a silence.
+func (g *Gossip) acceptBack(m *nats.Msg) (string, bool, bool) {
 	region := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	kind, _, _ := strings.Cut(m.Subject[len(g.cfg.Prefix)+1:], ".")
 	replica := m.Header.Get(HeaderReplica)
 	if replica == g.cfg.Replica {
-		return "", false // our own
+		return "", false, false // our own
 	}
 	g.stats.Received.Add(1)
 	seq, err := strconv.ParseUint(m.Header.Get(HeaderSeq), 10, 64)
 	if err != nil || replica == "" {
 		g.stats.Malformed.Add(1)
-		return "", false
+		return "", false, false
 	}
 	now := g.cfg.Clock()
+	back := false
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	// A replica numbers all its messages in one sequence, but each kind
@@ -443,19 +471,24 @@ func (g *Gossip) accept(m *nats.Msg) (string, bool) {
 		} else {
 			g.stats.Replayed.Add(1)
 		}
-		return "", false
+		return "", false, false
 	}
 	g.replicas[stream] = replicaSeen{region: region, seq: seq, at: now}
 	if last, ok := g.heard[region]; ok && region != g.cfg.Region && now.Sub(last) > g.StaleAfter() {
 		if g.isRegion(region) { // not globalsync, which speaks only every anti-entropy round
 			g.kickDigest()
+			select {
+			case g.rejoin <- struct{}{}:
+			default:
+			}
 			g.rejoined[region] = true
 			g.cfg.Resync.Fire()
+			back = true
 		}
 	}
 	g.heard[region] = now
 	g.engine.HeardFrom(region, now)
-	return region, true
+	return region, true, back
 }
 
 func (g *Gossip) onDelta(m *nats.Msg)  { g.merge(m, false) }
@@ -513,6 +546,14 @@ func (g *Gossip) merge(m *nats.Msg, repair bool) {
 	}
 }
 
+// rejoinRepeats and rejoinRetry: a region heard again after a silence
+// is sent this region's digest again this many times, this far apart (a
+// NATS gateway redials once a second).
+const (
+	rejoinRepeats = 2
+	rejoinRetry   = time.Second
+)
+
 // isRegion reports whether name is one of the regions whose usage this
 // region counts (globalsync, which also gossips, is not).
 func (g *Gossip) isRegion(name string) bool {
@@ -533,7 +574,7 @@ func (g *Gossip) kickDigest() {
 func (g *Gossip) onHeartbeat(m *nats.Msg) { g.accept(m) }
 
 func (g *Gossip) onDigest(m *nats.Msg) {
-	region, ok := g.accept(m)
+	region, ok, justBack := g.acceptBack(m)
 	if !ok || region == g.cfg.Region {
 		return // a sibling replica's digest: the same store
 	}
@@ -543,8 +584,10 @@ func (g *Gossip) onDigest(m *nats.Msg) {
 		return
 	}
 	g.mu.Lock()
-	back := g.rejoined[region]
-	delete(g.rejoined, region)
+	back := g.rejoined[region] && !justBack // this digest itself brought it back: it proves nothing of the way there
+	if back {
+		delete(g.rejoined, region)
+	}
 	g.mu.Unlock()
 	if back {
 		// The first digest from a region heard again after a silence: the
