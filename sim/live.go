@@ -171,24 +171,24 @@ type Arrival struct {
 	Key    int
 }
 
-// Arrivals draws every request of a scenario's traffic, in time order,
-// from the same traffic model as Run (Poisson arrivals at each source's
-// rate); the same seed gives the same requests.
+// Arrivals draws every request of a scenario's traffic, in time order:
+// the requests Run makes of the scenario with the same seed (each source
+// draws from its own random source), so that a live run and the
+// simulator's see the same traffic.
 func Arrivals(sc *Scenario, seed uint64) []Arrival {
 	idx := map[string]int{}
-	rngs := map[string]*rand.Rand{}
 	for i, r := range sc.Regions {
 		idx[r] = i
-		rngs[r] = rand.New(rand.NewPCG(seed, uint64(i)+0x6c697665))
 	}
 	type regionSource struct {
 		region int
 		src    *source
 	}
 	var srcs []regionSource
+	count := make([]int, len(sc.Regions))
 	for _, t := range sc.Traffic {
-		trafficSources(t, sc.Duration, func(r string) *rand.Rand { return rngs[r] },
-			func(r string, src *source) { srcs = append(srcs, regionSource{idx[r], src}) })
+		trafficSources(t, sc.Duration, func(r string) *rand.Rand { return sourceRand(seed, idx[r], count[idx[r]]) },
+			func(r string, src *source) { srcs = append(srcs, regionSource{idx[r], src}); count[idx[r]]++ })
 	}
 	var out []Arrival
 	for _, rs := range srcs {

@@ -101,6 +101,27 @@ func TestArrivalsFollowTheTraffic(t *testing.T) {
 			t.Errorf("%s: %.1f requests/s, want about %v", tr.Region, got, tr.Rate)
 		}
 	}
+	// The simulator makes the same requests of the same seed: as many in
+	// every window (the shift scenario: a region with two sources).
+	for _, name := range []string{"partition", "shift"} {
+		sc, err := Load(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rep := runScenario(t, name, "strict", 3, Options{})
+		arr := Arrivals(sc, 3)
+		for _, w := range rep.Windows {
+			n := int64(0)
+			for _, x := range arr {
+				if x.At >= w.Start && x.At < w.Start+rep.Window {
+					n++
+				}
+			}
+			if n != w.Requests {
+				t.Errorf("%s: window %s: %d arrivals drawn, the simulator made %d requests", name, clockString(w.Start), n, w.Requests)
+			}
+		}
+	}
 	if b := Arrivals(sc, 1); !slices.Equal(a, b) {
 		t.Error("the same seed drew other arrivals")
 	}

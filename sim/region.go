@@ -218,12 +218,20 @@ func (src *source) key() int {
 
 // addTraffic turns a traffic spec into sources at its regions.
 func (s *sim) addTraffic(t TrafficSpec) {
-	trafficSources(t, s.duration, func(region string) *rand.Rand { return s.byName[region].rng },
-		func(region string, src *source) { r := s.byName[region]; r.srcs = append(r.srcs, src) })
+	trafficSources(t, s.duration, func(region string) *rand.Rand {
+		r := s.byName[region]
+		return sourceRand(s.seed, r.idx, len(r.srcs))
+	}, func(region string, src *source) { r := s.byName[region]; r.srcs = append(r.srcs, src) })
+}
+
+// sourceRand is the random source of a region's n-th source of requests:
+// its own, so that Run and Arrivals draw the same requests from a seed.
+func sourceRand(seed uint64, region, n int) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, 0x6c697665<<32|uint64(region)<<16|uint64(n)))
 }
 
 // trafficSources makes the sources of a traffic spec, each drawing from
-// its region's rng, and gives them to add.
+// the rng it is given for it, and gives them to add.
 func trafficSources(t TrafficSpec, end time.Duration, rng func(region string) *rand.Rand, add func(region string, src *source)) {
 	source := func(region string, peak float64, rate func(time.Duration) float64) {
 		r := rng(region)
