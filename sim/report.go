@@ -165,6 +165,15 @@ func (s *sim) sharesAt(t time.Duration) []float64 {
 	return make([]float64, len(s.regions))
 }
 
+// WorstOverPct is the worst window's over-admission, percent of the limit.
+func (r *Report) WorstOverPct() float64 {
+	worst := 0.0
+	for _, win := range r.Windows {
+		worst = max(worst, win.OverPct(r.Limit))
+	}
+	return worst
+}
+
 // clockString writes a virtual time as m:ss.s.
 func clockString(d time.Duration) string {
 	neg := ""
@@ -205,9 +214,8 @@ func (r *Report) WriteText(w io.Writer) error {
 		b.WriteString("\n")
 	}
 	b.WriteString("(* a window the run covers in part; admitted: the busiest counter; region columns: the share of the limit each region might admit mid-window)\n\n")
-	worst, over, overWindows := 0.0, int64(0), 0
+	worst, over, overWindows := r.WorstOverPct(), int64(0), 0
 	for _, win := range r.Windows {
-		worst = max(worst, win.OverPct(r.Limit))
 		over += win.OverTotal
 		if win.Over > 0 {
 			overWindows++

@@ -140,7 +140,7 @@ func writeComparison(w io.Writer, s, l *sim.Report) {
 	row := func(name, a, b string) { fmt.Fprintf(w, "%-34s %12s %12s\n", name, a, b) }
 	row("", "simulated", "live")
 	pctRow := func(name string, a, b float64) { row(name, fmt.Sprintf("%.2f%%", a), fmt.Sprintf("%.2f%%", b)) }
-	so, lo := worstOver(s), worstOver(l)
+	so, lo := s.WorstOverPct(), l.WorstOverPct()
 	pctRow("over-admission, worst window", so, lo)
 	pctRow("admitted of requests", pctOf(s.Admitted, s.Requests), pctOf(l.Admitted, l.Requests))
 	pctRow("false rejections", pctOf(s.FalseRejected, s.Requests), pctOf(l.FalseRejected, l.Requests))
@@ -162,14 +162,6 @@ func writeComparison(w io.Writer, s, l *sim.Report) {
 		verdict = "DISAGREE"
 	}
 	fmt.Fprintf(w, "over-admission: simulated and live %s within 1 percentage point (differ by %.2f)\n", verdict, math.Abs(so-lo))
-}
-
-func worstOver(r *sim.Report) float64 {
-	worst := 0.0
-	for _, win := range r.Windows {
-		worst = max(worst, win.OverPct(r.Limit))
-	}
-	return worst
 }
 
 func pctOf(a, b int64) float64 {
@@ -427,20 +419,8 @@ func (run *liveRun) usageOf(ctx context.Context, addr string, key int, at time.T
 	if !at.IsZero() {
 		q.Set("window_start", at.UTC().Format(time.RFC3339Nano))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/usage?"+q.Encode(), nil)
-	if err != nil {
-		return v, err
-	}
-	resp, err := run.client.Do(req)
-	if err != nil {
-		return v, err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return v, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
-	}
-	return v, json.Unmarshal(b, &v)
+	err := run.getJSON(ctx, "http://"+addr+"/v1/usage?"+q.Encode(), &v)
+	return v, err
 }
 
 func (run *liveRun) key(k int) string { return fmt.Sprintf("%sk%d", run.prefix, k) }

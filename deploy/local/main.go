@@ -395,32 +395,11 @@ func readLive(dir string) (harness.DeploymentState, error) {
 	return st, nil
 }
 
-// process is one process of a deployment, as its state file names it.
-type process struct {
-	pid  int
-	name string // in its command line
-}
-
-// processes lists every process of a deployment: the supervisor first.
-func processes(st harness.DeploymentState) []process {
-	ps := []process{{st.PID, "supervise"}}
-	for _, r := range st.Regions {
-		ps = append(ps, process{r.RedisPID, "redis-server"})
-		for _, d := range r.Replicas {
-			ps = append(ps, process{d.PID, "regiond"})
-		}
-	}
-	for _, d := range st.GlobalSyncs {
-		ps = append(ps, process{d.PID, "globalsync"})
-	}
-	return ps
-}
-
 // running returns the processes still running.
-func running(ps []process) []process {
-	var out []process
+func running(ps []harness.Process) []harness.Process {
+	var out []harness.Process
 	for _, p := range ps {
-		if harness.ProcessRunning(p.pid, p.name) {
+		if p.Running() {
 			out = append(out, p)
 		}
 	}
@@ -439,12 +418,12 @@ func down(dir string, timeout time.Duration, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ps := processes(st)
-	if harness.ProcessRunning(st.PID, "supervise") {
+	ps := st.Processes()
+	if ps[0].Running() { // the supervisor
 		syscall.Kill(st.PID, syscall.SIGTERM)
 	} else {
 		for _, p := range running(ps) {
-			syscall.Kill(p.pid, syscall.SIGTERM)
+			syscall.Kill(p.PID, syscall.SIGTERM)
 		}
 	}
 	deadline := time.Now().Add(timeout)
@@ -453,7 +432,7 @@ func down(dir string, timeout time.Duration, out io.Writer) error {
 	}
 	if left := running(ps); len(left) > 0 {
 		for _, p := range left {
-			syscall.Kill(p.pid, syscall.SIGKILL)
+			syscall.Kill(p.PID, syscall.SIGKILL)
 		}
 		return fmt.Errorf("the deployment did not stop within %v (-timeout): killed what was left (%d processes)", timeout, len(left))
 	}

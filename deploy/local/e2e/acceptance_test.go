@@ -47,23 +47,10 @@ func TestUpSimLiveDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type proc struct {
-		pid  int
-		name string
-	}
-	procs := []proc{{st.PID, "supervise"}}
-	for _, r := range st.Regions {
-		procs = append(procs, proc{r.RedisPID, "redis-server"})
-		for _, d := range r.Replicas {
-			procs = append(procs, proc{d.PID, "regiond"})
-		}
-	}
-	for _, d := range st.GlobalSyncs {
-		procs = append(procs, proc{d.PID, "globalsync"})
-	}
+	procs := st.Processes()
 	for _, p := range procs {
-		if !harness.ProcessRunning(p.pid, p.name) {
-			t.Errorf("%s (pid %d) is not running after up", p.name, p.pid)
+		if !p.Running() {
+			t.Errorf("%s (pid %d) is not running after up", p.Name, p.PID)
 		}
 	}
 	downed := false
@@ -110,8 +97,8 @@ func TestUpSimLiveDown(t *testing.T) {
 	}
 	downed = true
 	for _, p := range procs {
-		if harness.ProcessRunning(p.pid, p.name) {
-			t.Errorf("%s (pid %d) still runs after down", p.name, p.pid)
+		if p.Running() {
+			t.Errorf("%s (pid %d) still runs after down", p.Name, p.PID)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "state.json")); !os.IsNotExist(err) {

@@ -5,9 +5,7 @@ package e2e
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"strings"
 	"syscall"
@@ -82,7 +80,7 @@ func TestDeploymentState(t *testing.T) {
 		if !regiond {
 			path = "/healthz"
 		}
-		if err := getOK("http://" + ds.HTTP + path); err != nil {
+		if err := getJSON("http://"+ds.HTTP+path, nil); err != nil {
 			t.Errorf("%s: %v", what, err)
 		}
 	}
@@ -162,23 +160,4 @@ func dial(addr string) error {
 		return err
 	}
 	return c.Close()
-}
-
-// getOK GETs url and wants 200.
-func getOK(url string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := noKeepAlive.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return nil
 }

@@ -362,7 +362,8 @@ func (ld *load) Stop() {
 	})
 }
 
-// getJSON GETs url into v, with a timeout.
+// getJSON GETs url, wants 200, and decodes the body into v unless v is
+// nil; with a timeout.
 func getJSON(url string, v any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -381,6 +382,9 @@ func getJSON(url string, v any) error {
 	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if v == nil {
+		return nil
 	}
 	return json.Unmarshal(b, v)
 }

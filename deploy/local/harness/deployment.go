@@ -505,6 +505,32 @@ func (d *Deployment) State() DeploymentState {
 	return st
 }
 
+// Process is one process of a deployment: its pid, and a word of its
+// command line that tells it from a process that took a stale pid.
+type Process struct {
+	PID  int
+	Name string
+}
+
+// Processes lists every process of a deployment: the supervisor first,
+// then each region's redis-server and regiond replicas, then globalsync.
+func (st DeploymentState) Processes() []Process {
+	ps := []Process{{st.PID, "supervise"}}
+	for _, r := range st.Regions {
+		ps = append(ps, Process{r.RedisPID, "redis-server"})
+		for _, d := range r.Replicas {
+			ps = append(ps, Process{d.PID, "regiond"})
+		}
+	}
+	for _, d := range st.GlobalSyncs {
+		ps = append(ps, Process{d.PID, "globalsync"})
+	}
+	return ps
+}
+
+// Running reports whether the process still runs.
+func (p Process) Running() bool { return ProcessRunning(p.PID, p.Name) }
+
 // WriteState writes st as JSON to path, atomically.
 func WriteState(path string, st DeploymentState) error {
 	b, err := json.MarshalIndent(st, "", "  ")
