@@ -36,14 +36,14 @@ func (e *Engine) counter(id string, req *Request) (*Rule, counterKey, Params, er
 			return nil, counterKey{}, Params{}, &RequestError{Field: name, Msg: "rule " + strconv.Quote(id) + " counts by it"}
 		}
 	}
-	key := appendKeyPrefix(nil, r)
+	key := appendKeyPrefix(nil, r.ID)
 	ks := len(key)
 	key = r.appendKey(key, req, tier)
 	p := r.params(key[ks:], tier)
 	if p.Limit == 0 {
 		return nil, counterKey{}, Params{}, &RequestError{Field: "tier", Msg: "rule " + strconv.Quote(id) + " has no limit for tier " + strconv.Quote(tier)}
 	}
-	key = append(key, '}')
+	key = append(key, keyClose)
 	return r, counterKey{store: key, values: key[ks : len(key)-1]}, p, nil
 }
 
@@ -289,7 +289,8 @@ func (e *Engine) syncBlocks(ctx context.Context) error {
 }
 
 // Maintain does the engine's periodic work: gives a store back after an
-// outage the global counters this replica holds, gives back what is left
+// outage the global counters this replica holds, drops the windows the
+// store no longer keeps from its copy of them, gives back what is left
 // of ended leases, drops expired cache entries and untracked keys, writes
 // pending violations to the log, and takes runtime blocks from the store.
 // Call it every few hundred milliseconds (Run does).
@@ -305,6 +306,7 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	}
 	now := e.now()
 	us := now.UnixMicro()
+	e.expireGlobal(now)
 	e.leases.sweep(func(key string, l *lease) bool {
 		if l.expires > us {
 			return false
@@ -412,9 +414,7 @@ func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Par
 		used[s.Region] = n
 		u.GlobalUsed += n
 	}
-	var regions []string
-	e.global.usage.With(func(c *crdt.Counters) { regions = c.Regions() })
-	for _, name := range regions {
+	for _, name := range e.global.regions {
 		ru := RegionUsage{Region: name, Used: used[name], Share: -1}
 		if name == e.cfg.Region {
 			ru.Share, _ = e.allowance(r, now)

@@ -383,7 +383,7 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 		}
 		sc.items = append(sc.items, item{rule: r, start: len(sc.keys)})
 		it := &sc.items[len(sc.items)-1]
-		sc.keys = appendKeyPrefix(sc.keys, r)
+		sc.keys = appendKeyPrefix(sc.keys, r.ID)
 		ks := len(sc.keys)
 		sc.keys = r.appendKey(sc.keys, req, tier)
 		it.params = r.params(sc.keys[ks:], tier)
@@ -404,10 +404,10 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 			}
 		}
 		if folded {
-			sc.keys = append(append(append(sc.keys[:it.start], "gq:{"...), r.ID...), "}:overflow"...)
+			sc.keys = append(append(append(sc.keys[:it.start], keyOpen...), r.ID...), "}:overflow"...)
 			it.params = r.overflow
 		} else {
-			sc.keys = append(sc.keys, '}')
+			sc.keys = append(sc.keys, keyClose)
 		}
 		it.end = len(sc.keys)
 		if it.cost > it.params.Limit { // folded into a smaller limit
@@ -418,13 +418,6 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 		sc.items[i].key = sc.keys[sc.items[i].start:sc.items[i].end]
 	}
 	return nil
-}
-
-// appendKeyPrefix appends what a rule's counter keys start with. A key is
-// gq:{id:values}, the braces a Redis hash tag, so that a Cluster spreads a
-// rule's counters.
-func appendKeyPrefix(dst []byte, r *Rule) []byte {
-	return append(append(append(dst, "gq:{"...), r.ID...), ':')
 }
 
 // decide asks the store about every limit not served by a lease, and

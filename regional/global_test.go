@@ -224,13 +224,12 @@ func TestEngineGlobalLimits(t *testing.T) {
 			// sees (all of it), then eu hears of us's 60 by gossip; eu
 			// may borrow up to the ceiling (limit less 1% headroom) less
 			// what the regions used.
-			us.HeardFrom("eu", clock.Now())
-			eu.HeardFrom("us", clock.Now())
+			us.HeardFrom("eu")
+			eu.HeardFrom("us")
 			if got := countAllowed(t, us, "e_1", 60); got != 60 {
 				t.Fatalf("us admitted %d, want all 60 from the slack it sees", got)
 			}
-			var d crdt.Delta
-			us.GlobalUsage().With(func(c *crdt.Counters) { d = c.OwnDeltaSince(0) })
+			d := us.OwnDelta(0)
 			rep, err := eu.MergeRemote(t.Context(), d)
 			if err != nil || rep.Applied == 0 {
 				t.Fatalf("merge: %+v, %v", rep, err)
@@ -245,7 +244,7 @@ func TestEngineGlobalLimits(t *testing.T) {
 			if got := countAllowed(t, us, "e_1", 10); got != 0 {
 				t.Fatalf("with eu silent, us admitted %d more, want 0", got)
 			}
-			us.HeardFrom("eu", clock.Now())
+			us.HeardFrom("eu")
 			clock.AdvanceBy(globalDenialHold * time.Microsecond) // the cached denials lapse
 			if got := countAllowed(t, us, "e_1", 10); got != 10 {
 				t.Fatalf("with eu heard again, us admitted %d of 10, want all", got)
@@ -366,13 +365,12 @@ rules:
 	m := NewMemoryStore(clock.Now)
 	m.SetRegion("us")
 	us := New(Config{Region: "us", Store: m, Clock: clock.Now, Timeout: slowOK, Global: global}, rules)
-	eu.HeardFrom("us", clock.Now())
-	us.HeardFrom("eu", clock.Now())
+	eu.HeardFrom("us")
+	us.HeardFrom("eu")
 	if got := countAllowed(t, us, "e_7", 600); got != 600 {
 		t.Fatalf("us admitted %d of 600", got)
 	}
-	var d crdt.Delta
-	us.GlobalUsage().With(func(c *crdt.Counters) { d = c.OwnDeltaSince(0) })
+	d := us.OwnDelta(0)
 	if _, err := eu.MergeRemote(t.Context(), d); err != nil {
 		t.Fatal(err)
 	}

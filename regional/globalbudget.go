@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,7 +68,8 @@ type globalState struct {
 	unknownPeers bool
 	floor        float64
 	budget       budget.Config
-	usage        *GlobalUsage
+	usage        *counters
+	regions      []string // every region counted, this one included, sorted
 
 	leaseMu sync.Mutex
 	leases  atomic.Pointer[map[string]*heldLease]
@@ -84,6 +84,8 @@ type globalState struct {
 	heardMu    sync.Mutex
 	heard      map[string]time.Time
 	freshUntil atomic.Int64
+
+	expired atomic.Int64 // µs of the last expireGlobal
 }
 
 type heldLease struct {
@@ -125,11 +127,11 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 	default:
 		g.floor = g.budget.Floor(len(regions))
 	}
-	u, err := NewGlobalUsage(region, regions)
+	u, err := newCounters(region, regions)
 	if err != nil {
 		return nil, err
 	}
-	g.usage = u
+	g.usage, g.regions = u, u.c.Regions()
 	for _, r := range regions {
 		if r != region {
 			g.peers = append(g.peers, r)
@@ -139,32 +141,86 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 	return g, nil
 }
 
-// GlobalUsage is this replica's copy of the global counters: the region's
+// counters is this replica's copy of the global counters: the region's
 // own slots, as its store reports them after every check, and the other
 // regions' slots as gossip brings them. Safe for concurrent use.
-type GlobalUsage struct {
+type counters struct {
 	mu sync.Mutex
 	c  *crdt.Counters
 }
 
-// NewGlobalUsage returns an empty copy for region among regions.
-func NewGlobalUsage(region string, regions []string) (*GlobalUsage, error) {
+func newCounters(region string, regions []string) (*counters, error) {
 	c, err := crdt.NewCounters(region, regions)
 	if err != nil {
 		return nil, err
 	}
-	return &GlobalUsage{c: c}, nil
+	return &counters{c: c}, nil
 }
 
-// With runs f with the counters, alone.
-func (u *GlobalUsage) With(f func(*crdt.Counters)) {
+// with runs f with the counters, alone.
+func (u *counters) with(f func(*crdt.Counters)) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	f(u.c)
 }
 
-// GlobalUsage returns the engine's copy of the global counters.
-func (e *Engine) GlobalUsage() *GlobalUsage { return e.global.usage }
+// The engine's API for global usage, as the gossip (transport/gossip) and
+// the simulator drive it. Every method is safe for concurrent use, with
+// each other and with checks.
+
+// GlobalRegions returns the regions whose usage the engine counts, this
+// one included, sorted: --regions, or this region alone.
+func (e *Engine) GlobalRegions() []string { return slices.Clone(e.global.regions) }
+
+// OwnDelta returns this region's slots of the global counters changed
+// after version since (0: every one), with the version they run to in To:
+// what the region gossips to the others.
+func (e *Engine) OwnDelta(since uint64) crdt.Delta {
+	var d crdt.Delta
+	e.global.usage.with(func(c *crdt.Counters) { d = c.OwnDeltaSince(since) })
+	return d
+}
+
+// GlobalDigest summarizes the engine's copy of the global counters, for
+// anti-entropy: a peer answers it with what the copy lacks (GlobalDiff).
+func (e *Engine) GlobalDigest() (crdt.Digest, error) {
+	var dg crdt.Digest
+	var err error
+	e.global.usage.with(func(c *crdt.Counters) { dg, err = c.Digest(crdt.DefaultDigestBuckets) })
+	return dg, err
+}
+
+// GlobalDiff returns the counters of the engine's copy that a peer's
+// digest shows the peer lacks or holds lower, every region's slots.
+func (e *Engine) GlobalDiff(peer crdt.Digest) (crdt.Delta, error) {
+	var d crdt.Delta
+	var err error
+	e.global.usage.with(func(c *crdt.Counters) { d, err = c.Diff(peer) })
+	return d, err
+}
+
+// ObserveOwn takes in this region's own slots as a sibling replica saw its
+// store count them: the store has them already, and the engine's copy
+// takes them for anti-entropy. Other regions' slots in d are ignored.
+func (e *Engine) ObserveOwn(d crdt.Delta) {
+	self := e.cfg.Region
+	e.global.usage.with(func(c *crdt.Counters) {
+		for _, en := range d.Entries {
+			for _, s := range en.Slots {
+				if s.Region == self {
+					c.Observe(en.ID, s.P, s.N)
+				}
+			}
+		}
+	})
+}
+
+// GlobalCounter returns the engine's copy of one global counter's window.
+func (e *Engine) GlobalCounter(id crdt.ID) crdt.PNCounter {
+	var pn crdt.PNCounter
+	e.global.usage.with(func(c *crdt.Counters) { pn = c.Get(id) })
+	return pn
+}
 
 // Alone reports whether this region enforces global limits by itself.
 func (e *Engine) Alone() bool { return e.global.alone }
@@ -216,9 +272,10 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 }
 
 // HeardFrom tells the engine that a message from another region arrived
-// at at (the transport calls it for every message it accepts). Elastic
-// mode borrows only while every other region has been heard from lately.
-func (e *Engine) HeardFrom(region string, at time.Time) {
+// now, by the engine's clock (the gossip calls it for every message it
+// accepts). Elastic mode borrows only while every other region has been
+// heard from lately. Names of no other region are ignored.
+func (e *Engine) HeardFrom(region string) {
 	g := e.global
 	if region == e.cfg.Region || g.alone || g.unknownPeers {
 		return
@@ -226,6 +283,7 @@ func (e *Engine) HeardFrom(region string, at time.Time) {
 	if !slices.Contains(g.peers, region) {
 		return
 	}
+	at := e.now()
 	g.heardMu.Lock()
 	defer g.heardMu.Unlock()
 	g.heard[region] = at // the latest arrival, even if the clock went back
@@ -240,6 +298,20 @@ func (e *Engine) HeardFrom(region string, at time.Time) {
 	}
 	g.freshUntil.Store(until)
 }
+
+// LastHeard returns when another region was last heard from (HeardFrom),
+// by the engine's clock.
+func (e *Engine) LastHeard(region string) (time.Time, bool) {
+	g := e.global
+	g.heardMu.Lock()
+	defer g.heardMu.Unlock()
+	at, ok := g.heard[region]
+	return at, ok
+}
+
+// StaleAfter is how long another region may go unheard before its part of
+// global usage counts as stale (GlobalConfig.StaleAfter).
+func (e *Engine) StaleAfter() time.Duration { return e.global.staleAfter }
 
 // otherAllowance is what another region may admit of a rule now, as its
 // last lease known here says, or -1 if none is known.
@@ -343,7 +415,7 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	window := op.Params.Window
 	op.KnownStart = now.UnixMicro() / window * window / 1000
 	id := crdt.ID{Key: string(op.Key), Epoch: op.KnownStart}
-	e.global.usage.With(func(c *crdt.Counters) { op.KnownP, op.KnownN = c.Own(id) })
+	e.global.usage.with(func(c *crdt.Counters) { op.KnownP, op.KnownN = c.Own(id) })
 }
 
 // noteGlobal records a global limit's answer: the region's slot for the
@@ -354,7 +426,7 @@ func (e *Engine) noteGlobal(it *item, allowed bool) {
 	start := it.storeNow / window * window
 	if r.OwnP != 0 || r.OwnN != 0 {
 		id := crdt.ID{Key: string(it.key), Epoch: start / 1000}
-		e.global.usage.With(func(c *crdt.Counters) { c.Observe(id, r.OwnP, r.OwnN) })
+		e.global.usage.with(func(c *crdt.Counters) { c.Observe(id, r.OwnP, r.OwnN) })
 	}
 	d := e.ruleDemand(it.rule.ID)
 	units := it.cost * 1e6 / max(1, it.params.Limit)
@@ -400,6 +472,37 @@ type Demand struct {
 	UsedEpoch int64
 }
 
+// RuleReport is what a replica reports of one global rule, for globalsync
+// to share the limit out by: its demand, the lease it may acknowledge, and
+// the rule as it enforces it.
+type RuleReport struct {
+	Rule string
+	Demand
+	// Acked is the Seq of the lease the replica may acknowledge (see
+	// Lease), 0 for none.
+	Acked     uint64
+	Window    time.Duration
+	Algorithm Algorithm
+	// Limit is the rule's limit as this replica enforces it, 0 for a rule
+	// limited by tier: a region that has not yet heard of a lower limit
+	// still allows itself its floor of the higher one.
+	Limit int64
+}
+
+// GlobalReport reports every global rule in force.
+func (e *Engine) GlobalReport() []RuleReport {
+	var out []RuleReport
+	for _, r := range e.GlobalRules() {
+		rep := RuleReport{Rule: r.ID, Demand: e.Demand(r.ID), Window: time.Duration(r.Base.Window) * time.Microsecond,
+			Algorithm: r.Base.Algorithm, Limit: r.Base.Limit}
+		if _, acked, ok := e.Lease(r.ID); ok {
+			rep.Acked = acked
+		}
+		out = append(out, rep)
+	}
+	return out
+}
+
 // Demand returns the demand counted for a global rule.
 func (e *Engine) Demand(rule string) Demand {
 	d := e.ruleDemand(rule)
@@ -410,12 +513,26 @@ func (e *Engine) Demand(rule string) Demand {
 // MergeRemote takes in another region's delta: into the engine's copy of
 // the counters and, for every slot of a known region, into the store, so
 // that the region's checks see it. It returns what the copy made of the
-// delta; a delta from an unknown origin changes nothing.
+// delta; a delta from an unknown origin changes nothing, and the windows
+// the store no longer keeps are left out (counted as stale).
 func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeReport, error) {
 	var rep crdt.MergeReport
+	// Windows over and done with, which the copy may have dropped
+	// (Maintain), are not brought back: they would be gossiped again.
+	rs, now := e.rules.Load(), e.now()
+	kept := slices.DeleteFunc(slices.Clone(d.Entries), func(en crdt.Entry) bool {
+		if globalKeep(rs, en.Key, en.Epoch, now) > 0 {
+			return false
+		}
+		rep.Stale += len(en.Slots)
+		return true
+	})
+	d.Entries = kept
 	var known map[string]bool
-	e.global.usage.With(func(c *crdt.Counters) {
+	e.global.usage.with(func(c *crdt.Counters) {
+		stale := rep.Stale
 		rep = c.Merge(d)
+		rep.Stale += stale
 		known = make(map[string]bool, len(c.Regions()))
 		for _, r := range c.Regions() {
 			known[r] = true
@@ -428,7 +545,7 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	if !ok {
 		return rep, nil
 	}
-	windows := globalWindowsOf(e.rules.Load(), d, known, e.now())
+	windows := globalWindowsOf(rs, d, known, now)
 	_, err := gs.MergeGlobal(ctx, windows)
 	return rep, err
 }
@@ -468,7 +585,7 @@ func (e *Engine) reseedStore(ctx context.Context) error {
 	}
 	var d crdt.Delta
 	known := map[string]bool{}
-	e.global.usage.With(func(c *crdt.Counters) {
+	e.global.usage.with(func(c *crdt.Counters) {
 		d = c.DeltaSince(0)
 		for _, r := range c.Regions() {
 			known[r] = true
@@ -493,7 +610,7 @@ const reseedBatch = 1000
 // region's own checks would keep it, or two minutes from its start for a
 // rule it does not know; 0 once that is over.
 func globalKeep(rs *RuleSet, key string, startMillis int64, now time.Time) time.Duration {
-	id, _, _ := strings.Cut(strings.TrimPrefix(key, "gq:{"), ":")
+	id, _, _ := ParseCounterKey(key)
 	start, t := float64(startMillis*1000), float64(now.UnixMicro())
 	if r := rs.Rule(id); r != nil && r.Scope == ScopeGlobal {
 		return max(0, time.Duration(globalUntil(&r.Base, start)-t)*time.Microsecond)
@@ -501,12 +618,22 @@ func globalKeep(rs *RuleSet, key string, startMillis int64, now time.Time) time.
 	return max(0, time.Duration(start+2*60e6-t)*time.Microsecond)
 }
 
-// ExpireGlobal drops from the engine's copy of the global counters the
-// windows the store no longer keeps, and returns how many.
-func (e *Engine) ExpireGlobal(now time.Time) int {
+// expireGlobalEvery is how often Maintain drops the windows the store no
+// longer keeps from the engine's copy: a window is kept a minute at least
+// after it ends, so a few seconds late changes nothing.
+const expireGlobalEvery = 10 * time.Second
+
+// expireGlobal drops from the engine's copy of the global counters the
+// windows the store no longer keeps, at most once every expireGlobalEvery,
+// and returns how many.
+func (e *Engine) expireGlobal(now time.Time) int {
+	if last := e.global.expired.Load(); last != 0 && now.UnixMicro()-last < expireGlobalEvery.Microseconds() {
+		return 0
+	}
+	e.global.expired.Store(now.UnixMicro())
 	rs := e.rules.Load()
 	n := 0
-	e.global.usage.With(func(c *crdt.Counters) {
+	e.global.usage.with(func(c *crdt.Counters) {
 		n = c.Expire(func(id crdt.ID) bool {
 			return globalKeep(rs, id.Key, id.Epoch, now) <= 0
 		})
@@ -525,17 +652,15 @@ func (e *Engine) GlobalRules() []*Rule {
 	return out
 }
 
-// GlobalLimitOf returns the global rule a counter key (gq:{id:values})
-// belongs to and the limit the regions apply to it; ok is false for a key
-// of no global rule, or one whose limit depends on a tier the key does not
+// GlobalLimitOf returns the global rule a counter key (CounterKey) belongs
+// to and the limit the regions apply to it; ok is false for a key of no
+// global rule, or one whose limit depends on a tier the key does not
 // carry.
 func (rs *RuleSet) GlobalLimitOf(key string) (r *Rule, limit int64, ok bool) {
-	inner, found := strings.CutPrefix(key, "gq:{")
-	inner, found2 := strings.CutSuffix(inner, "}")
-	if !found || !found2 {
+	id, values, found := ParseCounterKey(key)
+	if !found {
 		return nil, 0, false
 	}
-	id, values, _ := strings.Cut(inner, ":")
 	if r = rs.Rule(id); r == nil || r.Scope != ScopeGlobal {
 		return nil, 0, false
 	}

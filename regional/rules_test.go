@@ -341,3 +341,20 @@ func TestParseIPAgreesWithNetip(t *testing.T) {
 		}
 	})
 }
+
+// TestCounterKeyFormat: a counter key names its rule and values, and reads
+// back.
+func TestCounterKeyFormat(t *testing.T) {
+	key := CounterKey("tenant-global", "sk_1")
+	if key != "gq:{tenant-global:sk_1}" {
+		t.Fatalf("CounterKey: %q", key)
+	}
+	if r, v, ok := ParseCounterKey(key); !ok || r != "tenant-global" || v != "sk_1" {
+		t.Fatalf("ParseCounterKey(%q) = %q, %q, %v", key, r, v, ok)
+	}
+	for _, bad := range []string{"", "gq:{x}", "tenant-global:sk_1", "gq:{x:y", "{x:y}"} {
+		if _, _, ok := ParseCounterKey(bad); ok {
+			t.Errorf("ParseCounterKey(%q) accepted", bad)
+		}
+	}
+}

@@ -1,39 +1,29 @@
 package sim
 
 import (
-	"slices"
 	"time"
 
 	"github.com/geoquota/geoquota/budget"
-	"github.com/geoquota/geoquota/crdt"
-	"github.com/geoquota/geoquota/transport"
+	"github.com/geoquota/geoquota/budget/coord"
+	"github.com/geoquota/geoquota/transport/gossip"
 )
 
-// coordinator is globalsync: it hears the regions' heartbeats, turns
-// their demand into leases with the real allocator every rebalance, keeps
-// a copy of all usage from the gossip, and closes the books of every
-// window. Its published documents stand for the budgets bucket: a leader
-// that starts restores its allocator from them, as globalsync does.
-type coordinator struct {
-	s        *sim
-	cfg      budget.Config
-	alive    bool
-	alloc    *budget.Allocator
-	rates    map[string]*budget.DemandRate
-	last     map[string]heartbeat
-	heardAt  map[string]time.Duration
-	history  []transport.BudgetDoc // the bucket's revisions, oldest first
-	usage    *crdt.Counters
-	closed   map[crdt.ID]bool // by this leader
-	lastBook time.Time
-	// booksClosed: every window that ended by then is reconciled;
-	// inherited is the same of the leaders before this one
-	// (BudgetDoc.BooksClosed).
-	booksClosed, inherited time.Time
+// globalsync is the global sync service: the real coordinator
+// (budget/coord) and its gossip node, as cmd/globalsync runs them. What is
+// the simulator's own is the budgets bucket — the documents published,
+// which a leader that starts restores itself from, and which reach the
+// regions without loss (a KV watch) but not across a cut link — and the
+// service's outages.
+type globalsync struct {
+	s       *sim
+	cfg     budget.Config
+	c       *coord.Coordinator // nil while down
+	ticks   ticker
+	history []budget.Document // the bucket's revisions, oldest first
+	found   []OverAdmission
 	// closedThrough is the end of the last window whose books were
 	// closed, true virtual time.
 	closedThrough time.Duration
-	found         []OverAdmission
 }
 
 // OverAdmission is one region's part of a window that admitted more than
@@ -45,185 +35,117 @@ type OverAdmission struct {
 	Amount      int64
 }
 
-func newCoordinator(s *sim, cfg budget.Config) (*coordinator, error) {
-	c := &coordinator{s: s, cfg: cfg}
-	usage, err := crdt.NewCounters(gsName, append(slices.Clone(s.sc.Regions), gsName))
-	if err != nil {
-		return nil, err
-	}
-	c.usage = usage
-	c.up()
-	return c, nil
+func newGlobalSync(s *sim, cfg budget.Config) *globalsync {
+	g := &globalsync{s: s, cfg: cfg}
+	g.up()
+	return g
 }
 
 // now is globalsync's clock: the true time (its skew is the regions').
-func (c *coordinator) now() time.Time { return c.s.clock(c.s.now, 0) }
+func (g *globalsync) now() time.Time { return g.s.clock(g.s.now, 0) }
 
-func (c *coordinator) start() {
-	s := c.s
-	me := len(s.regions)
-	s.every(me, s.sc.Budget.Rebalance, s.sc.Budget.Rebalance, c.rebalance)
-	s.every(me, 0, s.sc.Gossip.AntiEntropy, c.publishDigest)
+func (g *globalsync) index() int { return len(g.s.regions) }
+
+func (g *globalsync) start() {
+	g.s.every(g.index(), g.s.sc.Budget.Rebalance, g.s.sc.Budget.Rebalance, g.rebalance)
+	g.ticks.schedule()
 }
 
 // down stops globalsync (every instance) until the given time: it hears
-// nothing and publishes nothing, and forgets all it held.
-func (c *coordinator) down(until time.Duration) {
-	c.alive = false
-	c.alloc, c.rates, c.last, c.heardAt = nil, nil, nil, nil
-	c.s.rec.note(c.s.now, "globalsync down until %s", clockString(until))
+// nothing, publishes nothing, and loses all it held but the bucket.
+func (g *globalsync) down(until time.Duration) {
+	g.c = nil
+	g.s.rec.note(g.s.now, "globalsync down until %s", clockString(until))
 }
 
-// up starts a leader afresh: its allocator restored from the bucket.
-func (c *coordinator) up() {
-	alloc, err := budget.NewAllocator(c.cfg)
+// up starts an instance that leads at once: its coordinator restored from
+// the bucket, its gossip node asking the regions for what they counted.
+func (g *globalsync) up() {
+	s := g.s
+	c, err := coord.New(coord.Config{ID: "sim", Regions: s.sc.Regions, Rebalance: s.sc.Budget.Rebalance,
+		AntiEntropy: s.sc.Gossip.AntiEntropy, Budget: g.cfg})
 	if err != nil {
 		panic(err) // checked in newSim
 	}
-	transport.RestoreAllocator(alloc, c.history, c.cfg.Skew)
-	c.alive, c.alloc = true, alloc
-	c.closed, c.lastBook, c.booksClosed, c.inherited = map[crdt.ID]bool{}, time.Time{}, time.Time{}, time.Time{}
-	if n := len(c.history); n > 0 {
-		c.inherited = c.history[n-1].BooksClosed
+	c.SetRules(g.now(), s.rules)
+	if err := c.Restore([][]budget.Document{g.history}); err != nil {
+		panic(err)
 	}
-	c.rates, c.last, c.heardAt = map[string]*budget.DemandRate{}, map[string]heartbeat{}, map[string]time.Duration{}
-	if c.s.now > 0 {
-		c.s.rec.note(c.s.now, "globalsync leads again")
+	node, err := gossip.New(gossip.Config{Region: coord.Name, Replica: coord.Name, Instance: clockString(s.now),
+		AntiEntropy: s.sc.Gossip.AntiEntropy, Observer: true, Counters: c, Heartbeats: c}, epoch0.Add(s.now))
+	if err != nil {
+		panic(err)
+	}
+	g.c = c
+	g.ticks = ticker{s: s, target: g.index(), node: node, send: g.send, at: -1}
+	if s.now > 0 {
+		g.ticks.schedule()
+		s.rec.note(s.now, "globalsync leads again")
 	}
 }
 
-func (c *coordinator) heartbeat(hb heartbeat) {
-	if !c.alive {
-		return
+func (g *globalsync) send(m gossip.Message) {
+	if g.c != nil {
+		g.s.net.post(coord.Name, m)
 	}
-	r := c.rates[hb.region]
-	if r == nil {
-		r = &budget.DemandRate{}
-		c.rates[hb.region] = r
-	}
-	r.Add(hb.total, c.s.sc.Rule.Window, c.now())
-	c.last[hb.region], c.heardAt[hb.region] = hb, c.s.now
 }
 
-// silence is how long a region may be silent and still be reported: it
-// may hold a lease it got after its last heartbeat.
-func (c *coordinator) silence() time.Duration { return c.cfg.LeaseTTL + c.cfg.Skew + 2*time.Second }
+func (g *globalsync) step(m gossip.Message) {
+	if g.c != nil {
+		g.ticks.step(m)
+	}
+}
 
-func (c *coordinator) rebalance() {
-	if !c.alive {
+func (g *globalsync) listens(subject string) bool { return listens(g.ticks.node, subject) }
+
+func (g *globalsync) budget(budget.Document) {}
+
+// rebalance has the coordinator rebalance: the documents go to the bucket
+// and to the regions.
+func (g *globalsync) rebalance() {
+	if g.c == nil {
 		return
 	}
-	c.closeBooks()
-	now := c.now()
-	for _, region := range c.s.sc.Regions {
-		at, ok := c.heardAt[region]
-		if !ok || c.s.now-at > c.silence() {
-			continue
-		}
-		hb := c.last[region]
-		rep := budget.Report{Region: region, Acked: hb.acked, Used: hb.used, UsedEpoch: hb.usedEpoch, HasUsed: hb.acked > 0}
-		if c.s.now-at <= max(3*c.s.sc.Budget.Rebalance, 2*time.Second) { // globalsync's demandSilence
-			rep.Demand = c.rates[region].Rate()
-		}
-		c.alloc.Report(ruleID, rep)
-	}
-	leases, err := c.alloc.Rebalance(now, c.s.rule, c.s.sc.Regions)
+	now := g.now()
+	g.c.Tick(now)
+	docs, found, err := g.c.Rebalance(now)
 	if err != nil {
 		panic(err) // the rule and regions are checked in newSim
 	}
-	doc := transport.NewBudgetDoc("sim", leases)
-	doc.SetSnapshot(c.alloc.Snapshot(ruleID))
-	doc.BooksClosed = c.booksClosed
-	if c.inherited.After(doc.BooksClosed) {
-		doc.BooksClosed = c.inherited
+	for _, oa := range found {
+		g.found = append(g.found, OverAdmission{Key: oa.Key, Region: oa.Region, WindowStart: oa.WindowStart.Sub(epoch0), Amount: oa.Amount})
 	}
-	c.history = append(c.history, doc)
-	if len(c.history) > transport.BudgetHistory {
-		c.history = c.history[1:]
+	if t := g.c.ClosedThrough(); !t.IsZero() {
+		g.closedThrough = max(g.closedThrough, t.Sub(epoch0))
 	}
-	c.publish(leases, nil)
-}
-
-// publish sends leases to the regions (only those named, if any): the
-// budgets bucket does not lose them, but a region cut off sees none until
-// the links heal.
-func (c *coordinator) publish(leases []budget.Lease, only map[string]bool) {
-	for _, r := range c.s.regions {
-		if only == nil || only[r.name] {
-			c.s.net.send(gsName, r.name, false, func(to endpoint) { to.leases(leases) })
+	for _, doc := range docs {
+		g.history = append(g.history, doc)
+		if len(g.history) > coord.History {
+			g.history = g.history[1:]
 		}
+		g.publish(doc)
 	}
 }
 
-// healed hands the latest leases to every region at once, as a KV watch
+// publish sends a document to the regions: the budgets bucket does not
+// lose it, but a region cut off sees none until the links heal.
+func (g *globalsync) publish(doc budget.Document) {
+	for _, r := range g.s.regions {
+		g.s.net.send(coord.Name, r.name, false, func(to endpoint) { to.budget(doc) })
+	}
+}
+
+// healed hands the latest document to every region at once, as a KV watch
 // catches up when its connection comes back.
-func (c *coordinator) healed() {
-	if !c.alive || len(c.history) == 0 {
+func (g *globalsync) healed() {
+	if g.c == nil || len(g.history) == 0 {
 		return
 	}
-	c.publish(c.history[len(c.history)-1].All(), nil)
+	g.publish(g.history[len(g.history)-1])
 }
 
-func (c *coordinator) leases([]budget.Lease) {}
-
-func (c *coordinator) delta(from string, d crdt.Delta, repair bool) {
-	if c.alive {
-		c.usage.Merge(d)
-	}
-}
-
-func (c *coordinator) digest(string, crdt.Digest) {}
-
-func (c *coordinator) publishDigest() {
-	if !c.alive {
-		return
-	}
-	dg, err := c.usage.Digest(crdt.DefaultDigestBuckets)
-	if err != nil {
-		return
-	}
-	c.s.net.broadcast(gsName, true, func(to endpoint) { to.digest(gsName, dg) })
-}
-
-// closeBooks reconciles every window that ended long enough ago for the
-// last deltas and an anti-entropy round to have come in: a counter whose
-// regions admitted more than its limit is over-admission, put on the
-// regions beyond their grants (budget.Attribute) and, with carry_debt,
-// charged to their next windows.
-func (c *coordinator) closeBooks() {
-	s := c.s
-	now := c.now()
-	if now.Sub(c.lastBook) < s.sc.Gossip.AntiEntropy/2 {
-		return
-	}
-	c.lastBook = now
-	settle := s.sc.Gossip.AntiEntropy + 2*s.sc.Budget.Rebalance
-	limit := s.sc.Rule.Limit
-	window := s.sc.Rule.Window
-	c.booksClosed = now.Add(-settle)
-	for _, e := range c.usage.DeltaSince(0).Entries {
-		end := time.UnixMilli(e.Epoch).Add(window)
-		if c.closed[e.ID] || now.Before(end.Add(settle)) {
-			continue
-		}
-		c.closed[e.ID] = true
-		c.closedThrough = max(c.closedThrough, end.Sub(epoch0))
-		if !end.After(c.inherited) {
-			continue // an earlier leader closed these books
-		}
-		pn := c.usage.Get(e.ID)
-		total := pn.Value()
-		if total <= limit {
-			continue
-		}
-		used := pn.ByRegion()
-		granted := c.alloc.Granted(ruleID, e.Epoch*1000/window.Microseconds())
-		parts := budget.Attribute(total-limit, limit, used, granted)
-		for _, r := range sortedNames(parts) {
-			c.found = append(c.found, OverAdmission{Key: e.ID.Key, Region: r, WindowStart: time.UnixMilli(e.Epoch).Sub(epoch0), Amount: parts[r]})
-			if s.sc.Rule.CarryDebt {
-				c.alloc.Charge(ruleID, r, float64(parts[r])/float64(limit))
-			}
-		}
-	}
+// holds reports whether globalsync's copy holds at least p of a region's
+// slot of a counter; a globalsync down holds nothing and is not asked.
+func (g *globalsync) holds(t target) bool {
+	return g.c == nil || g.c.GlobalCounter(t.id).P.Get(t.region) >= t.p
 }

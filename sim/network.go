@@ -4,10 +4,10 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
-)
 
-// gsName is globalsync's name on the network.
-const gsName = "globalsync"
+	"github.com/geoquota/geoquota/budget/coord"
+	"github.com/geoquota/geoquota/transport/gossip"
+)
 
 // network carries messages between the regions and globalsync, with a
 // latency per pair of regions, jitter, loss, and partitions.
@@ -48,7 +48,7 @@ func newNetwork(s *sim, rng *rand.Rand) *network {
 
 // where is the region an endpoint runs in.
 func (n *network) where(name string) string {
-	if name == gsName {
+	if name == coord.Name {
 		return n.s.sc.GlobalSync.Region
 	}
 	return name
@@ -103,15 +103,18 @@ func (n *network) flush() {
 	}
 }
 
-// broadcast sends to every other endpoint: the regions and globalsync.
-func (n *network) broadcast(from string, lossy bool, deliver func(endpoint)) {
+// post sends a gossip message to every other endpoint that subscribes to
+// its subject, as NATS does: the regions, then globalsync. Gossip may be
+// lost.
+func (n *network) post(from string, m gossip.Message) {
+	deliver := func(to endpoint) { to.step(m) }
 	for _, r := range n.s.regions {
-		if r.name != from {
-			n.send(from, r.name, lossy, deliver)
+		if r.name != from && r.listens(m.Subject) {
+			n.send(from, r.name, true, deliver)
 		}
 	}
-	if from != gsName {
-		n.send(from, gsName, lossy, deliver)
+	if from != coord.Name && n.s.gs.listens(m.Subject) {
+		n.send(from, coord.Name, true, deliver)
 	}
 }
 
@@ -139,14 +142,14 @@ func (n *network) heal() { clear(n.group) }
 // index is an endpoint's index: a region's, or len(regions) for
 // globalsync.
 func (s *sim) index(name string) int {
-	if name == gsName {
+	if name == coord.Name {
 		return len(s.regions)
 	}
 	return s.byName[name].idx
 }
 
 func (s *sim) endpoint(name string) endpoint {
-	if name == gsName {
+	if name == coord.Name {
 		return s.gs
 	}
 	return s.byName[name]

@@ -3,18 +3,19 @@ package sim
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/geoquota/geoquota/budget"
-	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport/gossip"
 )
 
 // maintainEvery is regiond's --maintain-every default.
 const maintainEvery = 250 * time.Millisecond
 
 // region is one region: one regiond replica on the real engine, with an
-// in-memory store, and the part of the transport that gossips.
+// in-memory store, and its real gossip node.
 type region struct {
 	s      *sim
 	idx    int
@@ -22,21 +23,19 @@ type region struct {
 	now    time.Duration // true virtual time, as the region's work sees it
 	skew   time.Duration
 	engine *regional.Engine
+	node   *gossip.Node
+	ticks  ticker
 	store  *faultyStore // nil: the engine's own memory
 	rng    *rand.Rand
 	srcs   []*source
 	req    regional.Request
 	dec    regional.Decision
 
-	published uint64                   // own slots gossiped up to this version
-	heard     map[string]time.Duration // endpoint → last message from it
-	rejoined  map[string]bool          // regions heard again whose digest has not come since
-	holding   bool                     // held a lease at the last sample
+	holding bool // held a lease at the last sample
 }
 
 func newRegion(s *sim, idx int, name string, faulty bool, bcfg budget.Config) (*region, error) {
-	r := &region{s: s, idx: idx, name: name, skew: s.sc.ClockSkew[name], heard: map[string]time.Duration{}, rejoined: map[string]bool{},
-		rng: rand.New(rand.NewPCG(s.seed, uint64(idx)+1))}
+	r := &region{s: s, idx: idx, name: name, skew: s.sc.ClockSkew[name], rng: rand.New(rand.NewPCG(s.seed, uint64(idx)+1))}
 	cfg := regional.DefaultConfig()
 	cfg.Region = name
 	cfg.Clock = func() time.Time { return s.clock(r.now, r.skew) }
@@ -54,20 +53,21 @@ func newRegion(s *sim, idx int, name string, faulty bool, bcfg budget.Config) (*
 	return r, nil
 }
 
-// start schedules the region's gossip: deltas, heartbeats, anti-entropy,
-// each at a phase of its own.
+// start starts the region's gossip node, its periodic tasks each at a
+// phase of its own, and regiond's maintenance of the engine.
 func (r *region) start() {
 	s, g := r.s, r.s.sc.Gossip
 	phase := func(d time.Duration) time.Duration { return time.Duration(r.rng.Int64N(int64(d))) }
-	s.every(r.idx, phase(g.Interval), g.Interval, r.publishDelta)
-	s.every(r.idx, phase(g.Heartbeat), g.Heartbeat, r.publishHeartbeat)
-	s.atFor(r.idx, 0, r.publishDigest) // a replica that starts asks at once
-	s.every(r.idx, phase(g.AntiEntropy), g.AntiEntropy, func() {
-		r.engine.ExpireGlobal(r.clock())
-		r.publishDigest()
-	})
+	node, err := gossip.New(gossip.Config{Region: r.name, Replica: r.name, Instance: "1", Interval: g.Interval,
+		AntiEntropy: g.AntiEntropy, Heartbeat: g.Heartbeat, Phase: phase, Counters: r.engine, Engine: r.engine}, epoch0)
+	if err != nil {
+		panic(err) // the regions are checked in newSim
+	}
+	r.node = node
+	r.ticks = ticker{s: s, target: r.idx, node: node, send: r.send, at: -1}
 	// regiond tends its engine every 250ms (--maintain-every).
 	s.every(r.idx, phase(maintainEvery), maintainEvery, func() { r.engine.Maintain(background) })
+	r.ticks.schedule()
 	for _, src := range r.srcs {
 		src.next = src.gap(0)
 	}
@@ -75,99 +75,93 @@ func (r *region) start() {
 
 func (r *region) clock() time.Time { return r.s.clock(r.now, r.skew) }
 
-// publishDelta sends the region's slots changed since the last delta.
-func (r *region) publishDelta() {
-	var d crdt.Delta
-	r.engine.GlobalUsage().With(func(c *crdt.Counters) { d = c.OwnDeltaSince(r.published) })
-	if len(d.Entries) == 0 {
-		return
-	}
-	r.published = max(r.published, d.To)
-	r.s.net.broadcast(r.name, true, func(to endpoint) { to.delta(r.name, d, false) })
-}
-
-func (r *region) publishDigest() {
-	var dg crdt.Digest
-	var err error
-	r.engine.GlobalUsage().With(func(c *crdt.Counters) { dg, err = c.Digest(crdt.DefaultDigestBuckets) })
-	if err != nil {
-		return
-	}
-	r.s.net.broadcast(r.name, true, func(to endpoint) { to.digest(r.name, dg) })
-}
-
-// heartbeat is what a replica tells globalsync of one rule.
-type heartbeat struct {
-	region    string
-	total     float64 // admitted + denied, in limits, since the start
-	acked     uint64
-	used      float64
-	usedEpoch int64
-}
-
-func (r *region) publishHeartbeat() {
-	d := r.engine.Demand(ruleID)
-	hb := heartbeat{region: r.name, total: d.Admitted + d.Denied, used: d.Used, usedEpoch: d.UsedEpoch}
-	if _, acked, ok := r.engine.Lease(ruleID); ok {
-		hb.acked = acked
-	}
-	r.s.net.broadcast(r.name, true, func(to endpoint) { to.heartbeat(hb) })
-}
+// send puts one of the node's messages on the network.
+func (r *region) send(m gossip.Message) { r.s.net.post(r.name, m) }
 
 // endpoint is what a message can reach: a region or globalsync.
 type endpoint interface {
-	delta(from string, d crdt.Delta, repair bool)
-	digest(from string, dg crdt.Digest)
-	heartbeat(hb heartbeat)
-	leases(ls []budget.Lease)
+	// step hands the endpoint's gossip node a message.
+	step(m gossip.Message)
+	// budget hands the endpoint a budget document from the bucket.
+	budget(doc budget.Document)
+	// listens reports whether the endpoint subscribes to a subject.
+	listens(subject string) bool
 }
 
-// hear notes a message from another endpoint; a region silent for longer
-// than three heartbeats is back (a partition healed), and the region
-// trades digests at once, as the transport does (globalsync, which speaks
-// once an anti-entropy round, does not count).
-func (r *region) hear(from string) (back bool) {
-	if last, ok := r.heard[from]; ok && from != r.name && from != gsName && r.now-last > r.s.staleAfter() {
-		r.publishDigest()
-		// The way there may come a second after the way here: again a
-		// second and two seconds on, as the transport does.
-		for i := 1; i <= 2; i++ {
-			r.s.atFor(r.idx, r.now+time.Duration(i)*time.Second, r.publishDigest)
-		}
-		r.rejoined[from] = true
-		back = true
+func (r *region) step(m gossip.Message) { r.ticks.step(m) }
+
+func (r *region) listens(subject string) bool { return listens(r.node, subject) }
+
+func (r *region) budget(doc budget.Document) {
+	for _, l := range doc.All() {
+		r.engine.SetLease(l)
 	}
-	r.heard[from] = r.now
-	r.engine.HeardFrom(from, r.clock())
-	return back
 }
 
-func (r *region) delta(from string, d crdt.Delta, repair bool) {
-	r.hear(from)
-	r.engine.MergeRemote(background, d)
+// ticker runs an endpoint's gossip node in virtual time: a tick at every
+// time the node has something due, and the messages it returns onto the
+// network.
+type ticker struct {
+	s      *sim
+	target int
+	node   *gossip.Node
+	send   func(gossip.Message)
+	at     time.Duration // the next tick scheduled, or -1
 }
 
-func (r *region) digest(from string, dg crdt.Digest) {
-	if back := r.hear(from); r.rejoined[from] && !back {
-		// Its first digest since it was heard again: the one sent then
-		// may have been lost on a way still cut; send it again.
-		delete(r.rejoined, from)
-		r.publishDigest()
-	}
-	var d crdt.Delta
-	var err error
-	r.engine.GlobalUsage().With(func(c *crdt.Counters) { d, err = c.Diff(dg) })
-	if err != nil || len(d.Entries) == 0 {
+// now is the node's time: the time of the event being run for it.
+func (t *ticker) now() time.Time { return epoch0.Add(t.s.eventAt[t.target]) }
+
+// schedule has the node ticked when it is next due, unless a tick is
+// scheduled by then.
+func (t *ticker) schedule() {
+	next := t.node.Next().Sub(epoch0)
+	if next >= t.s.duration || (t.at >= 0 && t.at <= next) {
 		return
 	}
-	r.s.net.send(r.name, from, true, func(to endpoint) { to.delta(r.name, d, true) })
+	t.at = next
+	t.s.atFor(t.target, next, func() {
+		if next != t.at {
+			return // replaced by an earlier tick
+		}
+		t.at = -1
+		for _, m := range t.node.Tick(t.now()) {
+			t.send(m)
+		}
+		t.schedule()
+	})
 }
 
-func (r *region) heartbeat(hb heartbeat) { r.hear(hb.region) }
+// step hands the node a message, and sends its answers.
+func (t *ticker) step(m gossip.Message) {
+	for _, a := range t.node.Step(background, t.now(), m) {
+		t.send(a)
+	}
+	t.schedule()
+}
 
-func (r *region) leases(ls []budget.Lease) {
-	for _, l := range ls {
-		r.engine.SetLease(l)
+// listens reports whether a node subscribes to a subject, as NATS matches
+// them (* stands for one token).
+func listens(n *gossip.Node, subject string) bool {
+	for _, sub := range n.Subscriptions() {
+		if matchSubject(sub, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+func matchSubject(pattern, subject string) bool {
+	for {
+		p, prest, pmore := strings.Cut(pattern, ".")
+		s, srest, smore := strings.Cut(subject, ".")
+		if p != "*" && p != s {
+			return false
+		}
+		if !pmore || !smore {
+			return pmore == smore
+		}
+		pattern, subject = prest, srest
 	}
 }
 

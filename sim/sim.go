@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/budget/coord"
 	"github.com/geoquota/geoquota/regional"
 )
 
@@ -44,11 +45,14 @@ type sim struct {
 	seq      uint64
 	events   eventQueue
 	batching bool // endpoints' events run in parallel: sends wait in outboxes
+	// eventAt is, by endpoint, the time of the event it runs: what its
+	// gossip node is told the time is.
+	eventAt []time.Duration
 
 	regions []*region
 	byName  map[string]*region
 	net     *network
-	gs      *coordinator
+	gs      *globalsync
 	keys    []string
 	nkeys   int
 	window  int64 // µs
@@ -100,7 +104,11 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 	if err := bcfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %s: budget: %v", ErrInvalidScenario, sc.Name, err)
 	}
+	if err := (coord.Config{Regions: sc.Regions, Rebalance: sc.Budget.Rebalance, Budget: bcfg}).Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidScenario, sc.Name, err)
+	}
 	s.truth = newTruth(len(sc.Regions), s.nkeys)
+	s.eventAt = make([]time.Duration, len(sc.Regions)+1)
 	s.rec = newRecorder(s)
 	s.net = newNetwork(s, rand.New(rand.NewPCG(seed, 0x6e6574)))
 	redisFaults := map[string]bool{}
@@ -120,10 +128,7 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 	for _, t := range sc.Traffic {
 		s.addTraffic(t)
 	}
-	s.gs, err = newCoordinator(s, bcfg)
-	if err != nil {
-		return nil, err
-	}
+	s.gs = newGlobalSync(s, bcfg)
 	for _, f := range sc.Faults {
 		s.scheduleFault(f)
 	}
@@ -253,6 +258,7 @@ func (s *sim) runLocal(run []*event) {
 	if s.workers <= 1 || busy == 1 {
 		for _, evs := range byTarget {
 			for _, e := range evs {
+				s.eventAt[e.target] = e.at
 				e.fn()
 			}
 		}
@@ -269,6 +275,7 @@ func (s *sim) runLocal(run []*event) {
 			wg.Go(func() {
 				for evs := range next {
 					for _, e := range evs {
+						s.eventAt[e.target] = e.at
 						e.fn()
 					}
 				}

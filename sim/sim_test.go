@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -432,6 +433,29 @@ traffic:
 	for i, w := range want {
 		if math.Abs(sent[i]-w) > 4*math.Sqrt(w)+2 {
 			t.Errorf("region %s sent %.0f, want about %.0f", rep.Regions[i], sent[i], w)
+		}
+	}
+}
+
+// TestRunsTheDaemonsCode: the simulator links the protocols the daemons
+// run (transport/gossip, budget/coord) and none of the servers' libraries:
+// its own code is time, network, faults, traffic and reports.
+func TestRunsTheDaemonsCode(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	for _, want := range []string{"github.com/geoquota/geoquota/transport/gossip", "github.com/geoquota/geoquota/budget/coord"} {
+		if !slices.Contains(deps, want) {
+			t.Errorf("sim does not run %s", want)
+		}
+	}
+	for _, d := range deps {
+		for _, banned := range []string{"github.com/nats-io/", "google.golang.org/grpc", "github.com/envoyproxy/go-control-plane", "github.com/prometheus/client_golang"} {
+			if strings.HasPrefix(d, banned) {
+				t.Errorf("sim depends on %s", d)
+			}
 		}
 	}
 }

@@ -17,7 +17,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/geoquota/geoquota/budget"
-	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/regional"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
@@ -296,10 +295,8 @@ func (s rateLimiter) ListRegions(context.Context, *pb.ListRegionsRequest) (*pb.L
 // last heard it, and this region's own leases.
 func (s *Server) regionList() *pb.ListRegionsResponse {
 	out := &pb.ListRegionsResponse{AnsweredBy: s.opts.Region}
-	var regions []string
-	s.engine.GlobalUsage().With(func(c *crdt.Counters) { regions = c.Regions() })
 	now := time.Now()
-	for _, r := range regions {
+	for _, r := range s.engine.GlobalRegions() {
 		st := &pb.RegionStatus{Region: r, LastHeardMs: -1, PartitionSuspected: true}
 		if r == s.opts.Region {
 			st.LastHeardMs, st.PartitionSuspected = 0, false
@@ -308,10 +305,8 @@ func (s *Server) regionList() *pb.ListRegionsResponse {
 					st.Leases = append(st.Leases, LeaseProto(l, now))
 				}
 			}
-		} else if g := s.opts.Gossip; g != nil {
-			if at, ok := g.LastHeard(r); ok {
-				st.LastHeardMs, st.PartitionSuspected = now.Sub(at).Milliseconds(), now.Sub(at) > g.StaleAfter()
-			}
+		} else if at, ok := s.engine.LastHeard(r); ok {
+			st.LastHeardMs, st.PartitionSuspected = now.Sub(at).Milliseconds(), now.Sub(at) > s.engine.StaleAfter()
 		}
 		out.Regions = append(out.Regions, st)
 	}

@@ -396,13 +396,9 @@ func (s *Server) usageBody(rule string, u regional.Usage) usageBody {
 			rb := regionBody{Region: r.Region, Used: r.Used, Share: r.Share}
 			if r.Region == s.opts.Region {
 				b.Used = r.Used
-			} else if g := s.opts.Gossip; g != nil {
-				if at, ok := g.LastHeard(r.Region); ok {
-					rb.LastHeardMS = time.Since(at).Milliseconds()
-					rb.Stale = time.Since(at) > g.StaleAfter()
-				} else {
-					rb.LastHeardMS, rb.Stale = -1, true
-				}
+			} else if at, ok := s.engine.LastHeard(r.Region); ok {
+				rb.LastHeardMS = time.Since(at).Milliseconds()
+				rb.Stale = time.Since(at) > s.engine.StaleAfter()
 			} else {
 				rb.LastHeardMS, rb.Stale = -1, true
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport/gossip"
 )
 
 // Metrics are the Prometheus metrics of SPEC §7 for the regional path, in a
@@ -156,16 +157,15 @@ func (m *Metrics) count(rule string, decision int) {
 }
 
 // AttachGossip exposes the gossip's counters, the lag behind each remote
-// region, and this region's budget for each global rule.
-func (m *Metrics) AttachGossip(g *Gossip) {
-	st := g.Stats()
+// region, and the region's budget for each global rule.
+func (m *Metrics) AttachGossip(st *gossip.Stats, e *regional.Engine) {
 	counter := func(name, help string, labels prometheus.Labels, v *atomic.Int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
 			func() float64 { return float64(v.Load()) })
 	}
 	const msgs, refused = "Gossip messages, by direction.", "Gossip messages or slots refused and never merged, by reason."
 	m.Registry.MustRegister(
-		counter("geoquota_gossip_messages_total", msgs, prometheus.Labels{"direction": "out"}, &st.Published),
+		counter("geoquota_gossip_messages_total", msgs, prometheus.Labels{"direction": "out"}, &st.Sent),
 		counter("geoquota_gossip_messages_total", msgs, prometheus.Labels{"direction": "in"}, &st.Received),
 		counter("geoquota_gossip_slots_applied_total", "Slots of other regions that raised this region's copy.", nil, &st.Applied),
 		counter("geoquota_anti_entropy_repairs_total", "Slots this region missed and got back by anti-entropy.", nil, &st.Repaired),
@@ -175,13 +175,13 @@ func (m *Metrics) AttachGossip(g *Gossip) {
 		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "replayed"}, &st.Replayed),
 		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "regressed"}, &st.Regressed),
 		counter("geoquota_gossip_store_errors_total", "Merges of gossip into the store that failed.", nil, &st.StoreErrors),
-		&gossipCollector{g: g},
+		&gossipCollector{e: e},
 	)
 }
 
 // gossipCollector reports, when scraped, how long ago each remote region
 // was heard from, and the budget this region holds per global rule.
-type gossipCollector struct{ g *Gossip }
+type gossipCollector struct{ e *regional.Engine }
 
 var (
 	lagDesc = prometheus.NewDesc("geoquota_gossip_lag_seconds",
@@ -199,15 +199,13 @@ func (c *gossipCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *gossipCollector) Collect(ch chan<- prometheus.Metric) {
-	now := c.g.cfg.Clock()
-	c.g.mu.Lock()
-	for r, t := range c.g.heard {
-		if r != c.g.cfg.Region {
+	now := time.Now()
+	e := c.e
+	for _, r := range e.GlobalRegions() {
+		if t, ok := e.LastHeard(r); ok {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, now.Sub(t).Seconds(), r)
 		}
 	}
-	c.g.mu.Unlock()
-	e := c.g.engine
 	for _, r := range e.GlobalRules() {
 		share, valid := e.Floor(), 0.0
 		if l, _, ok := e.Lease(r.ID); ok && l.Holds(now) {

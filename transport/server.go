@@ -27,9 +27,6 @@ type Options struct {
 	ProxyUpstream *url.URL
 	// Metrics records what the server does; nil means none.
 	Metrics *Metrics
-	// Gossip, if set, says when each remote region was last heard from,
-	// in usage reports.
-	Gossip *Gossip
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }

@@ -4,6 +4,9 @@ import (
 	_ "embed"
 	"net/http"
 	"slices"
+	"time"
+
+	"github.com/geoquota/geoquota/budget/coord"
 )
 
 // dashboardHistory is how many samples the dashboard keeps: ten minutes
@@ -14,50 +17,15 @@ const dashboardHistory = 600
 // limit, floor included), was asked for and admitted (in limits per
 // window), rule by rule, at one time.
 type DashboardSample struct {
-	AtMillis int64                                `json:"at_ms"`
-	Rules    map[string]map[string]DashboardPoint `json:"rules"` // rule → region
-}
-
-// DashboardPoint is one region's figures for one rule.
-type DashboardPoint struct {
-	Share    float64 `json:"share"`
-	Valid    bool    `json:"lease_valid"`
-	Demand   float64 `json:"demand"`
-	Admitted float64 `json:"admitted"`
+	AtMillis int64                              `json:"at_ms"`
+	Rules    map[string]map[string]coord.Figure `json:"rules"` // rule → region
 }
 
 // sample records the figures of the moment for the dashboard.
-func (s *Service) sample() {
-	now := s.cfg.Clock()
+func (s *Service) sample(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	smp := DashboardSample{AtMillis: now.UnixMilli(), Rules: map[string]map[string]DashboardPoint{}}
-	for _, rule := range s.sortedRules() {
-		points := map[string]DashboardPoint{}
-		for _, r := range s.replicas {
-			if now.Sub(r.heard) > s.replicaSilence() {
-				continue
-			}
-			if t := r.rules[rule.ID]; t != nil {
-				p := points[r.region]
-				p.Demand += t.rate.Rate()
-				p.Admitted += t.admitted.Rate()
-				points[r.region] = p
-			}
-		}
-		for _, doc := range s.docs {
-			if doc.Rule != rule.ID {
-				continue
-			}
-			for region, l := range doc.Leases {
-				p := points[region]
-				p.Share, p.Valid = l.Floor+l.Share-l.Debt, now.Before(l.Expires)
-				points[region] = p
-			}
-		}
-		smp.Rules[rule.ID] = points
-	}
-	s.history = append(s.history, smp)
+	s.history = append(s.history, DashboardSample{AtMillis: now.UnixMilli(), Rules: s.coord.Figures(now)})
 	if len(s.history) > dashboardHistory {
 		s.history = slices.Delete(s.history, 0, len(s.history)-dashboardHistory)
 	}
@@ -66,12 +34,12 @@ func (s *Service) sample() {
 // Dashboard is what the dashboard page shows: the regions, and the
 // figures of the last minutes.
 type Dashboard struct {
-	ID       string            `json:"id"`
-	Leader   bool              `json:"leader"`
-	NowMS    int64             `json:"now_ms"`
-	Regions  []RegionStatus    `json:"regions"`
-	History  []DashboardSample `json:"history"`
-	Interval int64             `json:"interval_ms"`
+	ID       string               `json:"id"`
+	Leader   bool                 `json:"leader"`
+	NowMS    int64                `json:"now_ms"`
+	Regions  []coord.RegionStatus `json:"regions"`
+	History  []DashboardSample    `json:"history"`
+	Interval int64                `json:"interval_ms"`
 	// BooksClosedMS: every window that ended by then has had its books
 	// closed (by this instance or the leaders before it); 0 if none.
 	BooksClosedMS int64 `json:"books_closed_ms"`
@@ -83,7 +51,7 @@ func (s *Service) Dashboard() Dashboard {
 		Interval: s.cfg.Rebalance.Milliseconds()}
 	s.mu.Lock()
 	d.History = slices.Clone(s.history)
-	if bc := laterOf(s.booksClosed, s.inheritedBooks); !bc.IsZero() {
+	if bc := s.coord.BooksClosed(); !bc.IsZero() {
 		d.BooksClosedMS = bc.UnixMilli()
 	}
 	s.mu.Unlock()

@@ -35,22 +35,27 @@ func chromiumPath(t *testing.T) string {
 func TestDashboardInABrowser(t *testing.T) {
 	bin := chromiumPath(t)
 	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	w := newWorld(t)
 	regions := []string{"ap", "eu", "us"}
-	startRegion(t, "ap", ns.ClientURL(), regions, strictRules)
-	eu := startRegion(t, "eu", ns.ClientURL(), regions, strictRules)
-	us := startRegion(t, "us", ns.ClientURL(), regions, strictRules)
-	svc := startService(t, "gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 250 * time.Millisecond})
+	w.region("ap", ns.ClientURL(), regions, strictRules)
+	eu := w.region("eu", ns.ClientURL(), regions, strictRules)
+	us := w.region("us", ns.ClientURL(), regions, strictRules)
+	svc := w.service("gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 250 * time.Millisecond})
 	web := httptest.NewServer(httpHandler(svc, prometheus.NewRegistry(), "gs"))
 	t.Cleanup(web.Close)
-	waitFor(t, 10*time.Second, "both regions hold leases", func() bool {
-		_, _, a := eu.engine.Lease("g")
-		_, _, b := us.engine.Lease("g")
+	w.waitFor(250*time.Millisecond, "both regions hold leases", func() bool {
+		_, a := eu.lease()
+		_, b := us.lease()
 		return a && b
 	})
+	// Ten seconds of traffic in eu and us, a sample each rebalance.
 	for range 40 {
-		var d regional.Decision
-		eu.engine.Check(t.Context(), &regional.Request{APIKey: "k1", Endpoint: "/x"}, &d)
-		us.engine.Check(t.Context(), &regional.Request{APIKey: "k1", Endpoint: "/x"}, &d)
+		for range 10 {
+			var d regional.Decision
+			eu.engine.Check(t.Context(), &regional.Request{APIKey: "k1", Endpoint: "/x"}, &d)
+			us.engine.Check(t.Context(), &regional.Request{APIKey: "k1", Endpoint: "/x"}, &d)
+		}
+		w.step(250 * time.Millisecond)
 	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.NoSandbox,

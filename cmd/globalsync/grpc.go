@@ -2,13 +2,14 @@ package main
 
 import (
 	"context"
-	"slices"
-	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/budget/coord"
+	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
@@ -28,19 +29,19 @@ func (g grpcServer) GetGlobalUsage(_ context.Context, in *pb.GetGlobalUsageReque
 	}
 	start := in.GetWindowStartUnixMs()
 	now := g.s.cfg.Clock()
+	var doc budget.Document
+	var window time.Duration
+	var known bool
+	g.s.with(func(c *coord.Coordinator) { window, known = c.Window(in.GetRule()); doc = c.Budget(in.GetRule()) })
 	if start == 0 {
-		g.s.mu.Lock()
-		r, ok := g.s.rules[in.GetRule()]
-		g.s.mu.Unlock()
-		if !ok {
+		if !known {
 			return nil, status.Errorf(codes.NotFound, "rule %q: no region has reported it as global; name window_start_unix_ms", in.GetRule())
 		}
-		w := r.Window.Milliseconds()
+		w := window.Milliseconds()
 		start = now.UnixMilli() / w * w
 	}
-	used := g.s.GlobalUsage("gq:{"+in.GetRule()+":"+in.GetKey()+"}", start)
+	used := g.s.GlobalUsage(regional.CounterKey(in.GetRule(), in.GetKey()), time.UnixMilli(start))
 	out := &pb.GetGlobalUsageResponse{Rule: in.GetRule(), Key: in.GetKey(), WindowStartUnixMs: start}
-	doc := g.s.budgetDoc(in.GetRule())
 	for _, st := range g.s.Regions() {
 		ru := &pb.RegionUsage{Region: st.Region, Used: used[st.Region], LastHeardMs: st.LastHeardMS, Stale: st.Suspect, Share: -1}
 		if l, ok := doc.Lease(st.Region); ok && doc.Seq > 0 {
@@ -60,7 +61,7 @@ func (g grpcServer) GetBudgets(context.Context, *pb.GetBudgetsRequest) (*pb.GetB
 	out := &pb.GetBudgetsResponse{}
 	for _, d := range g.s.Budgets() {
 		b := &pb.Budget{Rule: d.Rule, Seq: d.Seq, Leader: d.Leader, IssuedUnixMs: d.Issued.UnixMilli()}
-		for _, l := range sortedLeases(d) {
+		for _, l := range d.All() {
 			b.Leases = append(b.Leases, transport.LeaseProto(l, now))
 		}
 		out.Budgets = append(out.Budgets, b)
@@ -82,17 +83,4 @@ func (g grpcServer) ListRegions(context.Context, *pb.ListRegionsRequest) (*pb.Li
 		out.Regions = append(out.Regions, rs)
 	}
 	return out, nil
-}
-
-// budgetDoc returns a rule's last published leases (zero if none).
-func (s *Service) budgetDoc(rule string) transport.BudgetDoc {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.docs[transport.BudgetKey(rule)]
-}
-
-func sortedLeases(d transport.BudgetDoc) []budget.Lease {
-	ls := d.All()
-	slices.SortFunc(ls, func(a, b budget.Lease) int { return strings.Compare(a.Region, b.Region) })
-	return ls
 }

@@ -28,6 +28,8 @@ import (
 
 	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport"
+	"github.com/geoquota/geoquota/transport/control"
+	"github.com/geoquota/geoquota/transport/gossip"
 )
 
 // run serves until ctx ends, then shuts down gracefully: health reports
@@ -55,7 +57,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		violations = regional.NewMemoryViolations(int(c.violationsMaxLen))
 	}
 
-	var members atomic.Pointer[transport.Members]
+	var members atomic.Pointer[control.Members]
 	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log,
 		Global: regional.GlobalConfig{Regions: c.regionList, UnknownPeers: !c.dev && c.nats != ""}, OnDenied: func(d regional.Denial) {
 			if m := members.Load(); m != nil {
@@ -65,7 +67,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	metrics.Attach(engine)
 	var elected func() bool
 	if c.memberlistAddr != "" {
-		m, err := transport.StartMembers(transport.MembersConfig{Name: c.replicaName, Addr: c.memberlistAddr,
+		m, err := control.StartMembers(control.MembersConfig{Name: c.replicaName, Addr: c.memberlistAddr,
 			Peers: c.peerList, SecretKey: c.memberKey, Logger: log}, engine)
 		if err != nil {
 			return err
@@ -86,7 +88,6 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		natsURL = ns.ClientURL()
 		log.Info("embedded NATS started", "url", natsURL)
 	}
-	var gossip *transport.Gossip
 	if natsURL != "" {
 		// NATS down at start is no reason not to serve: the region
 		// enforces alone on its floor and connects when it can.
@@ -96,14 +97,20 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 			return fmt.Errorf("--nats: %w", err)
 		}
 		defer nc.Close()
-		resync := new(transport.Resync)
-		gossip, err = transport.StartGossip(nc, engine, transport.GossipConfig{Region: c.region, Replica: c.replicaName,
-			Interval: c.gossipInterval, AntiEntropy: c.antiEntropy, Elected: elected, Resync: resync, Logger: log})
+		resync := new(control.Resync)
+		node, err := gossip.New(gossip.Config{Region: c.region, Replica: c.replicaName, Instance: control.NewInstance(),
+			Interval: c.gossipInterval, AntiEntropy: c.antiEntropy, Elected: elected, OnRejoin: func(string) { resync.Fire() },
+			Counters: engine, Engine: engine}, time.Now())
+		if err != nil {
+			return fmt.Errorf("--region: %w", err)
+		}
+		g, err := control.StartGossip(nc, node, control.GossipOptions{Logger: log})
 		if err != nil {
 			return err
 		}
-		defer gossip.Close()
-		metrics.AttachGossip(gossip)
+		defer g.Close()
+		metrics.AttachGossip(node.Stats(), engine)
+		subjects := node.Subjects()
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return fmt.Errorf("--nats: %w", err)
@@ -112,14 +119,14 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		watched := make(chan struct{})
 		var watchers sync.WaitGroup
 		watchers.Add(2)
-		go func() { defer watchers.Done(); transport.WatchBudgets(watchCtx, js, engine, log, resync) }()
-		go func() { defer watchers.Done(); transport.WatchRules(watchCtx, js, engine, log, resync) }()
+		go func() { defer watchers.Done(); control.WatchBudgets(watchCtx, js, subjects, engine, log, resync) }()
+		go func() { defer watchers.Done(); control.WatchRules(watchCtx, js, subjects, engine, log, resync) }()
 		go func() { watchers.Wait(); close(watched) }()
 		defer func() { stopWatch(); <-watched }()
 	}
 
 	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken,
-		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, Metrics: metrics, Gossip: gossip, Logger: log})
+		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, Metrics: metrics, Logger: log})
 	grpcLis, err := net.Listen("tcp", c.grpcAddr)
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)

@@ -1,4 +1,4 @@
-package transport
+package control
 
 import (
 	"context"
@@ -48,12 +48,10 @@ rules:
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(nc.Close)
 		cfg := gossipConfig("eu")
-		cfg.Replica, cfg.Elected, cfg.AntiEntropy = name, m.Elected, 100*time.Millisecond
-		if r.gossip, err = StartGossip(nc, r.engine, cfg); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.gossip.Close(); nc.Close() })
+		cfg.Replica, cfg.Elected, cfg.AntiEntropy, cfg.Counters, cfg.Engine = name, m.Elected, 100*time.Millisecond, r.engine, r.engine
+		r.gossip = runGossip(t, nc, cfg)
 	}
 	return r
 }
@@ -99,14 +97,14 @@ func TestMembersElectAndShareDenials(t *testing.T) {
 		return !db.Allowed && db.Limit().Cached && !dc.Allowed && dc.Limit().Cached
 	})
 
-	waitFor(t, 5*time.Second, "a trades digests", func() bool { return a.gossip.Stats().Digests.Load() > 0 })
-	if b.gossip.Stats().Digests.Load() != 0 {
+	waitFor(t, 5*time.Second, "a trades digests", func() bool { return a.gossip.Node().Stats().Digests.Load() > 0 })
+	if b.gossip.Node().Stats().Digests.Load() != 0 {
 		t.Fatal("b traded digests while a was elected")
 	}
 	a.gossip.Close()
 	a.members.Shutdown() // as SIGKILL would: no goodbye
 	waitFor(t, 15*time.Second, "b elected after a died", b.members.Elected)
-	waitFor(t, 5*time.Second, "b trades digests", func() bool { return b.gossip.Stats().Digests.Load() > 0 })
+	waitFor(t, 5*time.Second, "b trades digests", func() bool { return b.gossip.Node().Stats().Digests.Load() > 0 })
 	if c.members.Elected() {
 		t.Fatal("c elected too")
 	}

@@ -1,4 +1,4 @@
-package transport
+package control
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package transport
+package control
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport/gossip"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -36,12 +37,12 @@ func PublishRules(ctx context.Context, kv jetstream.KeyValue, yaml []byte) (uint
 
 // WatchRules puts the rules published in the bucket in force in the
 // engine, until ctx ends: each published set as it comes, from the bucket
-// or pushed by globalsync (PushRulesSubject), once, in the order of their
+// or pushed by globalsync (PushRules), once, in the order of their
 // revisions (an invalid one is rejected whole, logged and counted, and the
 // last good rules stay). Whatever changed last, the rules file or the
 // bucket, is in force: a revision already applied is not applied again
 // over a rules file edited since.
-func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine, log *slog.Logger, resync *Resync) {
+func WatchRules(ctx context.Context, js jetstream.JetStream, s gossip.Subjects, e *regional.Engine, log *slog.Logger, resync *Resync) {
 	var mu sync.Mutex
 	var applied uint64 // the last revision put in force, or found in force
 	apply := func(rev uint64, value []byte, fromBucket bool) {
@@ -64,7 +65,7 @@ func WatchRules(ctx context.Context, js jetstream.JetStream, e *regional.Engine,
 			log.Info("published rules in force", "revision", rev, "rules", len(rs.Rules()))
 		}
 	}
-	if sub, err := js.Conn().Subscribe(PushRulesSubject, func(m *nats.Msg) {
+	if sub, err := js.Conn().Subscribe(s.PushRules(), func(m *nats.Msg) {
 		if rev := pushedRevision(m); rev > 0 {
 			apply(rev, m.Data, false)
 		}

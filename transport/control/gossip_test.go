@@ -1,4 +1,4 @@
-package transport
+package control
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport/gossip"
 	"github.com/nats-io/nats.go"
 )
 
@@ -37,24 +38,25 @@ type gossipRegion struct {
 	gossip *Gossip
 }
 
-func gossipConfig(region string) GossipConfig {
-	return GossipConfig{Region: region, Interval: 50 * time.Millisecond, AntiEntropy: 200 * time.Millisecond,
-		Heartbeat: 100 * time.Millisecond, Logger: discardLogger()}
+// gossipConfig is a region's gossip, fast: the tests wait on its results.
+func gossipConfig(region string) gossip.Config {
+	return gossip.Config{Region: region, Interval: 50 * time.Millisecond, AntiEntropy: 200 * time.Millisecond,
+		Heartbeat: 100 * time.Millisecond}
 }
 
 func startGossipRegion(t *testing.T, name, natsURL string, srv *harness.Redis) *gossipRegion {
 	t.Helper()
-	return startGossipRegionOn(t, name, natsURL, srv, gossipConfig(name))
+	return startGossipRegionOn(t, name, natsURL, srv, gossipConfig(name), GossipOptions{Logger: discardLogger()})
 }
 
 // startGossipRegionWith starts a region on its own redis-server with the
-// given gossip configuration.
-func startGossipRegionWith(t *testing.T, name, natsURL string, cfg GossipConfig) *gossipRegion {
+// given gossip configuration and options.
+func startGossipRegionWith(t *testing.T, name, natsURL string, cfg gossip.Config, opts GossipOptions) *gossipRegion {
 	t.Helper()
-	return startGossipRegionOn(t, name, natsURL, nil, cfg)
+	return startGossipRegionOn(t, name, natsURL, nil, cfg, opts)
 }
 
-func startGossipRegionOn(t *testing.T, name, natsURL string, srv *harness.Redis, cfg GossipConfig) *gossipRegion {
+func startGossipRegionOn(t *testing.T, name, natsURL string, srv *harness.Redis, cfg gossip.Config, opts GossipOptions) *gossipRegion {
 	t.Helper()
 	if srv == nil {
 		srv = harness.NewRedis(t, harness.RedisOptions{})
@@ -75,10 +77,8 @@ func startGossipRegionOn(t *testing.T, name, natsURL string, srv *harness.Redis,
 		t.Fatal(err)
 	}
 	t.Cleanup(r.nc.Close)
-	if r.gossip, err = StartGossip(r.nc, r.engine, cfg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.gossip.Close)
+	cfg.Counters, cfg.Engine = r.engine, r.engine
+	r.gossip = startGossip(t, r.nc, cfg, opts)
 	return r
 }
 
@@ -134,7 +134,7 @@ func TestGossipConverges(t *testing.T) {
 	waitFor(t, 10*time.Second, "every region hears every other", func() bool {
 		for _, r := range regions {
 			for _, o := range gossipRegions {
-				if _, ok := r.gossip.LastHeard(o); o != r.name && !ok {
+				if _, ok := r.gossip.Node().LastHeard(o); o != r.name && !ok {
 					return false
 				}
 			}
@@ -163,7 +163,7 @@ func TestGossipConverges(t *testing.T) {
 	for _, r := range regions {
 		// (Regressed slots are not bad here: a repair relaying a region's
 		// slot may overtake that region's own, older delta.)
-		if s := r.gossip.Stats(); s.Malformed.Load()+s.UnknownRegion.Load()+s.Spoofed.Load()+s.Replayed.Load() != 0 {
+		if s := r.gossip.Node().Stats(); s.Malformed.Load()+s.UnknownRegion.Load()+s.Spoofed.Load()+s.Replayed.Load() != 0 {
 			t.Fatalf("%s refused good messages: malformed %d, unknown %d, spoofed %d, replayed %d", r.name,
 				s.Malformed.Load(), s.UnknownRegion.Load(), s.Spoofed.Load(), s.Replayed.Load())
 		}
@@ -178,8 +178,8 @@ func TestGossipRepairsAndRecovers(t *testing.T) {
 	ap := startGossipRegion(t, "ap", sc.Cluster("ap").ClientURLs(), nil)
 	eu := startGossipRegion(t, "eu", sc.Cluster("eu").ClientURLs(), nil)
 	waitFor(t, 10*time.Second, "ap and eu hear each other", func() bool {
-		_, a := ap.gossip.LastHeard("eu")
-		_, b := eu.gossip.LastHeard("ap")
+		_, a := ap.gossip.Node().LastHeard("eu")
+		_, b := eu.gossip.Node().LastHeard("ap")
 		return a && b
 	})
 	// Within their floors (us is not heard yet, so elastic mode does not
@@ -194,7 +194,7 @@ func TestGossipRepairsAndRecovers(t *testing.T) {
 	us := startGossipRegion(t, "us", sc.Cluster("us").ClientURLs(), nil)
 	want := []crdt.Slot{{Region: "ap", P: 20}, {Region: "eu", P: 30}}
 	waitFor(t, 10*time.Second, "us repaired by anti-entropy", func() bool { return slices.Equal(us.window(t, "sk_2"), want) })
-	if us.gossip.Stats().Repaired.Load() == 0 {
+	if us.gossip.Node().Stats().Repaired.Load() == 0 {
 		t.Fatal("us converged without repairs")
 	}
 
@@ -231,14 +231,14 @@ func TestGossipRefusesBadMessages(t *testing.T) {
 		m := nats.NewMsg(subject)
 		m.Data, m.Header = data, nats.Header{}
 		if replica != "" {
-			m.Header.Set(HeaderReplica, replica)
-			m.Header.Set(HeaderSeq, seq)
+			m.Header.Set(gossip.HeaderReplica, replica)
+			m.Header.Set(gossip.HeaderSeq, seq)
 		}
 		if err := nc.PublishMsg(m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s := eu.gossip.Stats()
+	s := eu.gossip.Node().Stats()
 	send("geoquota.delta.us", []byte("not a delta"), "r1", "1")      // malformed
 	send("geoquota.delta.us", delta("us", "us", 5), "", "")          // no replica header
 	send("geoquota.delta.us", delta("ap", "ap", 7), "r2", "1")       // us sending as ap

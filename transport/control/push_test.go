@@ -1,4 +1,4 @@
-package transport
+package control
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport/gossip"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -46,14 +47,17 @@ func TestPushedRulesAndBudgets(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}, 2)
 	var logs lockedBuffer
-	go func() { WatchRules(ctx, js, e, slog.New(slog.NewTextHandler(&logs, nil)), nil); done <- struct{}{} }()
-	go func() { WatchBudgets(ctx, js, e, discardLogger(), nil); done <- struct{}{} }()
+	go func() {
+		WatchRules(ctx, js, subjects, e, slog.New(slog.NewTextHandler(&logs, nil)), nil)
+		done <- struct{}{}
+	}()
+	go func() { WatchBudgets(ctx, js, subjects, e, discardLogger(), nil); done <- struct{}{} }()
 	t.Cleanup(func() { cancel(); <-done; <-done })
 
 	limit := func() int64 { return e.Rules().Rule("g").Base.Limit }
 	// The subscriptions are made as the watchers start: push until seen.
 	waitFor(t, 5*time.Second, "pushed rules (revision 5) in force", func() bool {
-		if err := PushRules(nc, 5, rulesYAML(200)); err != nil {
+		if err := PushRules(nc, subjects, 5, rulesYAML(200)); err != nil {
 			t.Fatal(err)
 		}
 		nc.Flush()
@@ -65,7 +69,7 @@ func TestPushedRulesAndBudgets(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []struct{ rev, limit int }{{4, 300}, {5, 200}, {6, 600}} {
-		if err := PushRules(nc, uint64(p.rev), rulesYAML(p.limit)); err != nil {
+		if err := PushRules(nc, subjects, uint64(p.rev), rulesYAML(p.limit)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -77,9 +81,9 @@ func TestPushedRulesAndBudgets(t *testing.T) {
 	}
 
 	now := time.Now()
-	doc := NewBudgetDoc("gs", []budget.Lease{{Rule: "g", Region: "eu", Seq: 3, Floor: 0.05, Share: 0.4, Issued: now, Expires: now.Add(time.Minute)}})
+	doc := budget.NewDocument("gs", []budget.Lease{{Rule: "g", Region: "eu", Seq: 3, Floor: 0.05, Share: 0.4, Issued: now, Expires: now.Add(time.Minute)}})
 	b, _ := json.Marshal(doc)
-	if err := PushBudget(nc, 9, b); err != nil {
+	if err := PushBudget(nc, subjects, 9, b); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "the pushed lease held", func() bool {
@@ -116,14 +120,17 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 	done := make(chan struct{})
 	var logs lockedBuffer
 	resync := new(Resync)
-	go func() { WatchRules(wctx, js, e, slog.New(slog.NewTextHandler(&logs, nil)), resync); close(done) }()
+	go func() {
+		WatchRules(wctx, js, subjects, e, slog.New(slog.NewTextHandler(&logs, nil)), resync)
+		close(done)
+	}()
 	t.Cleanup(func() { stop(); <-done })
 	waitFor(t, 10*time.Second, "the bucket's rules in force", func() bool { return e.Rules().Rule("g").Base.Limit == 7 })
 	// Edited locally after; the same revision pushed changes nothing.
 	if _, err := e.PutRules("rules.yaml", []byte("rules:\n  - { id: g, by: [api_key], algorithm: fixed_window, limit: 9, window: 1m }\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := PushRules(nc, rev, yaml); err != nil {
+	if err := PushRules(nc, subjects, rev, yaml); err != nil {
 		t.Fatal(err)
 	}
 	nc.Flush()
@@ -154,6 +161,9 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 	resync.Fire()
 	waitFor(t, 15*time.Second, "a new bucket's rules in force", func() bool { return e.Rules().Rule("g").Base.Limit == 13 })
 }
+
+// subjects are the default deployment's.
+var subjects = gossip.NewSubjects("")
 
 func itoa(n int) string { return strconv.Itoa(n) }
 

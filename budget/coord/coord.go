@@ -1,0 +1,524 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport/gossip"
+)
+
+// Name is globalsync's name in the gossip: it takes the regions' deltas
+// and asks them for what it misses with its digest, but counts nothing of
+// its own.
+const Name = "globalsync"
+
+// History is how many documents of each rule the budgets bucket keeps:
+// enough to cover a lease's life at one rebalance a second, so that a
+// leader taking over knows every lease still in force.
+const History = 64
+
+// Config configures a coordinator. Zero fields take the defaults.
+type Config struct {
+	// ID tells this globalsync instance from the others; the documents it
+	// publishes name it as their leader.
+	ID string
+	// Regions are every region; empty: the regions heard from, and those
+	// they name.
+	Regions []string
+	// Rebalance is how often the leader rebalances. 1s.
+	Rebalance time.Duration
+	// AntiEntropy is how often globalsync asks the regions for usage it
+	// missed. 10s.
+	AntiEntropy time.Duration
+	// Budget configures the allocator; the zero value means
+	// budget.DefaultConfig().
+	Budget budget.Config
+}
+
+func (c Config) withDefaults() Config {
+	if c.Rebalance <= 0 {
+		c.Rebalance = time.Second
+	}
+	if c.AntiEntropy <= 0 {
+		c.AntiEntropy = 10 * time.Second
+	}
+	if c.Budget == (budget.Config{}) {
+		c.Budget = budget.DefaultConfig()
+	}
+	return c
+}
+
+// ErrInvalidConfig is a configuration a coordinator cannot run with.
+var ErrInvalidConfig = errors.New("coord: invalid configuration")
+
+// Validate reports the first unusable field, after defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if err := c.Budget.Validate(); err != nil {
+		return err
+	}
+	// A leader taking over reads every lease still in force from the
+	// bucket's history: a lease's life must fit in it.
+	if c.Budget.LeaseTTL+c.Budget.Skew > time.Duration(History-2)*c.Rebalance {
+		return fmt.Errorf("%w: lease ttl %v is more than the %d rebalances (every %v) whose leases the budget bucket keeps",
+			ErrInvalidConfig, c.Budget.LeaseTTL, History-2, c.Rebalance)
+	}
+	for _, r := range c.Regions {
+		if r == "" || r == Name || len(r) > crdt.MaxRegionNameLen || strings.ContainsAny(r, ". *>") {
+			return fmt.Errorf("%w: region %q", ErrInvalidConfig, r)
+		}
+	}
+	return nil
+}
+
+// Coordinator is globalsync's brain as a state machine: it hears every
+// replica's heartbeat (Heartbeat), keeps a copy of every region's usage
+// (it is the Counters of globalsync's observer gossip node), and, while it
+// leads, turns demand into budget documents (Rebalance) and closes each
+// window's books (over-admission, carry_debt). A coordinator that starts
+// to lead first restores what the leaders before it published (Restore).
+//
+// It does no I/O, reads no clock and starts no goroutine: globalsync's
+// daemon and the simulator give it the time. It is not safe for
+// concurrent use: its caller serializes every call, those the gossip node
+// makes included.
+type Coordinator struct {
+	cfg Config
+
+	replicas map[string]*replica    // by replica id
+	rules    map[string]budget.Rule // the global rules reported
+	heard    map[string]time.Time   // region → its last heartbeat
+	listed   map[string]bool        // regions named by a region's heartbeat
+	alloc    *budget.Allocator      // while leading
+	docs     map[string]budget.Document
+
+	usage        *crdt.Counters
+	usageRegions []string
+	lastExpire   time.Time
+
+	books books
+}
+
+type replica struct {
+	region string
+	heard  time.Time
+	rules  map[string]*demandTrack
+}
+
+// demandTrack is a replica's last report on a rule, and its rates.
+type demandTrack struct {
+	last     gossip.RuleReport
+	rate     budget.DemandRate
+	admitted budget.DemandRate // what was admitted, for the dashboard
+}
+
+// New returns a coordinator that follows (see Restore).
+func New(cfg Config) (*Coordinator, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Coordinator{cfg: cfg, replicas: map[string]*replica{}, rules: map[string]budget.Rule{}, heard: map[string]time.Time{},
+		listed: map[string]bool{}, docs: map[string]budget.Document{}, books: newBooks()}
+	c.view()
+	return c, nil
+}
+
+// Config returns the coordinator's settings, defaults filled in.
+func (c *Coordinator) Config() Config { return c.cfg }
+
+// maxWindow bounds the window a heartbeat may report: a year.
+const maxWindow = 366 * 24 * time.Hour
+
+// Heartbeat takes in a replica's heartbeat, heard at now (the gossip node
+// has checked its sender).
+func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
+	if hb.Region == "" || hb.Replica == "" || hb.Region == Name {
+		return
+	}
+	c.heard[hb.Region] = now
+	for _, r := range hb.Regions {
+		if r != "" && r != Name && len(r) <= crdt.MaxRegionNameLen && !strings.ContainsAny(r, ". *>") {
+			c.listed[r] = true
+		}
+	}
+	r := c.replicas[hb.Replica]
+	if r == nil || r.region != hb.Region {
+		r = &replica{region: hb.Region, rules: map[string]*demandTrack{}}
+		c.replicas[hb.Replica] = r
+	}
+	r.heard = now
+	for id, rep := range hb.Rules {
+		window := time.Duration(rep.WindowMillis) * time.Millisecond
+		if id == "" || window <= 0 || window > maxWindow {
+			continue
+		}
+		c.rules[id] = budget.Rule{ID: id, Window: window, Sliding: rep.Algorithm == regional.SlidingWindowCounter.String()}
+		t := r.rules[id]
+		if t == nil {
+			t = &demandTrack{}
+			r.rules[id] = t
+		}
+		t.last = rep
+		t.rate.Add(rep.Admitted+rep.Denied, window, now)
+		t.admitted.Add(rep.Admitted, window, now)
+	}
+}
+
+// Leading reports whether the coordinator leads.
+func (c *Coordinator) Leading() bool { return c.alloc != nil }
+
+// Restore makes the coordinator lead, with a fresh allocator that knows
+// every lease the leaders before it published that may still be in force:
+// history holds each rule's documents, oldest first, as the budgets bucket
+// keeps them. Books those leaders closed stay closed.
+func (c *Coordinator) Restore(history [][]budget.Document) error {
+	alloc, err := budget.NewAllocator(c.cfg.Budget)
+	if err != nil {
+		return err
+	}
+	docs := map[string]budget.Document{}
+	for _, h := range history {
+		if len(h) == 0 {
+			continue
+		}
+		latest := h[len(h)-1]
+		docs[latest.Rule] = latest
+		alloc.RestoreHistory(h)
+		c.books.inherit(latest.BooksClosed)
+	}
+	c.alloc, c.docs = alloc, docs
+	return nil
+}
+
+// Follow stops leading: another instance leads now, or may.
+func (c *Coordinator) Follow() { c.alloc = nil }
+
+// Rebalance closes the books of the windows that have settled, then
+// computes every rule's leases from the replicas' reports; it returns the
+// documents to publish, one per rule, and the over-admissions the books
+// found. A follower does nothing.
+func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmission, error) {
+	if c.alloc == nil {
+		return nil, nil, nil
+	}
+	found := c.closeBooks(now)
+	regions := c.Regions()
+	var docs []budget.Document
+	var errs []error
+	for _, id := range slices.Sorted(maps.Keys(c.rules)) {
+		rule := c.rules[id]
+		for _, region := range regions {
+			if rep, ok := c.regionReport(rule, region, now); ok {
+				c.alloc.Report(rule.ID, rep)
+			}
+		}
+		if !c.reported(rule, now) {
+			// No replica has reported the rule for long (every lease
+			// lapsed, every window it counted in over): it is no
+			// longer global anywhere.
+			delete(c.rules, rule.ID)
+			c.alloc.Forget(rule.ID)
+			continue
+		}
+		rule.Floors = c.higherFloors(rule.ID, regions, now)
+		leases, err := c.alloc.Rebalance(now, rule, regions)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rule %s: %w", rule.ID, err))
+			continue
+		}
+		doc := budget.NewDocument(c.cfg.ID, leases)
+		doc.SetSnapshot(c.alloc.Snapshot(rule.ID))
+		doc.BooksClosed = c.books.closed()
+		c.docs[rule.ID] = doc
+		docs = append(docs, doc)
+	}
+	return docs, found, errors.Join(errs...)
+}
+
+// regionReport sums a region's live replicas' reports on a rule: demand
+// adds up (of the replicas heard within demandSilence); the lease
+// acknowledged is the oldest any replica acknowledges (each replica
+// enforces its own); what was used is the most any saw, if all speak of
+// the same window.
+func (c *Coordinator) regionReport(rule budget.Rule, region string, now time.Time) (budget.Report, bool) {
+	rep := budget.Report{Region: region}
+	found, sameEpoch, epoch := false, true, int64(0)
+	for _, id := range slices.Sorted(maps.Keys(c.replicas)) {
+		r := c.replicas[id]
+		if r.region != region || now.Sub(r.heard) > c.replicaSilence() {
+			continue
+		}
+		t := r.rules[rule.ID]
+		if t == nil {
+			continue
+		}
+		if !found {
+			rep.Acked, epoch = t.last.Acked, t.last.UsedEpoch
+		}
+		found = true
+		if now.Sub(r.heard) <= c.demandSilence() {
+			rep.Demand += t.rate.Rate()
+		}
+		rep.Acked = min(rep.Acked, t.last.Acked)
+		rep.Used = max(rep.Used, t.last.Used)
+		if t.last.UsedEpoch != epoch {
+			sameEpoch = false
+		}
+	}
+	rep.UsedEpoch, rep.HasUsed = epoch, found && sameEpoch && rep.Acked > 0
+	return rep, found
+}
+
+// replicaSilence is how long a replica may be silent before it no longer
+// counts: it may hold a lease it got after its last heartbeat, in force for
+// a lease's life and the skew allowance after.
+func (c *Coordinator) replicaSilence() time.Duration {
+	return c.cfg.Budget.LeaseTTL + c.cfg.Budget.Skew + 2*time.Second
+}
+
+// demandSilence is how long a replica may be silent before its demand is
+// no longer believed: a region cut off stops being renewed at its share
+// (leases it cannot receive would keep the share from the others for a
+// lease's life after they were issued), while its acknowledgements still
+// count for replicaSilence.
+func (c *Coordinator) demandSilence() time.Duration { return max(3*c.cfg.Rebalance, minDemandSilence) }
+
+// minDemandSilence is four of the regions' heartbeats (500ms).
+const minDemandSilence = 2 * time.Second
+
+// reported says whether a replica reported the rule lately: within a
+// lease's life and two of the rule's windows.
+func (c *Coordinator) reported(rule budget.Rule, now time.Time) bool {
+	for _, r := range c.replicas {
+		if t := r.rules[rule.ID]; t != nil && !t.rate.Last().IsZero() &&
+			now.Sub(t.rate.Last()) <= c.replicaSilence()+2*rule.Window {
+			return true
+		}
+	}
+	return false
+}
+
+// Regions are the regions the budgets are split over: Config.Regions,
+// else every region heard from or named by one that was, sorted.
+func (c *Coordinator) Regions() []string {
+	if len(c.cfg.Regions) > 0 {
+		return slices.Clone(c.cfg.Regions)
+	}
+	all := maps.Clone(c.listed)
+	for r := range c.heard {
+		all[r] = true
+	}
+	return slices.Sorted(maps.Keys(all))
+}
+
+// forgetReplicas is how long a replica may be silent before the
+// coordinator forgets it: it is gone, or cut off for so long that it is
+// the operator's concern (see the runbook).
+const forgetReplicas = 10 * time.Minute
+
+// Tick does the coordinator's housekeeping at now, leader or not: it
+// forgets replicas long silent and, once an anti-entropy round, the
+// windows of its usage copy whose books closed a while ago.
+func (c *Coordinator) Tick(now time.Time) {
+	for id, r := range c.replicas {
+		if now.Sub(r.heard) > forgetReplicas {
+			delete(c.replicas, id)
+		}
+	}
+	if now.Sub(c.lastExpire) >= c.cfg.AntiEntropy {
+		c.lastExpire = now
+		c.expireUsage(now)
+	}
+}
+
+// higherFloors returns the floors, as fractions of the rule's limit now,
+// of regions whose replicas last said they enforce a higher limit: a
+// region cut off when the limit was lowered keeps its floor of the old
+// limit until it hears of the new. The limit now is the rules' (SetRules),
+// or else the one the replica heard last reported.
+func (c *Coordinator) higherFloors(rule string, regions []string, now time.Time) map[string]float64 {
+	current, latest := int64(0), time.Time{}
+	if rs := c.books.rules; rs != nil {
+		if r := rs.Rule(rule); r != nil {
+			current = r.Base.Limit
+		}
+	}
+	enforced := map[string]int64{}
+	for _, r := range c.replicas {
+		if now.Sub(r.heard) > forgetReplicas {
+			continue
+		}
+		t := r.rules[rule]
+		if t == nil || t.last.Limit <= 0 {
+			continue
+		}
+		enforced[r.region] = max(enforced[r.region], t.last.Limit)
+		if c.books.rules == nil && r.heard.After(latest) {
+			current, latest = t.last.Limit, r.heard
+		}
+	}
+	if current <= 0 {
+		return nil
+	}
+	floor := c.cfg.Budget.Floor(len(regions))
+	var out map[string]float64
+	for region, l := range enforced {
+		if l > current {
+			if out == nil {
+				out = map[string]float64{}
+			}
+			out[region] = min(1, floor*float64(l)/float64(current))
+		}
+	}
+	return out
+}
+
+// Budgets returns the last leases of every rule, by rule: those this
+// coordinator computed, or, since it last restored, those it restored.
+func (c *Coordinator) Budgets() []budget.Document {
+	out := make([]budget.Document, 0, len(c.docs))
+	for _, id := range slices.Sorted(maps.Keys(c.docs)) {
+		out = append(out, c.docs[id])
+	}
+	return out
+}
+
+// Budget returns a rule's last leases (zero if none).
+func (c *Coordinator) Budget(rule string) budget.Document { return c.docs[rule] }
+
+// Window returns a reported global rule's window.
+func (c *Coordinator) Window(rule string) (time.Duration, bool) {
+	r, ok := c.rules[rule]
+	return r.Window, ok
+}
+
+// RegionStatus is what the coordinator knows of a region.
+type RegionStatus struct {
+	Region      string `json:"region"`
+	LastHeardMS int64  `json:"last_heard_ms"`
+	Replicas    int    `json:"replicas"`
+	// Suspect is set when the region has been silent for longer than
+	// three rebalances: cut off, or down.
+	Suspect bool `json:"partition_suspected"`
+}
+
+// Status returns every region's status at now.
+func (c *Coordinator) Status(now time.Time) []RegionStatus {
+	var out []RegionStatus
+	for _, name := range c.Regions() {
+		st := RegionStatus{Region: name, LastHeardMS: -1, Suspect: true}
+		if at, ok := c.heard[name]; ok {
+			st.LastHeardMS = now.Sub(at).Milliseconds()
+			st.Suspect = now.Sub(at) > 3*c.cfg.Rebalance
+		}
+		for _, r := range c.replicas {
+			if r.region == name && now.Sub(r.heard) <= c.replicaSilence() {
+				st.Replicas++
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// Figure is one region's figures for one rule at one time: what it may
+// admit (its lease's allowance, floor included), whether its lease holds,
+// and what it was asked for and admitted, in limits per window.
+type Figure struct {
+	Share    float64 `json:"share"`
+	Valid    bool    `json:"lease_valid"`
+	Demand   float64 `json:"demand"`
+	Admitted float64 `json:"admitted"`
+}
+
+// Figures returns every rule's figures at now, by rule and region.
+func (c *Coordinator) Figures(now time.Time) map[string]map[string]Figure {
+	out := map[string]map[string]Figure{}
+	for id := range c.rules {
+		points := map[string]Figure{}
+		for _, r := range c.replicas {
+			if now.Sub(r.heard) > c.replicaSilence() {
+				continue
+			}
+			if t := r.rules[id]; t != nil {
+				p := points[r.region]
+				p.Demand += t.rate.Rate()
+				p.Admitted += t.admitted.Rate()
+				points[r.region] = p
+			}
+		}
+		if doc, ok := c.docs[id]; ok {
+			for region, l := range doc.Leases {
+				p := points[region]
+				p.Share, p.Valid = l.Floor+l.Share-l.Debt, now.Before(l.Expires)
+				points[region] = p
+			}
+		}
+		out[id] = points
+	}
+	return out
+}
+
+// The coordinator's copy of every region's usage: the Counters of
+// globalsync's observer gossip node.
+
+// view returns the copy for the regions known now, rebuilt (keeping what
+// it held) when a region appears.
+func (c *Coordinator) view() *crdt.Counters {
+	regions := append(c.Regions(), Name)
+	slices.Sort(regions)
+	if c.usage != nil && slices.Equal(c.usageRegions, regions) {
+		return c.usage
+	}
+	u, err := crdt.NewCounters(Name, regions)
+	if err != nil {
+		return c.usage // a region's name the counters refuse: keep the copy as it is
+	}
+	if c.usage != nil {
+		u.Merge(c.usage.DeltaSince(0))
+	}
+	c.usage, c.usageRegions = u, regions
+	return u
+}
+
+// OwnDelta implements gossip.Counters: globalsync counts nothing of its own.
+func (c *Coordinator) OwnDelta(uint64) crdt.Delta { return crdt.Delta{Origin: Name} }
+
+// GlobalDigest implements gossip.Counters.
+func (c *Coordinator) GlobalDigest() (crdt.Digest, error) {
+	return c.view().Digest(crdt.DefaultDigestBuckets)
+}
+
+// GlobalDiff implements gossip.Counters.
+func (c *Coordinator) GlobalDiff(peer crdt.Digest) (crdt.Delta, error) { return c.view().Diff(peer) }
+
+// MergeRemote implements gossip.Counters: a region's slots, into the copy.
+func (c *Coordinator) MergeRemote(_ context.Context, d crdt.Delta) (crdt.MergeReport, error) {
+	return c.view().Merge(d), nil
+}
+
+// ObserveOwn implements gossip.Counters: globalsync has no slots of its own.
+func (c *Coordinator) ObserveOwn(crdt.Delta) {}
+
+// GlobalUsage returns what every region admitted of one counter's window
+// (its key, regional.CounterKey, and its start), as the copy has it.
+func (c *Coordinator) GlobalUsage(key string, start time.Time) map[string]int64 {
+	return c.GlobalCounter(crdt.ID{Key: key, Epoch: start.UnixMilli()}).ByRegion()
+}
+
+// GlobalCounter returns the copy of one counter's window.
+func (c *Coordinator) GlobalCounter(id crdt.ID) crdt.PNCounter { return c.view().Get(id) }
+
+var _ interface {
+	gossip.Counters
+	gossip.Heartbeats
+} = (*Coordinator)(nil)

@@ -1,0 +1,37 @@
+package regional
+
+import "strings"
+
+// A counter's key in a store is gq:{rule:values}: the rule's id, then the
+// descriptor values the rule counts by, joined. The braces are a Redis
+// hash tag, so that a Cluster keeps every key of one counter (a sliding
+// log's, a global counter's windows) in one slot and spreads a rule's
+// counters over the others. Rule ids hold no colon and no brace.
+const (
+	keyOpen  = "gq:{"
+	keyClose = '}'
+)
+
+// CounterKey returns the key of rule's counter for the descriptor values.
+func CounterKey(rule, values string) string {
+	return string(append(appendKeyPrefix(nil, rule), values+string(keyClose)...))
+}
+
+// ParseCounterKey splits a counter key into its rule and descriptor values.
+func ParseCounterKey(key string) (rule, values string, ok bool) {
+	inner, ok := strings.CutPrefix(key, keyOpen)
+	if !ok {
+		return "", "", false
+	}
+	inner, ok = strings.CutSuffix(inner, string(keyClose))
+	if !ok {
+		return "", "", false
+	}
+	rule, values, ok = strings.Cut(inner, ":")
+	return rule, values, ok
+}
+
+// appendKeyPrefix appends what a rule's counter keys start with.
+func appendKeyPrefix(dst []byte, rule string) []byte {
+	return append(append(append(dst, keyOpen...), rule...), ':')
+}

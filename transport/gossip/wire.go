@@ -1,0 +1,239 @@
+package gossip
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/geoquota/geoquota/crdt"
+)
+
+// DefaultPrefix starts every subject.
+const DefaultPrefix = "geoquota"
+
+// Subjects names the NATS subjects of a deployment, under its prefix:
+//
+//	<prefix>.delta.<region>        a region's changed slots, from any of its replicas
+//	<prefix>.digest.<region>       a region's digest, for anti-entropy
+//	<prefix>.repair.<to>.<from>    what a digest showed <to> lacks, from <from>
+//	<prefix>.heartbeat.<region>    a replica's demand and leases, for globalsync
+//	<prefix>.push.budgets          budget documents, pushed beside the KV bucket
+//	<prefix>.push.rules            the published rules, pushed beside the KV bucket
+//
+// The region that sends comes last, so that a subscriber can tell it
+// without reading the message.
+type Subjects struct{ prefix string }
+
+// NewSubjects returns the subjects under prefix ("" means DefaultPrefix).
+func NewSubjects(prefix string) Subjects {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return Subjects{prefix: prefix}
+}
+
+// Prefix returns the prefix every subject starts with.
+func (s Subjects) Prefix() string { return s.prefix }
+
+// Delta is the subject of a region's deltas.
+func (s Subjects) Delta(region string) string {
+	return s.prefix + "." + kindDelta.String() + "." + region
+}
+
+// Digest is the subject of a region's digests.
+func (s Subjects) Digest(region string) string {
+	return s.prefix + "." + kindDigest.String() + "." + region
+}
+
+// Repair is the subject of what from sends to (a region or globalsync) in
+// answer to its digest.
+func (s Subjects) Repair(to, from string) string {
+	return s.prefix + "." + kindRepair.String() + "." + to + "." + from
+}
+
+// Heartbeat is the subject of a region's replicas' heartbeats.
+func (s Subjects) Heartbeat(region string) string {
+	return s.prefix + "." + kindHeartbeat.String() + "." + region
+}
+
+// PushBudgets carries budget documents (budget.Document, JSON) as globalsync
+// writes them to the budgets bucket.
+func (s Subjects) PushBudgets() string { return s.prefix + ".push.budgets" }
+
+// PushRules carries the rules globalsync last published (YAML).
+func (s Subjects) PushRules() string { return s.prefix + ".push.rules" }
+
+// parse reads a gossip subject: its kind, the sending region, and for a
+// repair the region it is for.
+func (s Subjects) parse(subject string) (k kind, from, to string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, s.prefix+".")
+	if !ok {
+		return 0, "", "", false
+	}
+	name, rest, _ := strings.Cut(rest, ".")
+	for k = kindDelta; k <= kindHeartbeat; k++ {
+		if k.String() == name {
+			break
+		}
+	}
+	if k > kindHeartbeat {
+		return 0, "", "", false
+	}
+	if k == kindRepair {
+		to, rest, _ = strings.Cut(rest, ".")
+	}
+	if !validName(rest) || (k == kindRepair && !validName(to)) {
+		return 0, "", "", false
+	}
+	return k, rest, to, true
+}
+
+// kind is what a message carries.
+type kind uint8
+
+const (
+	kindDelta kind = iota
+	kindDigest
+	kindRepair
+	kindHeartbeat
+)
+
+var kindNames = [...]string{"delta", "digest", "repair", "heartbeat"}
+
+func (k kind) String() string { return kindNames[k] }
+
+// validName reports whether a region's name can stand in a subject: one
+// token, no wildcard, and short enough for the counters' encoding.
+func validName(name string) bool {
+	return name != "" && len(name) <= crdt.MaxRegionNameLen && !strings.ContainsAny(name, ".*> \t\r\n")
+}
+
+// Message headers: the sending replica and its message number, so that a
+// replayed message is told from a new one. Every sender of gossip sets
+// them.
+const (
+	HeaderReplica  = "Geoquota-Replica"
+	HeaderInstance = "Geoquota-Instance" // random per process: a restarted replica numbers afresh
+	HeaderSeq      = "Geoquota-Seq"
+	// HeaderRevision is the KV revision a pushed value was written at.
+	HeaderRevision = "Geoquota-Revision"
+)
+
+// Header is who sent a message, and its number in the sender's sequence.
+type Header struct {
+	Replica, Instance string
+	Seq               uint64
+}
+
+// Message is one gossip message. A node makes messages with their Body
+// decoded (a crdt.Delta for deltas and repairs, a crdt.Digest, or a
+// Heartbeat); Encode gives the bytes that travel. A message that comes off
+// the wire has Data alone, and Step decodes it, refusing what does not
+// decode. An in-memory transport may hand a node's messages to the others
+// as they are.
+type Message struct {
+	Subject string
+	Header  Header
+	Data    []byte
+	Body    any
+	// since is, for a delta, the version it runs from (see Node.Unsent).
+	since uint64
+	delta bool
+}
+
+// Encode returns the message's body as it travels, encoding it once.
+func (m *Message) Encode() ([]byte, error) {
+	if m.Data != nil {
+		return m.Data, nil
+	}
+	var err error
+	switch b := m.Body.(type) {
+	case crdt.Delta:
+		m.Data, err = crdt.AppendDelta(nil, b)
+	case crdt.Digest:
+		m.Data, err = crdt.AppendDigest(nil, b)
+	case Heartbeat:
+		m.Data, err = json.Marshal(b)
+	default:
+		err = fmt.Errorf("gossip: %s: nothing to encode", m.Subject)
+	}
+	return m.Data, err
+}
+
+// Heartbeat is what a replica tells globalsync, every Config.Heartbeat.
+type Heartbeat struct {
+	Region  string `json:"region"`
+	Replica string `json:"replica"`
+	// SentMillis is the replica's clock when it sent the heartbeat.
+	SentMillis int64 `json:"sent_ms"`
+	// Regions are the regions this one was told of (--regions), itself
+	// included: globalsync counts them all, heard from or not, when it
+	// splits the reserve into floors.
+	Regions []string `json:"regions,omitempty"`
+	// Rules reports each global rule, by id.
+	Rules map[string]RuleReport `json:"rules"`
+}
+
+// RuleReport is one replica's report on one global rule: demand so far
+// (in limits, cumulative since the replica started), the lease it may
+// acknowledge, and what it used in the current window.
+type RuleReport struct {
+	Admitted  float64 `json:"admitted"`
+	Denied    float64 `json:"denied"`
+	Acked     uint64  `json:"acked,omitempty"`
+	Used      float64 `json:"used"`
+	UsedEpoch int64   `json:"used_epoch"`
+	// WindowMillis is the rule's window, which UsedEpoch counts in, and
+	// Algorithm its algorithm.
+	WindowMillis int64  `json:"window_ms"`
+	Algorithm    string `json:"algorithm"`
+	// Limit is the rule's limit as this replica enforces it (0 for a rule
+	// limited by tier): a region that has not yet heard of a lower limit
+	// still allows itself its floor of the higher one.
+	Limit int64 `json:"limit,omitempty"`
+}
+
+// errMalformed is a body that does not decode as its subject says.
+var errMalformed = errors.New("gossip: malformed message")
+
+// decode returns a message's body, decoding Data if it has none.
+func (m *Message) decode(k kind) (any, error) {
+	if m.Body != nil {
+		switch m.Body.(type) {
+		case crdt.Delta:
+			if k == kindDelta || k == kindRepair {
+				return m.Body, nil
+			}
+		case crdt.Digest:
+			if k == kindDigest {
+				return m.Body, nil
+			}
+		case Heartbeat:
+			if k == kindHeartbeat {
+				return m.Body, nil
+			}
+		}
+		return nil, errMalformed
+	}
+	switch k {
+	case kindDelta, kindRepair:
+		d, err := crdt.DecodeDelta(m.Data)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
+	case kindDigest:
+		dg, err := crdt.DecodeDigest(m.Data)
+		if err != nil {
+			return nil, err
+		}
+		return dg, nil
+	default:
+		var hb Heartbeat
+		if err := json.Unmarshal(m.Data, &hb); err != nil {
+			return nil, err
+		}
+		return hb, nil
+	}
+}
