@@ -164,7 +164,7 @@ func (e *Engine) Grant(ctx context.Context, rule string, req *Request, n int64) 
 }
 
 // forget drops what this replica remembers of a counter. What is left of
-// its lease goes back if giveBack is set; after a reset nothing is owed,
+// its batch goes back if giveBack is set; after a reset nothing is owed,
 // and giving it back would put the new count below zero.
 func (e *Engine) forget(key []byte, giveBack bool) {
 	e.denials.with(key, func(m map[string]*denial) {
@@ -173,11 +173,11 @@ func (e *Engine) forget(key []byte, giveBack bool) {
 			e.denialCount.Add(-1)
 		}
 	})
-	e.leases.with(key, func(m map[string]*lease) {
+	e.batches.with(key, func(m map[string]*batch) {
 		if l := m[string(key)]; l != nil {
 			delete(m, string(key))
 			if giveBack {
-				e.endLease(string(key), l)
+				e.endBatch(string(key), l)
 			}
 		}
 	})
@@ -291,7 +291,7 @@ func (e *Engine) syncBlocks(ctx context.Context) error {
 // Maintain does the engine's periodic work: gives a store back after an
 // outage the global counters this replica holds, drops the windows the
 // store no longer keeps from its copy of them, gives back what is left
-// of ended leases, drops expired cache entries and untracked keys, writes
+// of ended batches, drops expired cache entries and untracked keys, writes
 // pending violations to the log, and takes runtime blocks from the store.
 // Call it every few hundred milliseconds (Run does).
 func (e *Engine) Maintain(ctx context.Context) error {
@@ -307,11 +307,11 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	now := e.now()
 	us := now.UnixMicro()
 	e.expireGlobal(now)
-	e.leases.sweep(func(key string, l *lease) bool {
+	e.batches.sweep(func(key string, l *batch) bool {
 		if l.expires > us {
 			return false
 		}
-		e.endLease(key, l)
+		e.endBatch(key, l)
 		return true
 	})
 	e.returnsMu.Lock()
@@ -319,7 +319,7 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	e.returns = nil
 	e.returnsMu.Unlock()
 	var errs []error
-	var retry []leaseReturn
+	var retry []batchReturn
 	for _, r := range returns {
 		given, err := e.store.Refund(ctx, []byte(r.key), r.params, r.n, r.takenAt)
 		if err != nil {
@@ -329,8 +329,8 @@ func (e *Engine) Maintain(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		e.stats.LeaseReturned.Add(given)
-		e.stats.LeaseLapsed.Add(r.n - given)
+		e.stats.BatchReturned.Add(given)
+		e.stats.BatchLapsed.Add(r.n - given)
 	}
 	if len(retry) > 0 {
 		e.returnsMu.Lock()

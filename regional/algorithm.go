@@ -41,7 +41,7 @@ type Result struct {
 	// RetryAfter is, for a denied request, the shortest wait in µs after
 	// which the same request would be allowed, barring other traffic.
 	RetryAfter int64
-	// Taken is what an allowing limit took: the cost, or a lease (see Op).
+	// Taken is what an allowing limit took: the cost, or a batch (see Op).
 	Taken int64
 	// OwnP and OwnN are, for a global limit, this region's slot of the
 	// window after the request: what it counted up and down.
@@ -92,12 +92,12 @@ func cloneLog(s State) State {
 	return s
 }
 
-// settle turns a first estimate of a wait into the exact one: the shortest
+// exactWait turns a first estimate of a wait into the exact one: the shortest
 // whole number of microseconds after which allows holds. allows is monotone
-// in time. The estimate is usually right, and settle then asks allows twice;
+// in time. The estimate is usually right, and exactWait then asks allows twice;
 // when rounding has put it off, it searches outward by doubling steps and
 // then bisects, so the answer is exact however far off the estimate was.
-func settle(now, wait float64, allows func(t float64) bool) int64 {
+func exactWait(now, wait float64, allows func(t float64) bool) int64 {
 	w := fmax(1, math.Ceil(wait))
 	var lo, hi float64 // allows(now+lo) is false (or lo is 0), allows(now+hi) true
 	if allows(now + w) {
@@ -174,12 +174,12 @@ func tokenBucket(p *Params, s *State, now, cost float64, r *Result) {
 		tokens -= cost
 		*s = State{Exists: true, A: tokens, B: now}
 	} else {
-		r.RetryAfter = settle(now, (cost-tokens)*1e6/p.Rate, func(t float64) bool { return tbTokens(p, s, t) >= cost })
+		r.RetryAfter = exactWait(now, (cost-tokens)*1e6/p.Rate, func(t float64) bool { return tbTokens(p, s, t) >= cost })
 	}
 	r.Remaining = int64(math.Floor(tokens))
 	r.ResetAt = int64(now)
 	if tokens < limit {
-		r.ResetAt += settle(now, (limit-tokens)*1e6/p.Rate, func(t float64) bool { return tbTokens(p, s, t) >= limit })
+		r.ResetAt += exactWait(now, (limit-tokens)*1e6/p.Rate, func(t float64) bool { return tbTokens(p, s, t) >= limit })
 	}
 }
 
@@ -216,12 +216,12 @@ func gcra(p *Params, s *State, now, cost float64, r *Result) {
 		debt = next
 		*s = State{Exists: true, A: next, B: now}
 	} else {
-		r.RetryAfter = settle(now, (next-burst)*1e6/p.Rate, func(t float64) bool { return gcraDebt(p, s, t)+cost <= burst })
+		r.RetryAfter = exactWait(now, (next-burst)*1e6/p.Rate, func(t float64) bool { return gcraDebt(p, s, t)+cost <= burst })
 	}
 	r.Remaining = gcraFits(debt, burst)
 	r.ResetAt = int64(now)
 	if debt > 0 {
-		r.ResetAt += settle(now, debt*1e6/p.Rate, func(t float64) bool { return gcraDebt(p, s, t) <= 0 })
+		r.ResetAt += exactWait(now, debt*1e6/p.Rate, func(t float64) bool { return gcraDebt(p, s, t) <= 0 })
 	}
 }
 
@@ -242,7 +242,7 @@ func fixedWindow(p *Params, s *State, now, cost float64, r *Result) {
 		n += cost
 		*s = State{Exists: true, A: start, B: n}
 	} else {
-		r.RetryAfter = settle(now, start+window-now, func(t float64) bool {
+		r.RetryAfter = exactWait(now, start+window-now, func(t float64) bool {
 			_, n := fwCount(p, s, t)
 			return n+cost <= limit
 		})
@@ -286,7 +286,7 @@ func slidingCounter(p *Params, s *State, now, cost float64, r *Result) {
 		} else {
 			at = start + window + fmax(0, window-(limit-cost)*window/cur)
 		}
-		r.RetryAfter = settle(now, at-now, func(t float64) bool {
+		r.RetryAfter = exactWait(now, at-now, func(t float64) bool {
 			start, cur, prev := swcCounts(p, s, t)
 			return swcEstimate(window, start, cur, prev, t)+cost <= limit
 		})

@@ -25,7 +25,7 @@
 //     given back). Around the store: a circuit breaker and a timeout (50ms),
 //     with fail_open, fail_closed and local_only fallbacks per rule; a
 //     denial cache shared with sibling replicas (Config.OnDenied,
-//     Engine.NoteDenial) with progressive penalties; leases for hot keys; a
+//     Engine.NoteDenial) with progressive penalties; batches for hot keys; a
 //     cap on the keys each rule tracks. Admin calls inspect, reset and grant
 //     counters and block keys at runtime; denials go to an audit log
 //     (RedisViolations: a bounded stream per region).
@@ -35,7 +35,7 @@
 //	rules, err := regional.LoadFile("rules.yaml")
 //	store, err := regional.NewRedisStore(ctx, "redis://127.0.0.1:6379/0", regional.RedisOptions{})
 //	e := regional.New(regional.Config{Region: "us-east", Store: store}, rules)
-//	go e.Run(ctx, 250*time.Millisecond) // leases, caches, audit log, blocks
+//	go e.Run(ctx, 250*time.Millisecond) // batches, caches, audit log, blocks
 //
 //	var d regional.Decision
 //	err = e.Check(ctx, &regional.Request{APIKey: "sk_free_1", Endpoint: "/search", Method: "GET"}, &d)

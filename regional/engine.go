@@ -21,16 +21,16 @@ type Config struct {
 	Store Store
 	// Clock returns the current time; nil means time.Now. Stores keep their
 	// own time (Redis uses TIME); the clock serves the engine's caches,
-	// leases and breaker.
+	// batches and breaker.
 	Clock func() time.Time
 	// Timeout bounds each call to a shared store; 0 means 50ms. A call
 	// that takes longer counts as a failure and the rule's fallback applies.
 	Timeout time.Duration
 	// Breaker configures the circuit breaker in front of a shared store.
 	Breaker BreakerConfig
-	// LeaseTTL is how long a lease (rule option lease: N) serves from
+	// BatchTTL is how long a hot key's batch (rule option batch: N) serves from
 	// memory before what is left of it goes back; 0 means one second.
-	LeaseTTL time.Duration
+	BatchTTL time.Duration
 	// MaxDenials bounds the denial cache; 0 means 100,000 keys.
 	MaxDenials int
 	// OnDenied, if set, hears of every key the store finds over its limit,
@@ -47,10 +47,10 @@ type Config struct {
 }
 
 // DefaultConfig returns the defaults: an in-memory store, 50ms timeout,
-// breaker opening after 5 failures for 1s, 1s leases.
+// breaker opening after 5 failures for 1s, 1s batches.
 func DefaultConfig() Config {
 	return Config{Timeout: 50 * time.Millisecond, Breaker: BreakerConfig{Failures: 5, Cooldown: time.Second},
-		LeaseTTL: time.Second, MaxDenials: 100_000}
+		BatchTTL: time.Second, MaxDenials: 100_000}
 }
 
 // Engine decides whether requests may go through, against the rules and
@@ -68,14 +68,14 @@ type Engine struct {
 
 	denials     *shardMap[*denial]
 	denialCount atomic.Int64 // entries in denials: none, no lookups
-	leases      *shardMap[*lease]
+	batches     *shardMap[*batch]
 	trackers    sync.Map // rule id -> *keyTracker
 	blocks      atomic.Pointer[[]block]
 	blockMu     sync.Mutex
 
 	violations violationBuffer
 	returnsMu  sync.Mutex
-	returns    []leaseReturn
+	returns    []batchReturn
 
 	global     *globalState
 	reseeded   atomic.Int64 // breaker recoveries after which the store got the global counters back
@@ -92,8 +92,8 @@ func New(cfg Config, rules *RuleSet) *Engine {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = d.Timeout
 	}
-	if cfg.LeaseTTL <= 0 {
-		cfg.LeaseTTL = d.LeaseTTL
+	if cfg.BatchTTL <= 0 {
+		cfg.BatchTTL = d.BatchTTL
 	}
 	if cfg.MaxDenials <= 0 {
 		cfg.MaxDenials = d.MaxDenials
@@ -126,7 +126,7 @@ func New(cfg Config, rules *RuleSet) *Engine {
 		e.store = e.local
 	}
 	e.breaker = newBreaker(cfg.Breaker, e.now)
-	e.denials, e.leases = newShardMap[*denial](), newShardMap[*lease]()
+	e.denials, e.batches = newShardMap[*denial](), newShardMap[*batch]()
 	e.blocks.Store(new([]block))
 	e.violations.max = 10_000
 	if rules == nil {
@@ -227,20 +227,20 @@ type LimitStatus struct {
 	Allowed bool
 	Shadow  bool
 	// How the limit was decided, when not by the shared store.
-	Degraded, Cached, Leased bool
-	Limit                    int64
-	Remaining                int64
-	Window                   time.Duration
-	ResetAt                  time.Time
-	RetryAfter               time.Duration // when denied
+	Degraded, Cached, Batched bool
+	Limit                     int64
+	Remaining                 int64
+	Window                    time.Duration
+	ResetAt                   time.Time
+	RetryAfter                time.Duration // when denied
 }
 
 // Stats are the engine's counters since it started. Safe to read at any time.
 type Stats struct {
 	Degraded                               atomic.Int64 // decisions made without the shared store
 	StoreErrors                            atomic.Int64
-	DenialCacheHits, LeaseHits             atomic.Int64
-	LeaseTaken, LeaseReturned, LeaseLapsed atomic.Int64 // tokens
+	DenialCacheHits, BatchHits             atomic.Int64
+	BatchTaken, BatchReturned, BatchLapsed atomic.Int64 // tokens
 	KeysRefused, KeysFolded                atomic.Int64
 	Penalties                              atomic.Int64
 	RuleReloads, RuleReloadErrors          atomic.Int64
@@ -274,7 +274,7 @@ type item struct {
 	degraded    bool
 	unavailable bool
 	cached      bool
-	leased      bool // served from a lease: given back if the request is denied
+	batched     bool // served from a batch: given back if the request is denied
 	refused     bool
 	storeNow    int64
 }
@@ -313,15 +313,15 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 		return nil
 	}
 	us := now.UnixMicro()
-	// A lease in hand is spent before the denial cache is asked: a sibling
+	// A batch in hand is spent before the denial cache is asked: a sibling
 	// request may have found the store empty just because this replica
-	// leased its last tokens.
-	e.takeLeases(sc, us)
+	// took its last tokens in a batch.
+	e.takeBatches(sc, us)
 	if e.fromCache(sc, us) {
 		for i := range sc.items {
 			it := &sc.items[i]
-			if it.leased {
-				e.unconsumeLease(it)
+			if it.batched {
+				e.unconsumeBatch(it)
 			}
 			if it.decided {
 				e.violation(it, req, us)
@@ -332,7 +332,7 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 		}
 	} else {
 		e.decide(ctx, sc, us)
-		e.settle(sc, req, us)
+		e.record(sc, req, us)
 	}
 	e.fill(d, sc)
 	if d.Degraded {
@@ -420,7 +420,7 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 	return nil
 }
 
-// decide asks the store about every limit not served by a lease, and
+// decide asks the store about every limit not served by a batch, and
 // applies fallbacks when it cannot answer.
 func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 	sc.ops, sc.opItem = sc.ops[:0], sc.opItem[:0]
@@ -429,7 +429,7 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 		if it.decided {
 			continue
 		}
-		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Lease: it.rule.Lease})
+		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Batch: it.rule.Batch})
 		if it.rule.Scope == ScopeGlobal {
 			e.globalOp(&sc.ops[len(sc.ops)-1], it.rule, time.UnixMicro(now))
 		}
@@ -461,7 +461,7 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 			it.result = Result{Remaining: 0, ResetAt: now + it.params.WindowMicros(), RetryAfter: e.breakerWait()}
 		case LocalOnly:
 			op := sc.ops[j]
-			op.Lease = 0
+			op.Batch = 0
 			sc.local = append(sc.local, op)
 			sc.localAt = append(sc.localAt, i)
 		}
@@ -532,9 +532,9 @@ func (e *Engine) apply(ctx context.Context, ops []Op, results []Result, now int6
 
 var errBreakerOpen = fmt.Errorf("regional: circuit breaker open")
 
-// settle records what the decision implies: leases kept or given back,
+// record notes what the decision implies: batches kept or given back,
 // denials cached and reported.
-func (e *Engine) settle(sc *scratch, req *Request, now int64) {
+func (e *Engine) record(sc *scratch, req *Request, now int64) {
 	allowed := true
 	for i := range sc.items {
 		if it := &sc.items[i]; !it.rule.Shadow && !it.result.Allowed {
@@ -544,10 +544,10 @@ func (e *Engine) settle(sc *scratch, req *Request, now int64) {
 	for i := range sc.items {
 		it := &sc.items[i]
 		switch {
-		case it.leased && !allowed:
-			e.unconsumeLease(it)
+		case it.batched && !allowed:
+			e.unconsumeBatch(it)
 		case it.result.Taken > it.cost && allowed:
-			e.keepLease(it, now)
+			e.keepBatch(it, now)
 		}
 		if it.rule.Scope == ScopeGlobal && !it.degraded {
 			e.noteGlobal(it, allowed)
@@ -578,7 +578,7 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 		}
 		r := it.result
 		st := LimitStatus{Rule: it.rule, Allowed: r.Allowed, Shadow: it.rule.Shadow,
-			Degraded: it.degraded, Cached: it.cached, Leased: it.leased,
+			Degraded: it.degraded, Cached: it.cached, Batched: it.batched,
 			Limit: it.params.Limit, Remaining: max(0, r.Remaining),
 			Window:     time.Duration(it.params.WindowMicros()) * time.Microsecond,
 			ResetAt:    d.Time.Add(time.Duration(r.ResetAt-it.storeNow) * time.Microsecond),

@@ -423,3 +423,43 @@ rules:
 		t.Fatalf("eu admitted %d more, want 290 up to the ceiling", got)
 	}
 }
+
+// TestMaintainExpiresGlobalCounters: the engine's copy of the global
+// counters drops the windows its store no longer keeps when Maintain runs,
+// gossip or not: a library user without gossip does not grow it.
+func TestMaintainExpiresGlobalCounters(t *testing.T) {
+	clock := newVirtualClock()
+	m := NewMemoryStore(clock.Now)
+	m.SetRegion("eu")
+	e := New(Config{Region: "eu", Store: m, Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	if got := countAllowed(t, e, "s_1", 3); got != 3 {
+		t.Fatalf("admitted %d of 3", got)
+	}
+	if n := len(e.OwnDelta(0).Entries); n != 1 {
+		t.Fatalf("the copy holds %d windows, want 1", n)
+	}
+	if err := e.Maintain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.OwnDelta(0).Entries); n != 1 {
+		t.Fatalf("after Maintain in the window the copy holds %d windows, want 1", n)
+	}
+	start := clock.Now().UnixMilli() / 3_600_000 * 3_600_000
+	clock.AdvanceBy(3 * time.Hour) // after the hour's window and its grace (an hour more)
+	if err := e.Maintain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.OwnDelta(0).Entries); n != 0 {
+		t.Fatalf("after the window's grace, Maintain left %d windows in the copy", n)
+	}
+	// A peer's repair of that window does not bring it back.
+	id := crdt.ID{Key: "gq:{g-strict:s_1}", Epoch: start}
+	old := crdt.Delta{Origin: "us", Entries: []crdt.Entry{{ID: id, Slots: []crdt.Slot{{Region: "us", P: 5}}}}}
+	rep, err := e.MergeRemote(t.Context(), old)
+	if err != nil || rep.Applied != 0 || rep.Stale != 1 {
+		t.Fatalf("merging a window over and done with: %+v, %v; want it stale", rep, err)
+	}
+	if pn := e.GlobalCounter(id); pn.Value() != 0 {
+		t.Fatalf("the copy took the window back: %v", pn.ByRegion())
+	}
+}

@@ -299,7 +299,7 @@ func TestLeasesServeFromMemory(t *testing.T) {
 	store, srv := newTestRedisStore(t, RedisOptions{Timeout: slowOK})
 	ctx := t.Context()
 	clock := newVirtualClock()
-	e := New(Config{Store: store, Clock: clock.Now, LeaseTTL: time.Second, Timeout: slowOK}, mustParse(t, `
+	e := New(Config{Store: store, Clock: clock.Now, BatchTTL: time.Second, Timeout: slowOK}, mustParse(t, `
 rules:
   - { id: hot, by: [api_key], capacity: 100, refill_per_second: 0.001, lease: 10 }
 `))
@@ -315,7 +315,7 @@ rules:
 	if n := commandCalls(t, admin, "evalsha"); n != 2 {
 		t.Fatalf("%d EVALSHA for 15 requests with leases of 10", n)
 	}
-	if hits := e.Stats().LeaseHits.Load(); hits != 13 {
+	if hits := e.Stats().BatchHits.Load(); hits != 13 {
 		t.Fatalf("lease hits %d, want 13", hits)
 	}
 	st, err := store.Inspect(ctx, []byte("gq:{hot:hot}"), Params{Algorithm: TokenBucket, Limit: 100, Rate: 0.001})
@@ -328,8 +328,8 @@ rules:
 		t.Fatal(err)
 	}
 	st, _ = store.Inspect(ctx, []byte("gq:{hot:hot}"), Params{Algorithm: TokenBucket, Limit: 100, Rate: 0.001})
-	if st.Remaining != 85 || e.Stats().LeaseReturned.Load() != 5 {
-		t.Fatalf("after the lease ended: Redis holds %d, returned %d; want 85 and 5", st.Remaining, e.Stats().LeaseReturned.Load())
+	if st.Remaining != 85 || e.Stats().BatchReturned.Load() != 5 {
+		t.Fatalf("after the lease ended: Redis holds %d, returned %d; want 85 and 5", st.Remaining, e.Stats().BatchReturned.Load())
 	}
 }
 

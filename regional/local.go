@@ -6,7 +6,7 @@ import (
 )
 
 // What a replica decides on its own, without the store: the denial cache
-// (with progressive penalties), leases, and caps on tracked keys.
+// (with progressive penalties), hot keys' batches, and caps on tracked keys.
 
 // Denial says that a counter is over its limit until a time: what a
 // replica tells its siblings so that they deny without asking the store.
@@ -43,7 +43,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 			denied = denied || !it.rule.Shadow
 			continue
 		}
-		if it.rule.Shadow || it.leased || !cached {
+		if it.rule.Shadow || it.batched || !cached {
 			continue
 		}
 		e.denials.with(it.key, func(m map[string]*denial) {
@@ -134,18 +134,18 @@ func (e *Engine) NoteDenial(d Denial) {
 	})
 }
 
-// lease is a batch of a limit taken from the store at once, served from
+// batch is a batch of a limit taken from the store at once, served from
 // this replica's memory.
-type lease struct {
+type batch struct {
 	tokens  int64
 	expires int64 // µs, engine clock
 	takenAt int64 // µs, store clock: where what is left goes back to
 	params  Params
-	left    int64 // what the store had left when the lease was taken
+	left    int64 // what the store had left when the batch was taken
 	resetAt int64 // µs, engine clock
 }
 
-type leaseReturn struct {
+type batchReturn struct {
 	key     string
 	params  Params
 	n       int64
@@ -153,83 +153,83 @@ type leaseReturn struct {
 	tries   int
 }
 
-// takeLeases serves what it can of the request from leases.
-func (e *Engine) takeLeases(sc *scratch, now int64) {
+// takeBatches serves what it can of the request from batches.
+func (e *Engine) takeBatches(sc *scratch, now int64) {
 	for i := range sc.items {
 		it := &sc.items[i]
-		if it.rule.Lease == 0 {
+		if it.rule.Batch == 0 {
 			continue
 		}
-		e.leases.with(it.key, func(m map[string]*lease) {
+		e.batches.with(it.key, func(m map[string]*batch) {
 			l := m[string(it.key)]
 			if l == nil {
 				return
 			}
 			if l.expires <= now || l.params != it.params {
 				delete(m, string(it.key))
-				e.endLease(string(it.key), l)
+				e.endBatch(string(it.key), l)
 				return
 			}
 			if l.tokens < it.cost {
 				return
 			}
 			l.tokens -= it.cost
-			it.decided, it.leased = true, true
+			it.decided, it.batched = true, true
 			it.result = Result{Allowed: true, Remaining: l.left + l.tokens, ResetAt: l.resetAt, Taken: it.cost}
 		})
-		if it.leased {
-			e.stats.LeaseHits.Add(1)
+		if it.batched {
+			e.stats.BatchHits.Add(1)
 		}
 	}
 }
 
-// unconsumeLease puts back what a request took from a lease when another
+// unconsumeBatch puts back what a request took from a batch when another
 // limit denied it.
-func (e *Engine) unconsumeLease(it *item) {
-	e.leases.with(it.key, func(m map[string]*lease) {
+func (e *Engine) unconsumeBatch(it *item) {
+	e.batches.with(it.key, func(m map[string]*batch) {
 		if l := m[string(it.key)]; l != nil {
 			l.tokens += it.cost
 		}
 	})
 }
 
-// keepLease keeps what a limit took beyond the request's cost, to serve the
-// next requests from memory. A window's lease ends with its window: its
+// keepBatch keeps what a limit took beyond the request's cost, to serve the
+// next requests from memory. A window's batch ends with its window: its
 // tokens are worth nothing after, and giving them back would over-admit.
-func (e *Engine) keepLease(it *item, now int64) {
+func (e *Engine) keepBatch(it *item, now int64) {
 	extra := it.result.Taken - it.cost
-	e.stats.LeaseTaken.Add(it.result.Taken)
-	l := &lease{tokens: extra, expires: now + e.cfg.LeaseTTL.Microseconds(), takenAt: it.storeNow, params: it.params,
+	e.stats.BatchTaken.Add(it.result.Taken)
+	l := &batch{tokens: extra, expires: now + e.cfg.BatchTTL.Microseconds(), takenAt: it.storeNow, params: it.params,
 		left: it.result.Remaining, resetAt: now + (it.result.ResetAt - it.storeNow)}
 	if w := it.params.Window; w > 0 { // a window's tokens are worth nothing after it
 		end := (it.storeNow/w + 1) * w
 		l.expires = min(l.expires, now+(end-it.storeNow))
 	}
-	e.leases.with(it.key, func(m map[string]*lease) {
+	e.batches.with(it.key, func(m map[string]*batch) {
 		old := m[string(it.key)]
 		switch {
 		case old != nil && old.expires > now && old.params == l.params:
-			// Concurrent requests found the lease empty together and each
+			// Concurrent requests found the batch empty together and each
 			// took one: they join, so no token is stranded.
 			old.tokens += l.tokens
 			old.expires = max(old.expires, l.expires)
 			old.left, old.resetAt = l.left, l.resetAt
 			return
 		case old != nil:
-			e.endLease(string(it.key), old)
+			e.endBatch(string(it.key), old)
 		}
 		m[string(it.key)] = l
 	})
 }
 
-// endLease queues what is left of a lease to go back to the store, into
+// endBatch queues what is left of a batch to go back to the store, into
 // the window it was taken from (if that window has passed, it lapses).
-func (e *Engine) endLease(key string, l *lease) {
+func (e *Engine) endBatch(key string, l *batch) {
 	if l.tokens <= 0 {
 		return
 	}
 	e.returnsMu.Lock()
-	e.returns = append(e.returns, leaseReturn{key: key, params: l.params, n: l.tokens, takenAt: l.takenAt})
+	e.returns = append(e.returns, batchReturn{key: key, params: l.params, n: l.tokens, takenAt: l.takenAt})
 	e.returnsMu.Unlock()
 }
 

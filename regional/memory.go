@@ -13,7 +13,7 @@ import (
 
 // MemoryStore keeps counters in this process's memory, with the same
 // algorithms and the same decisions as the Redis store. It serves --dev,
-// the local_only fallback, leases and the simulator.
+// the local_only fallback, hot keys' batches and the simulator.
 //
 // It starts no goroutines: expired counters are dropped as they are met and
 // by a little sweeping on every few calls. It is safe for concurrent use.

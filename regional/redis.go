@@ -208,7 +208,7 @@ type redisLimit struct {
 	params             Params
 	cost               int64
 	shadow             bool
-	lease              int64
+	batch              int64
 	global             bool
 	allowance, ceiling int64
 	known              [3]int64 // window start (ms), P, N
@@ -230,7 +230,7 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
 	for i, op := range ops {
-		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, lease: op.Lease,
+		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, batch: op.Batch,
 			global: op.Global, allowance: op.Allowance, ceiling: op.Ceiling,
 			known: [3]int64{op.KnownStart, int64(op.KnownP), int64(op.KnownN)}})
 		slot := keySlot(op.Key)
@@ -288,7 +288,7 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 			l.allowance, l.params.Window, l.cost, shadow, l.ceiling, l.known[0], l.known[1], l.known[2])
 	}
 	return keys, append(args, int(l.params.Algorithm), l.params.Limit,
-		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow, l.lease)
+		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow, l.batch)
 }
 
 // do runs a call and waits for it, until ctx ends or the deadline passes;

@@ -74,7 +74,7 @@ func TestStoresDecideAlike(t *testing.T) {
 						Params: p, Cost: genCost(t, p), Shadow: shadow[i],
 					}
 					if p.Algorithm != SlidingWindowLog && rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
-						op.Lease = rapid.Int64Range(1, p.Limit).Draw(t, "lease")
+						op.Batch = rapid.Int64Range(1, p.Limit).Draw(t, "lease")
 					}
 					ops = append(ops, op)
 				}

@@ -100,7 +100,7 @@ rules:
 
 func TestWindowLeasesGoBackWithinTheirWindow(t *testing.T) {
 	clock := newVirtualClock() // t0 is a whole minute
-	e := New(Config{Clock: clock.Now, LeaseTTL: time.Second}, mustParse(t, `
+	e := New(Config{Clock: clock.Now, BatchTTL: time.Second}, mustParse(t, `
 rules:
   - { id: fw, by: [api_key], algorithm: fixed_window, limit: 100, window: 1m, lease: 10 }
 `))
@@ -114,8 +114,8 @@ rules:
 			t.Fatal(err)
 		}
 	}
-	if allowed != 30 || e.Stats().LeaseLapsed.Load() != 0 {
-		t.Fatalf("%d of 30 allowed with a limit of 100; %d leased tokens lapsed", allowed, e.Stats().LeaseLapsed.Load())
+	if allowed != 30 || e.Stats().BatchLapsed.Load() != 0 {
+		t.Fatalf("%d of 30 allowed with a limit of 100; %d leased tokens lapsed", allowed, e.Stats().BatchLapsed.Load())
 	}
 }
 

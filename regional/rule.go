@@ -114,9 +114,11 @@ type Rule struct {
 	CarryDebt bool
 	Cost      int64 // cost of a request that names none
 	Shadow    bool
-	Lease     int64
-	Fallback  Fallback
-	Penalty   *Penalty
+	// Batch is the batch of tokens a replica takes from the store at once
+	// for a hot key (the rule's batch: N, or lease: N), served from memory.
+	Batch    int64
+	Fallback Fallback
+	Penalty  *Penalty
 	// MaxKeys caps the counters this rule tracks per replica; 0 is no cap.
 	MaxKeys int
 	// FoldOverflow counts keys beyond MaxKeys in one shared counter

@@ -84,7 +84,8 @@ type ruleSpec struct {
 	CarryDebt       bool             `yaml:"carry_debt"`
 	Cost            *int64           `yaml:"cost"`
 	Shadow          bool             `yaml:"shadow"`
-	Lease           int64            `yaml:"lease"`
+	Batch           int64            `yaml:"batch"`
+	Lease           int64            `yaml:"lease"` // batch's older name
 	Fallback        string           `yaml:"fallback"`
 	Penalty         *penaltySpec     `yaml:"penalty"`
 	MaxKeys         int              `yaml:"max_keys"`
@@ -363,16 +364,23 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 	default:
 		return nil, fail("fallback", "%q: want fail_open, fail_closed or local_only", s.Fallback)
 	}
+	batch, field := s.Batch, "batch"
 	if s.Lease != 0 {
-		switch {
-		case s.Lease < 0 || s.Lease > smallest:
-			return nil, fail("lease", "must be between 1 and the rule's smallest limit (%d)", smallest)
-		case r.Base.Algorithm == SlidingWindowLog:
-			return nil, fail("lease", "sliding_window_log keeps each request's time and cannot lease")
-		case r.Scope == ScopeGlobal:
-			return nil, fail("lease", "global rules are counted in their region's budget and cannot lease")
+		if s.Batch != 0 {
+			return nil, fail("lease", "is batch's older name: give batch alone")
 		}
-		r.Lease = s.Lease
+		batch, field = s.Lease, "lease"
+	}
+	if batch != 0 {
+		switch {
+		case batch < 0 || batch > smallest:
+			return nil, fail(field, "must be between 1 and the rule's smallest limit (%d)", smallest)
+		case r.Base.Algorithm == SlidingWindowLog:
+			return nil, fail(field, "sliding_window_log keeps each request's time and cannot take batches")
+		case r.Scope == ScopeGlobal:
+			return nil, fail(field, "global rules are counted in their region's budget and cannot take batches")
+		}
+		r.Batch = batch
 	}
 	if s.Penalty != nil {
 		p := *s.Penalty

@@ -190,6 +190,9 @@ func TestRuleErrorsNameFileRuleAndField(t *testing.T) {
 		{"global token bucket", "rules:\n  - id: g\n    scope: global\n    capacity: 5\n    refill_per_second: 1\n", []string{`rule "g"`, "algorithm", "global"}},
 		{"mode on a regional rule", "rules:\n  - id: g\n    mode: elastic\n    capacity: 5\n    refill_per_second: 1\n", []string{`rule "g"`, "mode"}},
 		{"lease on a log", "rules:\n  - id: l\n    algorithm: sliding_window_log\n    limit: 5\n    window: 1m\n    lease: 2\n", []string{`rule "l"`, "lease"}},
+		{"batch on a log", "rules:\n  - id: l\n    algorithm: sliding_window_log\n    limit: 5\n    window: 1m\n    batch: 2\n", []string{`rule "l"`, "batch"}},
+		{"batch above the limit", "rules:\n  - id: b\n    algorithm: fixed_window\n    limit: 5\n    window: 1m\n    batch: 6\n", []string{`rule "b"`, "batch"}},
+		{"batch and lease", "rules:\n  - id: b\n    algorithm: fixed_window\n    limit: 5\n    window: 1m\n    batch: 2\n    lease: 2\n", []string{`rule "b"`, "lease", "batch"}},
 		{"cost above the limit", "rules:\n  - id: c\n    capacity: 5\n    refill_per_second: 1\n    cost: 6\n", []string{`rule "c"`, "cost"}},
 		{"bad fallback", "rules:\n  - id: f\n    capacity: 5\n    refill_per_second: 1\n    fallback: maybe\n", []string{`rule "f"`, "fallback", "maybe"}},
 		{"sub-microsecond window", "rules:\n  - id: w\n    algorithm: fixed_window\n    limit: 5\n    window: 1500ns\n", []string{`rule "w"`, "window"}},
@@ -355,6 +358,17 @@ func TestCounterKeyFormat(t *testing.T) {
 	for _, bad := range []string{"", "gq:{x}", "tenant-global:sk_1", "gq:{x:y", "{x:y}"} {
 		if _, _, ok := ParseCounterKey(bad); ok {
 			t.Errorf("ParseCounterKey(%q) accepted", bad)
+		}
+	}
+}
+
+// TestBatchAndItsOlderName: a hot key's batch is batch: N, or lease: N as
+// older rules files say.
+func TestBatchAndItsOlderName(t *testing.T) {
+	for _, field := range []string{"batch", "lease"} {
+		rs := mustParse(t, "rules:\n  - { id: h, by: [api_key], algorithm: fixed_window, limit: 100, window: 1m, "+field+": 10 }\n")
+		if got := rs.Rule("h").Batch; got != 10 {
+			t.Errorf("%s: 10 gives a batch of %d", field, got)
 		}
 	}
 }

@@ -48,10 +48,10 @@ type Op struct {
 	Params Params
 	Cost   int64
 	Shadow bool // counted when it allows, never denies
-	// Lease, if positive, asks the limit to take up to Lease at once (at
-	// least Cost, as much as it has up to Lease); Result.Taken says how
+	// Batch, if positive, asks the limit to take up to Batch at once (at
+	// least Cost, as much as it has up to Batch); Result.Taken says how
 	// much it took. Not for sliding_window_log.
-	Lease int64
+	Batch int64
 	// Global marks a global limit (fixed_window or sliding_window_counter):
 	// the region admits within Allowance of its own count, or, with a
 	// Ceiling of 0 or more (elastic mode), while the global count stays
@@ -67,17 +67,17 @@ type Op struct {
 }
 
 // decideOp decides one op against state s, in place (see decide), taking a
-// lease if it asks for one.
+// batch if it asks for one.
 func decideOp(op *Op, s *State, now int64, r *Result) {
 	if op.Global {
 		panic("regional: decideOp on a global limit")
 	}
 	cost := op.Cost
-	if op.Lease > 0 {
+	if op.Batch > 0 {
 		var avail Result
 		probe := *s
 		decide(&op.Params, &probe, now, 0, &avail)
-		cost = max(op.Cost, min(op.Lease, avail.Remaining))
+		cost = max(op.Cost, min(op.Batch, avail.Remaining))
 	}
 	*r = Result{}
 	decide(&op.Params, s, now, cost, r)

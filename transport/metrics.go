@@ -66,7 +66,7 @@ func NewMetrics(e *regional.Engine) *Metrics {
 }
 
 // Attach exposes the engine's own counters: breaker, degraded decisions,
-// caches, leases, key caps, rule reloads.
+// caches, hot keys' batches, key caps, rule reloads.
 func (m *Metrics) Attach(e *regional.Engine) {
 	st := e.Stats()
 	counter := func(name, help string, f func() int64) prometheus.Collector {
@@ -84,10 +84,10 @@ func (m *Metrics) Attach(e *regional.Engine) {
 		counter("geoquota_degraded_decisions_total", "Decisions made without the shared store (fail_open, local_only).", st.Degraded.Load),
 		counter("geoquota_store_errors_total", "Checks whose store call failed or timed out.", st.StoreErrors.Load),
 		counter("geoquota_denial_cache_hits_total", "Limits denied from the denial cache, without the store.", st.DenialCacheHits.Load),
-		counter("geoquota_lease_hits_total", "Limits served from a lease, without the store.", st.LeaseHits.Load),
-		counter("geoquota_lease_tokens_taken_total", "Tokens taken from the store by leases.", st.LeaseTaken.Load),
-		counter("geoquota_lease_tokens_returned_total", "Leased tokens given back unused.", st.LeaseReturned.Load),
-		counter("geoquota_lease_tokens_lapsed_total", "Leased tokens of a window that ended unused.", st.LeaseLapsed.Load),
+		counter("geoquota_batch_hits_total", "Limits served from a hot key's batch, without the store.", st.BatchHits.Load),
+		counter("geoquota_batch_tokens_taken_total", "Tokens taken from the store in hot keys' batches.", st.BatchTaken.Load),
+		counter("geoquota_batch_tokens_returned_total", "Batched tokens given back unused.", st.BatchReturned.Load),
+		counter("geoquota_batch_tokens_lapsed_total", "Batched tokens of a window that ended unused.", st.BatchLapsed.Load),
 		counter("geoquota_keys_refused_total", "Requests refused because their rule tracks its maximum of keys.", st.KeysRefused.Load),
 		counter("geoquota_keys_folded_total", "Requests counted in their rule's shared overflow counter.", st.KeysFolded.Load),
 		counter("geoquota_penalties_total", "Cooldowns doubled for clients that kept sending while told to wait.", st.Penalties.Load),

@@ -11,10 +11,10 @@
 -- ARGV[5]: when the refunded amount was taken, µs ('refund')
 -- ARGV[6]: this region's name: its slot of global counters
 -- ARGV[7...]: per limit 7 values: algorithm, limit, rate, window, cost,
---            shadow, lease (0: none; else take up to lease, at least cost).
+--            shadow, batch (0: none; else take up to batch, at least cost).
 --            A global limit (global.go) has algorithm 10 + its own, its
 --            allowance in place of the rate, its ceiling (-1: strict) in
---            place of the lease, and 3 more: the window (ms) the engine
+--            place of the batch, and 3 more: the window (ms) the engine
 --            knows this region's slot of, and that slot's P and N.
 --
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
@@ -50,10 +50,10 @@ local give_at = tonumber(ARGV[5]) or -1
 local region = ARGV[6]
 local GLOBAL = 10
 
--- settle is settle() in algorithm.go: the shortest whole wait after which
+-- exactWait is exactWait() in algorithm.go: the shortest whole wait after which
 -- allows(t, ...) holds, found exactly however far off the estimate is. The
 -- predicate's own arguments follow it, so that no closure is made for it.
-local function settle(t0, wait, allows, ...)
+local function exactWait(t0, wait, allows, ...)
   local w = max(1, ceil(wait))
   local lo, hi = 0, 0
   if allows(t0 + w, ...) then
@@ -87,7 +87,7 @@ local function tb_tokens(limit, rate, ex, a, b, t)
   return min(limit, a + elapsed * rate / 1e6)
 end
 
--- tb_has: whether the bucket holds need at t (settle's predicate).
+-- tb_has: whether the bucket holds need at t (exactWait's predicate).
 local function tb_has(t, limit, rate, ex, a, b, need)
   return tb_tokens(limit, rate, ex, a, b, t) >= need
 end
@@ -107,7 +107,7 @@ local function gcra_fits(debt, burst)
 end
 
 -- gcra_within: whether the meter at t takes cost within the burst
--- (settle's predicate); with cost and burst 0, whether it is empty.
+-- (exactWait's predicate); with cost and burst 0, whether it is empty.
 local function gcra_within(t, rate, ex, a, b, cost, burst)
   return gcra_debt(rate, ex, a, b, t) + cost <= burst
 end
@@ -315,7 +315,7 @@ local out, commit, pending, np = {now}, true, {}, 0
 local k, i = 1, 7
 while i + 6 <= #ARGV do
   local alg, limit, rate, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-  local cost, shadow, lease = tonumber(ARGV[i + 4]), ARGV[i + 5] == '1', tonumber(ARGV[i + 6])
+  local cost, shadow, batch = tonumber(ARGV[i + 4]), ARGV[i + 5] == '1', tonumber(ARGV[i + 6])
   local key, logkey = KEYS[k], nil
   k = k + 1
   if alg > GLOBAL then
@@ -332,14 +332,14 @@ while i + 6 <= #ARGV do
       if mode == 'refund' then
         out[#out + 1] = given
       else
-        local _, rem, reset, _, p, n = gdecide(key, alg, limit, window, 0, rate, lease)
+        local _, rem, reset, _, p, n = gdecide(key, alg, limit, window, 0, rate, batch)
         local o = #out
         out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7] = 1, rem, reset, 0, 0, p, n
       end
     else
       if mode == 'inspect' then cost = 0 end
       graise(key, alg, window, tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9]))
-      local allowed, rem, reset, retry, p, n = gdecide(key, alg, limit, window, cost, rate, lease)
+      local allowed, rem, reset, retry, p, n = gdecide(key, alg, limit, window, cost, rate, batch)
       if not allowed and not shadow then commit = false end
       if allowed and mode == 'check' and cost > 0 then
         pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg + GLOBAL, 0, 0, window
@@ -388,21 +388,21 @@ while i + 6 <= #ARGV do
       cost = 0
     end
     if mode ~= 'refund' then
-      local take = mode == 'check' and lease > 0
+      local take = mode == 'check' and batch > 0
       local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
 
       if alg == TOKEN_BUCKET then
         local tokens = tb_tokens(limit, rate, ex, a, b, now)
-        if take then cost = max(cost, min(lease, floor(tokens))) end
+        if take then cost = max(cost, min(batch, floor(tokens))) end
         if tokens >= cost then
           allowed = true
           tokens = tokens - cost
           ex, a, b = true, tokens, now
         else
-          retry = settle(now, (cost - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, cost)
+          retry = exactWait(now, (cost - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, cost)
         end
         if tokens < limit then
-          reset = now + settle(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, limit)
+          reset = now + exactWait(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, limit)
         end
         remaining, na, nb = floor(tokens), a, b
 
@@ -410,12 +410,12 @@ while i + 6 <= #ARGV do
         local start = floor(now / window) * window
         local n = 0
         if ex and a == start then n = b end
-        if take then cost = max(cost, min(lease, limit - n)) end
+        if take then cost = max(cost, min(batch, limit - n)) end
         if n + cost <= limit then
           allowed = true
           n = n + cost
         else
-          retry = settle(now, start + window - now, function(t)
+          retry = exactWait(now, start + window - now, function(t)
             local st = floor(t / window) * window
             local m = 0
             if ex and a == st then m = b end
@@ -427,20 +427,20 @@ while i + 6 <= #ARGV do
       elseif alg == GCRA then
         local burst = limit
         local debt = gcra_debt(rate, ex, a, b, now)
-        if take then cost = max(cost, min(lease, gcra_fits(debt, burst))) end
+        if take then cost = max(cost, min(batch, gcra_fits(debt, burst))) end
         local nxt = debt + cost
         if nxt <= burst then
           allowed = true
           debt = nxt
         else
-          retry = settle(now, (nxt - burst) * 1e6 / rate, gcra_within, rate, ex, a, b, cost, burst)
+          retry = exactWait(now, (nxt - burst) * 1e6 / rate, gcra_within, rate, ex, a, b, cost, burst)
         end
         remaining, na, nb = gcra_fits(debt, burst), nxt, now
         if debt > 0 then
           -- The meter as it stands after the request: taken, or as it was.
           local sx, sa, sb = ex, a, b
           if allowed then sx, sa, sb = true, nxt, now end
-          reset = now + settle(now, debt * 1e6 / rate, gcra_within, rate, sx, sa, sb, 0, 0)
+          reset = now + exactWait(now, debt * 1e6 / rate, gcra_within, rate, sx, sa, sb, 0, 0)
         end
 
       elseif alg == COUNTER then
@@ -450,7 +450,7 @@ while i + 6 <= #ARGV do
           if a == start then cur, prev = b, c elseif a == start - window then prev = b end
         end
         local est = prev * ((window - (now - start)) / window) + cur
-        if take then cost = max(cost, min(lease, floor(limit - est))) end
+        if take then cost = max(cost, min(batch, floor(limit - est))) end
         if est + cost <= limit then
           allowed = true
           cur = cur + cost
@@ -461,7 +461,7 @@ while i + 6 <= #ARGV do
           else
             at = start + window + max(0, window - (limit - cost) * window / cur)
           end
-          retry = settle(now, at - now, function(t)
+          retry = exactWait(now, at - now, function(t)
             local st = floor(t / window) * window
             local cu, pr = 0, 0
             if ex then
