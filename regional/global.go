@@ -59,9 +59,8 @@ func decideGlobal(p *Params, cur, prev *globalView, now, cost, allowance, ceilin
 	start, _ := globalWindows(p, now)
 	own, total := cur.p-cur.n, cur.total
 	if p.Algorithm == SlidingWindowCounter {
-		w := (window - (now - start)) / window
-		own = (prev.p-prev.n)*w + own
-		total = prev.total*w + total
+		own = swcEstimate(window, start, own, prev.p-prev.n, now)
+		total = swcEstimate(window, start, total, prev.total, now)
 	}
 	allowed := own+cost <= allowance
 	rem := allowance - own

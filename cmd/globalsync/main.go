@@ -9,8 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -27,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"github.com/geoquota/geoquota/regional"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
@@ -55,7 +54,6 @@ type config struct {
 func parseFlags(args []string, getenv func(string) string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("globalsync", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.nats, "nats", "", "NATS URL(s), with JetStream (required)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:9081", "address of the gRPC API: geoquota.v1.GlobalSync, health, reflection")
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API: /healthz, /v1/budgets, /v1/regions")
@@ -68,19 +66,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.leaderTTL, "leader-ttl", 3*time.Second, "how long the leader's lease lasts unless renewed")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds")
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := "GEOQUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v := getenv(name); v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %v", name, err))
-			}
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
-		return c, err
-	}
-	if err := fs.Parse(args); err != nil {
+	if err := daemon.Parse("globalsync", fs, args, getenv); err != nil {
 		return c, err
 	}
 	if c.nats == "" {
@@ -104,12 +90,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 }
 
 func run(ctx context.Context, c config, logw io.Writer) error {
-	var log *slog.Logger
-	if c.logFormat == "json" {
-		log = slog.New(slog.NewJSONHandler(logw, nil))
-	} else {
-		log = slog.New(slog.NewTextHandler(logw, nil))
-	}
+	log := daemon.Logger(logw, c.logFormat, "info")
 	var rules *regional.RuleSet
 	if c.rules != "" {
 		var err error
@@ -135,15 +116,11 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	defer svc.Close()
 
-	grpcLis, err := net.Listen("tcp", c.grpcAddr)
+	lis, err := daemon.Listen(daemon.Addr{Flag: "grpc-addr", Addr: c.grpcAddr}, daemon.Addr{Flag: "http-addr", Addr: c.httpAddr})
 	if err != nil {
-		return fmt.Errorf("--grpc-addr: %w", err)
+		return err
 	}
-	httpLis, err := net.Listen("tcp", c.httpAddr)
-	if err != nil {
-		grpcLis.Close()
-		return fmt.Errorf("--http-addr: %w", err)
-	}
+	grpcLis, httpLis := lis[0], lis[1]
 	g := grpc.NewServer()
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"github.com/geoquota/geoquota/regional"
 )
 
@@ -55,7 +55,6 @@ type config struct {
 func parseFlags(args []string, getenv func(string) string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("regiond", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.region, "region", "local", "name of this region")
 	fs.StringVar(&c.redis, "redis", "", "the region's Redis: redis://host:port/db, rediss://…, redis-sentinel://host:port,…/mastername, or host:port,host:port for a Cluster")
 	fs.StringVar(&c.nats, "nats", "", "NATS URL(s) for gossip with the other regions and globalsync")
@@ -83,30 +82,8 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.gossipInterval, "gossip-interval", 250*time.Millisecond, "how often this region publishes its global usage")
 	fs.DurationVar(&c.antiEntropy, "anti-entropy", 10*time.Second, "how often this region asks the others for what it missed")
 
-	// Variables first, so that the command line wins.
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := "GEOQUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v := getenv(name); v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %v", name, err))
-			}
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
+	if err := daemon.Parse("regiond", fs, args, getenv); err != nil {
 		return c, err
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			var b strings.Builder
-			fs.SetOutput(&b)
-			fs.PrintDefaults()
-			return c, fmt.Errorf("usage: regiond [flags]\n%s", b.String())
-		}
-		return c, err
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	return c, c.check()
 }

@@ -41,8 +41,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// daemon is a regiond process started by a test.
-type daemon struct {
+// process is a regiond process started by a test.
+type process struct {
 	t          *testing.T
 	cmd        *exec.Cmd
 	http, grpc string
@@ -53,10 +53,10 @@ type daemon struct {
 
 // startRegiond runs regiond with args on ports of its choosing and waits
 // until it serves; its addresses come from its log.
-func startRegiond(t *testing.T, env []string, args ...string) *daemon {
+func startRegiond(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
 	args = append([]string{"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
-	d := &daemon{t: t, cmd: exec.Command(binary, args...), exited: make(chan struct{})}
+	d := &process{t: t, cmd: exec.Command(binary, args...), exited: make(chan struct{})}
 	d.cmd.Env = append(os.Environ(), env...)
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {
@@ -93,14 +93,14 @@ func startRegiond(t *testing.T, env []string, args ...string) *daemon {
 	return d
 }
 
-func (d *daemon) logs() string {
+func (d *process) logs() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.log.String()
 }
 
 // stop sends SIGTERM and waits for the process to exit.
-func (d *daemon) stop() {
+func (d *process) stop() {
 	select {
 	case <-d.exited:
 		return
@@ -116,7 +116,7 @@ func (d *daemon) stop() {
 	}
 }
 
-func (d *daemon) check(apiKey, endpoint string) *http.Response {
+func (d *process) check(apiKey, endpoint string) *http.Response {
 	d.t.Helper()
 	resp, err := http.Post(d.http+"/v1/check", "application/json",
 		strings.NewReader(`{"descriptors":{"api_key":"`+apiKey+`","endpoint":"`+endpoint+`","method":"GET"}}`))
@@ -160,7 +160,9 @@ func writeRules(t *testing.T, path string, limit int) {
 }
 
 // limitOf is the limit a fresh key meets.
-func limitOf(d *daemon, key string) string { return d.check(key, "/r").Header.Get("X-RateLimit-Limit") }
+func limitOf(d *process, key string) string {
+	return d.check(key, "/r").Header.Get("X-RateLimit-Limit")
+}
 
 func TestRulesReloadWithoutRestart(t *testing.T) {
 	redis := harness.NewRedis(t, harness.RedisOptions{})
@@ -363,13 +365,13 @@ rules:
   - { id: shared, match: { api_key: "e_*" }, by: [api_key], scope: global, mode: elastic, algorithm: fixed_window, limit: 200, window: 1h }
   - { id: split, match: { api_key: "s_*" }, by: [api_key], scope: global, algorithm: fixed_window, limit: 200, window: 1h }
 `), 0o644)
-	start := func(region string) *daemon {
+	start := func(region string) *process {
 		r := harness.NewRedis(t, harness.RedisOptions{})
 		return startRegiond(t, nil, "--region", region, "--regions", "eu,us", "--redis", r.URL(), "--rules", rules,
 			"--nats", ns.ClientURL(), "--gossip-interval", "50ms")
 	}
 	eu, us := start("eu"), start("us")
-	allowed := func(d *daemon, key string, n int) int {
+	allowed := func(d *process, key string, n int) int {
 		ok := 0
 		for range n {
 			if d.check(key, "/x").StatusCode == http.StatusOK {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -26,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport"
 	"github.com/geoquota/geoquota/transport/control"
@@ -35,7 +35,7 @@ import (
 // run serves until ctx ends, then shuts down gracefully: health reports
 // not serving, in-flight requests finish, the audit log is flushed.
 func run(ctx context.Context, c config, logw io.Writer) error {
-	log := newLogger(c, logw)
+	log := daemon.Logger(logw, c.logFormat, c.logLevel)
 	metrics := transport.NewMetrics(nil)
 	// The rules first: a mistake in them is reported before anything connects.
 	rules, err := loadRules(c)
@@ -127,32 +127,28 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 
 	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken,
 		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, Metrics: metrics, Logger: log})
-	grpcLis, err := net.Listen("tcp", c.grpcAddr)
-	if err != nil {
-		return fmt.Errorf("--grpc-addr: %w", err)
+	addrs := []daemon.Addr{{Flag: "grpc-addr", Addr: c.grpcAddr}, {Flag: "http-addr", Addr: c.httpAddr}}
+	if c.debugAddr != "" {
+		addrs = append(addrs, daemon.Addr{Flag: "debug-addr", Addr: c.debugAddr})
 	}
-	httpLis, err := net.Listen("tcp", c.httpAddr)
+	lis, err := daemon.Listen(addrs...)
 	if err != nil {
-		grpcLis.Close()
-		return fmt.Errorf("--http-addr: %w", err)
+		return err
 	}
+	grpcLis, httpLis := lis[0], lis[1]
 	var gopts []grpc.ServerOption
 	if c.tlsCert != "" {
 		creds, err := credentials.NewServerTLSFromFile(c.tlsCert, c.tlsKey)
 		if err != nil {
-			grpcLis.Close()
-			httpLis.Close()
+			for _, l := range lis {
+				l.Close()
+			}
 			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
 		}
 		gopts = append(gopts, grpc.Creds(creds))
 	}
 	if c.debugAddr != "" {
-		dbg, err := net.Listen("tcp", c.debugAddr)
-		if err != nil {
-			grpcLis.Close()
-			httpLis.Close()
-			return fmt.Errorf("--debug-addr: %w", err)
-		}
+		dbg := lis[2]
 		mux := http.NewServeMux()
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -230,18 +226,6 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		log.Warn("final maintenance", "error", err)
 	}
 	return runErr
-}
-
-func newLogger(c config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
-		level = slog.LevelInfo
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	if c.logFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 func storeName(c config) string {

@@ -92,6 +92,30 @@ local function tb_has(t, limit, rate, ex, a, b, need)
   return tb_tokens(limit, rate, ex, a, b, t) >= need
 end
 
+-- swc_counts is swcCounts() in algorithm.go: the window that holds t, and
+-- its count and the previous window's, from the counter's state.
+local function swc_counts(window, ex, a, b, c, t)
+  local start = floor(t / window) * window
+  local cur, prev = 0, 0
+  if ex then
+    if a == start then cur, prev = b, c elseif a == start - window then prev = b end
+  end
+  return start, cur, prev
+end
+
+-- swc_estimate is swcEstimate(): the previous window's count weighed by
+-- how much of it the sliding window still covers, and the current one's.
+local function swc_estimate(window, start, cur, prev, t)
+  return prev * ((window - (t - start)) / window) + cur
+end
+
+-- swc_fits: whether the counter at t takes cost within limit (exactWait's
+-- predicate).
+local function swc_fits(t, window, ex, a, b, c, cost, limit)
+  local start, cur, prev = swc_counts(window, ex, a, b, c, t)
+  return swc_estimate(window, start, cur, prev, t) + cost <= limit
+end
+
 local function gcra_debt(rate, ex, a, b, t)
   if not ex then return 0 end
   local elapsed = max(0, t - b)
@@ -294,9 +318,8 @@ local function gdecide(key, alg, limit, window, cost, allowance, ceiling)
   local own = p - n
   if alg == COUNTER then
     local pp, pn, ptotal = gview(gkey(key, start - window))
-    local w = (window - (now - start)) / window
-    own = (pp - pn) * w + own
-    total = ptotal * w + total
+    own = swc_estimate(window, start, own, pp - pn, now)
+    total = swc_estimate(window, start, total, ptotal, now)
   end
   local allowed = own + cost <= allowance
   local rem = allowance - own
@@ -444,12 +467,8 @@ while i + 6 <= #ARGV do
         end
 
       elseif alg == COUNTER then
-        local start = floor(now / window) * window
-        local cur, prev = 0, 0
-        if ex then
-          if a == start then cur, prev = b, c elseif a == start - window then prev = b end
-        end
-        local est = prev * ((window - (now - start)) / window) + cur
+        local start, cur, prev = swc_counts(window, ex, a, b, c, now)
+        local est = swc_estimate(window, start, cur, prev, now)
         if take then cost = max(cost, min(batch, floor(limit - est))) end
         if est + cost <= limit then
           allowed = true
@@ -461,21 +480,14 @@ while i + 6 <= #ARGV do
           else
             at = start + window + max(0, window - (limit - cost) * window / cur)
           end
-          retry = exactWait(now, at - now, function(t)
-            local st = floor(t / window) * window
-            local cu, pr = 0, 0
-            if ex then
-              if a == st then cu, pr = b, c elseif a == st - window then pr = b end
-            end
-            return pr * ((window - (t - st)) / window) + cu + cost <= limit
-          end)
+          retry = exactWait(now, at - now, swc_fits, window, ex, a, b, c, cost, limit)
         end
         if cur > 0 then
           reset = start + 2 * window
         elseif prev > 0 then
           reset = start + window
         end
-        remaining = floor(limit - (prev * ((window - (now - start)) / window) + cur))
+        remaining = floor(limit - swc_estimate(window, start, cur, prev, now))
         na, nb, nc = start, cur, prev
 
       else

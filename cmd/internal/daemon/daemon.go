@@ -1,0 +1,85 @@
+package daemon
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+)
+
+// EnvName is the environment variable that sets a flag: GEOQUOTA_, then
+// the flag's name in upper case with - as _.
+func EnvName(flagName string) string {
+	return "GEOQUOTA_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// Parse sets fs's flags from their GEOQUOTA_* variables (read with
+// getenv), then from args, so that the command line wins. A request for
+// help is an error holding the usage of command: every flag, and the
+// variable that sets it. Arguments left over are an error.
+func Parse(command string, fs *flag.FlagSet, args []string, getenv func(string) string) error {
+	fs.SetOutput(io.Discard)
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := EnvName(f.Name)
+		if v := getenv(name); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %v", name, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			var b strings.Builder
+			fs.SetOutput(&b)
+			fs.PrintDefaults()
+			fs.SetOutput(io.Discard)
+			return fmt.Errorf("usage: %s [flags]\nEvery flag may also be set by its variable: --rules by GEOQUOTA_RULES, and so on.\n%s", command, b.String())
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return nil
+}
+
+// Logger returns a structured logger writing to w: format text or json,
+// at level (debug, info, warn or error; info if unknown).
+func Logger(w io.Writer, format, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// Addr is an address to listen on, and the flag that gave it.
+type Addr struct{ Flag, Addr string }
+
+// Listen listens on every address, or on none: an address that fails
+// closes those already open, and the error names its flag.
+func Listen(addrs ...Addr) ([]net.Listener, error) {
+	var out []net.Listener
+	for _, a := range addrs {
+		lis, err := net.Listen("tcp", a.Addr)
+		if err != nil {
+			for _, l := range out {
+				l.Close()
+			}
+			return nil, fmt.Errorf("--%s: %w", a.Flag, err)
+		}
+		out = append(out, lis)
+	}
+	return out, nil
+}

@@ -1,0 +1,54 @@
+package daemon
+
+import (
+	"flag"
+	"net"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	newFS := func() (*flag.FlagSet, *string, *int) {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		return fs, fs.String("grpc-addr", "a", "where"), fs.Int("n", 1, "how many")
+	}
+	env := map[string]string{"GEOQUOTA_GRPC_ADDR": "from-env", "GEOQUOTA_N": "7"}
+	fs, addr, n := newFS()
+	if err := Parse("x", fs, []string{"--n", "9"}, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if *addr != "from-env" || *n != 9 {
+		t.Fatalf("grpc-addr %q n %d: want the variable's, and the command line's over its variable", *addr, *n)
+	}
+	fs, _, _ = newFS()
+	if err := Parse("x", fs, nil, func(k string) string { return map[string]string{"GEOQUOTA_N": "many"}[k] }); err == nil || !strings.Contains(err.Error(), "GEOQUOTA_N") {
+		t.Fatalf("a bad variable: %v, want an error naming it", err)
+	}
+	fs, _, _ = newFS()
+	if err := Parse("x", fs, []string{"-h"}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "usage: x") || !strings.Contains(err.Error(), "-grpc-addr") {
+		t.Fatalf("-h: %v, want the usage with every flag", err)
+	}
+	fs, _, _ = newFS()
+	if err := Parse("x", fs, []string{"extra"}, func(string) string { return "" }); err == nil {
+		t.Fatal("an argument left over was accepted")
+	}
+}
+
+func TestListenAllOrNone(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	_, err = Listen(Addr{"grpc-addr", "127.0.0.1:0"}, Addr{"http-addr", taken.Addr().String()})
+	if err == nil || !strings.Contains(err.Error(), "--http-addr") {
+		t.Fatalf("an address in use: %v, want an error naming --http-addr", err)
+	}
+	ls, err := Listen(Addr{"grpc-addr", "127.0.0.1:0"}, Addr{"http-addr", "127.0.0.1:0"})
+	if err != nil || len(ls) != 2 {
+		t.Fatalf("two free addresses: %v, %v", ls, err)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+}
