@@ -33,7 +33,7 @@ type Config struct {
 	Headroom float64
 }
 
-// DefaultConfig returns the defaults of SPEC §12.
+// DefaultConfig returns the defaults the daemons use (docs/design.md).
 func DefaultConfig() Config {
 	return Config{
 		Reserve:    0.10,

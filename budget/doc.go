@@ -29,14 +29,16 @@
 // fraction the region may have used in it (its high-water mark) and grants
 // more only out of room that no high-water mark covers. A lease stops
 // counting when it has expired and the skew allowance has passed, or when
-// the region reports (Report.Acked) that it has moved to a newer one;
-// lowering a region's fraction frees room only from the next window on,
-// since the region may already have used the old fraction in this one.
+// the region reports (Report.Acked) that it has moved to a newer one.
+// Lowering a region's fraction frees, in the window in course, only what
+// the region reports it has not used (Report.Used) once it acknowledges
+// the lower lease; the rest from the next window on.
 //
 // # Use
 //
-// globalsync feeds each region's reports and calls Rebalance once per
-// rebalance interval per global rule; it publishes the leases. The package
+// globalsync's coordinator (budget/coord) feeds each region's reports and
+// calls Rebalance once per rebalance interval per global rule, and the
+// daemon publishes the leases as one Document per rule. The package
 // is pure: it takes the time as an argument, does no I/O and starts no
 // goroutines, so globalsync and the simulator run the same code. An
 // Allocator is not safe for concurrent use.

@@ -4,7 +4,7 @@
 //
 // # Parts
 //
-//   - Rules (LoadFile, Parse, RuleSet): the YAML of SPEC §3 and §11,
+//   - Rules (LoadFile, Parse, RuleSet): the YAML rules files (example-rules.yaml),
 //     validated whole (errors name the file, line, rule and field), indexed
 //     by the first path segment so that 1,000 rules match in under a
 //     microsecond.
@@ -54,10 +54,13 @@
 // (package budget), and before one, or once it lapses, the region keeps to
 // its floor. A strict rule admits within the region's allowance; an elastic
 // one also up to the global count its store holds, less a headroom and any
-// debt. MergeRemote takes in other regions' slots (per-slot maximum), and
-// GlobalUsage is the engine's copy of the counters that the gossip
-// publishes from. Demand reports, for the budgets, what the region was
-// asked for.
+// debt. The engine keeps a copy of the global counters, and one API over
+// it drives the gossip (transport/gossip): OwnDelta is what the region
+// counted lately, GlobalDigest and GlobalDiff trade what copies hold for
+// anti-entropy, MergeRemote takes in other regions' slots (per-slot
+// maximum, into the copy and the store), HeardFrom notes a region heard,
+// GlobalReport what the region was asked for, for the budgets. Maintain
+// drops the windows the store no longer keeps from the copy.
 //
 // # Figures
 //
@@ -70,7 +73,7 @@
 // decision — allocates nothing: a median of 504 ns for one limit on hot
 // keys (1.99 million a second on one core; 1.5–2.1 million from one run to
 // the next, 570–630 ns on a slow day), 579 ns over 10,000 keys (1.73
-// million), 1.76 µs for the three limits of the SPEC example's /search.
+// million), 1.76 µs for the three limits the example rules put on /search.
 // Counted by callgrind, which the VM's drift does not touch, a one-limit
 // decision is about 2,800 instructions. One algorithm alone: 47–52 ns. Matching against 1,000
 // rules: 0.7 µs.

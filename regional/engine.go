@@ -205,7 +205,7 @@ type Decision struct {
 	// Time is when the decision was made.
 	Time time.Time
 	// Limits are the limits that applied: first the one that speaks for
-	// the decision (SPEC §12: when allowed, the one with the least left,
+	// the decision (docs/design.md: when allowed, the one with the least left,
 	// ties to the smaller limit; when denied, the denying one with the
 	// longest wait), then the others tightest first, shadow limits last.
 	// A request denied from the denial cache lists only the limits that
@@ -605,7 +605,7 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 }
 
 // SpeaksBefore orders limits as Decision.Limits says, for a decision
-// allowed or not: the one that speaks for it first (SPEC §12).
+// allowed or not: the one that speaks for it first (docs/design.md).
 func SpeaksBefore(a, b LimitStatus, allowed bool) int {
 	if a.Shadow != b.Shadow {
 		if a.Shadow {

@@ -82,8 +82,8 @@ func loadTestRules(t testing.TB) *RuleSet {
 	return rs
 }
 
-// TestEngineBehaviours runs every behaviour of SPEC §3 and §4 on every
-// kind of store.
+// TestEngineBehaviours runs every behaviour of the rules and of regional
+// enforcement on every kind of store.
 func TestEngineBehaviours(t *testing.T) {
 	scenarios := []struct {
 		name string

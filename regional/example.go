@@ -2,7 +2,8 @@ package regional
 
 import _ "embed"
 
-// ExampleRules is the rules file of SPEC §11, which regiond --dev enforces.
+// ExampleRules is the example rules file (example-rules.yaml), which
+// regiond --dev enforces.
 //
 //go:embed example-rules.yaml
 var ExampleRules []byte

@@ -267,7 +267,7 @@ func TestEngineGlobalLimits(t *testing.T) {
 }
 
 // TestGlobalWindowMemory: one window of a global counter with five
-// regions' slots takes at most 200 bytes of Redis memory (SPEC §9).
+// regions' slots takes at most 200 bytes of Redis memory (docs/design.md).
 func TestGlobalWindowMemory(t *testing.T) {
 	rs, _ := newTestRedisStore(t, RedisOptions{Region: "us-east"})
 	ctx := t.Context()

@@ -1,13 +1,15 @@
 // Package sim is a deterministic discrete-event simulator for partition and
-// traffic scenarios. It runs the real crdt, budget and in-memory regional
-// code in virtual time: every region is a regional.Engine on its own
-// in-memory store and clock, gossiping deltas, digests and heartbeats as
-// the transport does; globalsync is a budget.Allocator fed by the
-// heartbeats, restoring itself from its published documents as the real
-// one does from JetStream KV, and closing the books of every window. Links
-// between regions have a latency each (drawn from the seed), jitter and
-// loss, and can be cut and healed; clocks can be skewed or jump; a
-// region's store can fail and come back empty.
+// traffic scenarios. It runs the code the daemons run, in virtual time:
+// every region is a regional.Engine on its own in-memory store and clock
+// with its gossip node (transport/gossip), exchanging deltas, digests,
+// repairs and heartbeats; globalsync is the coordinator (budget/coord) with
+// its observer node, restoring itself from the documents it published (the
+// simulator's budgets bucket) when it comes back, and closing the books of
+// every window. What is the simulator's own is time, the network, faults,
+// traffic and reports: links between regions have a latency each (drawn
+// from the seed), jitter and loss, deliver a message to whoever subscribes
+// to its subject, as NATS does, and can be cut and healed; clocks can be
+// skewed or jump; a region's store can fail and come back empty.
 //
 // Virtual time advances in steps (1ms by default): the messages and timers
 // due in a step run first, then every region's requests of the step, the

@@ -69,14 +69,14 @@ type NetworkSpec struct {
 	Loss float64 `yaml:"loss"`
 }
 
-// GossipSpec sets the gossip's timing; the defaults are SPEC §12's.
+// GossipSpec sets the gossip's timing; the defaults are the daemons'.
 type GossipSpec struct {
 	Interval    time.Duration `yaml:"interval"`
 	AntiEntropy time.Duration `yaml:"anti_entropy"`
 	Heartbeat   time.Duration `yaml:"heartbeat"`
 }
 
-// BudgetSpec sets globalsync's budgets; the defaults are SPEC §12's.
+// BudgetSpec sets globalsync's budgets; the defaults are the daemons'.
 type BudgetSpec struct {
 	Rebalance time.Duration `yaml:"rebalance"`
 	LeaseTTL  time.Duration `yaml:"lease_ttl"`

@@ -88,7 +88,7 @@ func firstDiff(want, got string) string {
 	return "(same lines)"
 }
 
-// checkGuarantees asserts SPEC §5 and §9 on a report: strict mode never
+// checkGuarantees asserts the guarantees of global limits (docs/design.md) on a report: strict mode never
 // over the limit; elastic mode within its bound; every heal converged
 // within two gossip intervals plus the time on the wire; utilization where
 // the scenario expects it; over-admission measured by globalsync as it

@@ -1,8 +1,9 @@
-// Package transport serves a regional engine to every kind of caller
-// (SPEC §6): the geoquota.v1 gRPC API, Envoy's RateLimitService v3 on the
-// same port, the HTTP JSON API with its rate-limit headers, a reverse
-// proxy, and a net/http middleware for any Go service; and the gossip
-// that carries global usage between regions over NATS (Gossip).
+// Package transport serves a regional engine to every kind of caller: the
+// geoquota.v1 gRPC API, Envoy's RateLimitService v3 on the same port, the
+// HTTP JSON API with its rate-limit headers, a reverse proxy, and a
+// net/http middleware for any Go service. What regions tell each other is
+// elsewhere: the gossip protocol in transport/gossip, its NATS, JetStream
+// KV and memberlist adapters in transport/control.
 //
 // # Use
 //
@@ -19,7 +20,7 @@
 //
 // # HTTP
 //
-//	POST /v1/check            {"descriptors": {...}, "cost": n} → 200, 429, 403, 503 (SPEC §11)
+//	POST /v1/check            {"descriptors": {...}, "cost": n} → 200, 429, 403, 503
 //	GET  /v1/usage?rule=R&<descriptor>=V…
 //	POST /v1/admin/reset      {"rule", "descriptors"}
 //	POST /v1/admin/grant      {"rule", "descriptors", "amount"}
@@ -31,7 +32,8 @@
 //	GET  /metrics, /healthz, /readyz
 //
 // Every checked response carries X-RateLimit-Limit, -Remaining and -Reset
-// (of the limit that speaks, SPEC §12), RateLimit and RateLimit-Policy
+// (of the limit that speaks: the one with the least left; see
+// docs/design.md), RateLimit and RateLimit-Policy
 // (draft-ietf-httpapi-ratelimit-headers-11, every enforced limit, tightest
 // first), Retry-After when denied, and X-RateLimit-Degraded: true when a
 // limit was decided without the shared store. Errors are JSON,
@@ -55,20 +57,7 @@
 // geoquota_checks_total{rule,decision}, geoquota_check_duration_seconds{api},
 // geoquota_redis_pipeline_duration_seconds, geoquota_redis_errors_total,
 // geoquota_breaker_state, geoquota_degraded_decisions_total, the denial
-// cache, lease and key-cap counters, geoquota_rule_reloads_total{result}.
+// cache, hot-key batch and key-cap counters, geoquota_rule_reloads_total{result};
+// with gossip, geoquota_gossip_* and the budget each global rule holds.
 // No tenant or key is ever a label.
-// # Gossip
-//
-// StartGossip joins a region to the others over NATS. Every replica
-// publishes the region's slots of global counters changed since its last
-// tick (<prefix>.delta.<region>, every 250ms), merges the others' into the
-// region's store (per-slot maximum), publishes a digest every 10s
-// (<prefix>.digest.<region>) to which every other region answers with what
-// the digest shows missing (<prefix>.repair.<to>.<from>), and reports its
-// demand and the leases it may acknowledge to globalsync
-// (<prefix>.heartbeat.<region>, JSON, every 500ms). Messages carry the
-// sending replica and a sequence number in headers; malformed, replayed,
-// spoofed (a subject naming another region than the message), unknown-
-// region and regressing messages are counted (GossipStats, the
-// geoquota_gossip_refused_total metric) and never merged.
 package transport

@@ -10,7 +10,7 @@ import (
 	"github.com/geoquota/geoquota/regional"
 )
 
-// Rate-limit headers, SPEC §6 and §12: the X-RateLimit-* fields of the
+// Rate-limit headers (docs/design.md): the X-RateLimit-* fields of the
 // limit that speaks for the decision, the structured RateLimit and
 // RateLimit-Policy fields of draft-ietf-httpapi-ratelimit-headers-11 for
 // every limit that applied (tightest first; shadow limits, which never

@@ -72,7 +72,7 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// errorBody is every error's JSON body (SPEC §12).
+// errorBody is every error's JSON body.
 type errorBody struct {
 	Error struct {
 		Code    string         `json:"code"`
@@ -173,7 +173,7 @@ func cutUnknownField(msg string) (string, bool) {
 	return "", false
 }
 
-// checkBody is POST /v1/check (SPEC §11). Descriptor values are decoded
+// checkBody is POST /v1/check. Descriptor values are decoded
 // one by one, so that a value of the wrong type is named.
 type checkBody struct {
 	Domain      string                     `json:"domain"`
@@ -217,7 +217,7 @@ func parseCheck(body []byte) (regional.Request, error) {
 	return requestFrom(b.Domain, descriptors, cost, "descriptors")
 }
 
-// decisionBody is the 200 answer of /v1/check (SPEC §11), with every limit
+// decisionBody is the 200 answer of /v1/check, with every limit
 // that applied added.
 type decisionBody struct {
 	Allowed           bool        `json:"allowed"`
@@ -310,7 +310,7 @@ func writeDecision(w http.ResponseWriter, d *regional.Decision, now time.Time) {
 	}
 }
 
-// usageBody is GET /v1/usage (SPEC §11).
+// usageBody is GET /v1/usage.
 type usageBody struct {
 	Rule          string       `json:"rule"`
 	Key           string       `json:"key"`

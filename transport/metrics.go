@@ -12,7 +12,7 @@ import (
 	"github.com/geoquota/geoquota/transport/gossip"
 )
 
-// Metrics are the Prometheus metrics of SPEC §7 for the regional path, in a
+// Metrics are the Prometheus metrics of the regional path, in a
 // registry of their own. No tenant or key is ever a label.
 type Metrics struct {
 	Registry *prometheus.Registry

@@ -99,7 +99,7 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 	}
 	headersOf := &d // one descriptor: its decision, in the engine's order
 	if len(reqs) > 1 {
-		// Tightest first (SPEC §12), the denying one with the longest wait
+		// Tightest first, the denying one with the longest wait
 		// first when denied.
 		slices.SortStableFunc(all.Limits, func(a, b regional.LimitStatus) int { return regional.SpeaksBefore(a, b, all.Allowed) })
 		headersOf = &all

@@ -1,13 +1,17 @@
-// Command globalsync is the global budget service: it hears every regiond
-// replica's heartbeat (demand, and the leases it may acknowledge), and the
-// instance that leads — one of two or more, by a lease in NATS JetStream KV
-// taken with compare-and-swap — computes every region's share of every
-// global limit (package budget) once a second and publishes the leases in
-// the JetStream KV bucket geoquota-budgets, which every regiond watches.
-// A follower takes over within one leader lease (3s by default), and
-// first reads every lease still in force from the bucket's history, so
-// that strict limits hold across the change. While none leads, regions keep
-// enforcing on their leases, then on their floors.
+// Command globalsync is the global budget service: the coordinator of
+// package budget/coord, driven over NATS. Its gossip node hears every
+// regiond replica's heartbeat (demand, and the leases it may acknowledge)
+// and every region's usage; the instance that leads — one of two or more,
+// by a claim in NATS JetStream KV taken with compare-and-swap — has the
+// coordinator compute every region's share of every global limit once a
+// second and publishes the leases in the JetStream KV bucket
+// geoquota-budgets, which every regiond watches. A follower takes over
+// once the leader's claim has lapsed (3s by default, and the clock-skew
+// allowance), and first restores every lease still in force from the
+// bucket's history, so that strict limits hold across the change. While
+// none leads, regions keep enforcing on their leases, then on their
+// floors. What is decided is the coordinator's; this command is NATS, KV,
+// the leader's claim, HTTP, gRPC and the dashboard.
 //
 //	globalsync --nats nats://127.0.0.1:4222 --grpc-addr 127.0.0.1:9081 --http-addr 127.0.0.1:9080 [--regions a,b,c]
 //

@@ -16,7 +16,7 @@ import (
 	"github.com/geoquota/geoquota/regional"
 )
 
-// config is regiond's configuration: the flags of SPEC §11 and a few more,
+// config is regiond's configuration: the flags of the fixed contract (docs/operations.md) and a few more,
 // each also settable as GEOQUOTA_<NAME> (upper case, - as _). A flag on the
 // command line wins over its variable.
 type config struct {

@@ -10,7 +10,7 @@
 //	        [--proxy-upstream http://127.0.0.1:9000] [--dev]
 //
 // --dev needs nothing else: an embedded NATS, an in-memory store and the
-// example rules of SPEC §11. Every flag may also be given as an
+// example rules (regional/example-rules.yaml). Every flag may also be given as an
 // environment variable GEOQUOTA_<FLAG> (GEOQUOTA_REDIS, GEOQUOTA_ADMIN_TOKEN,
 // …); the command line wins. More: --tls-cert/--tls-key (both APIs),
 // --timeout (Redis, default 50ms), --log-format text|json, --log-level,

@@ -10,7 +10,7 @@
 // Each region has a redis-server, a NATS cluster (the clusters joined by
 // gateways into a supercluster, with JetStream) and two regiond replicas
 // joined by memberlist; two globalsync instances run in the first region.
-// Every daemon loads the rules of SPEC §11 (or -rules). The gateways
+// Every daemon loads the example rules, regional/example-rules.yaml (or -rules). The gateways
 // between regions pass through fault proxies (toxiproxy) held by a
 // supervisor process, which `fault`, `sim live` and the end-to-end tests
 // use to cut, heal and slow the links between regions.

@@ -72,7 +72,7 @@ func upFlags(name string, c *upConfig, errOut io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.names, "names", "", "region names, comma-separated (instead of -regions)")
 	fs.IntVar(&c.replicas, "replicas", 2, "regiond replicas per region")
 	fs.IntVar(&c.globalsync, "globalsync", 2, "globalsync instances (in the first region)")
-	fs.StringVar(&c.rules, "rules", "", "rules file; default: the example rules of SPEC §11")
+	fs.StringVar(&c.rules, "rules", "", "rules file; default: the example rules (regional/example-rules.yaml)")
 	fs.StringVar(&c.adminToken, "admin-token", "local-admin", "every daemon's --admin-token")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "how long up waits for the deployment, builds included")
 	return fs

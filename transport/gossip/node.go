@@ -67,7 +67,7 @@ type Config struct {
 	Heartbeats Heartbeats
 }
 
-// DefaultConfig returns the default timing: SPEC §12's for gossip, fit for
+// DefaultConfig returns the default timing (docs/design.md), fit for
 // regions a WAN apart.
 func DefaultConfig() Config {
 	return Config{Prefix: DefaultPrefix, Interval: 250 * time.Millisecond, AntiEntropy: 10 * time.Second,

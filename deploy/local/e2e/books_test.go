@@ -132,7 +132,7 @@ func (s *stores) books(region, key string, windows []int64) (books, error) {
 
 // agree waits until every region's Redis holds the same count of every
 // window, and returns them. Gossip after a fault brings the regions
-// together within seconds (two gossip intervals, SPEC §5, once a region
+// together within seconds (two gossip intervals, docs/design.md, once a region
 // hears the others again); within is a generous bound for a busy machine.
 func agree(t *testing.T, d *harness.Deployment, st *stores, key string, windows []int64, within time.Duration) books {
 	t.Helper()

@@ -15,7 +15,7 @@
 // running after Stop).
 //
 // Every fault test keeps the books of what its clients saw admitted, per
-// window and per region, and asserts the guarantees of SPEC §5: in every
+// window and per region, and asserts the guarantees of global limits (docs/design.md): in every
 // window the regions together admit no more than the strict limit, a
 // region cut off keeps serving on its floor, and once the fault is over
 // every region's Redis holds the same count of every window as every other

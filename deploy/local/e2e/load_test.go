@@ -48,7 +48,7 @@ func newLedger(window time.Duration) *ledger {
 }
 
 // windowOf is the start (Unix ms) of the window that holds t: fixed
-// windows are aligned to the epoch (SPEC §12).
+// windows are aligned to the epoch.
 func (l *ledger) windowOf(t time.Time) int64 {
 	w := l.window.Milliseconds()
 	return t.UnixMilli() / w * w
@@ -88,7 +88,7 @@ func (l *ledger) problem(format string, args ...any) {
 	}
 }
 
-// checkAnswer is what POST /v1/check answers, allowed or not (SPEC §11).
+// checkAnswer is what POST /v1/check answers, allowed or not.
 type checkAnswer struct {
 	Allowed  bool   `json:"allowed"`
 	Rule     string `json:"rule"`
@@ -142,7 +142,7 @@ func (l *ledger) record(region, replica string, sent, done time.Time, status int
 		l.mu.Unlock()
 	case http.StatusTooManyRequests:
 		if a.Error == nil || a.Error.Code != "RATE_LIMIT_EXCEEDED" || a.Error.Details.ResetAt == "" {
-			l.problem("%s: 429 without the error body of SPEC §11: %s", replica, body)
+			l.problem("%s: 429 without the error body of the HTTP API: %s", replica, body)
 		}
 		l.mu.Lock()
 		l.denied[region]++
@@ -393,7 +393,7 @@ func getJSON(url string, v any) error {
 // so none is left behind when a test ends.
 var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
-// usage is GET /v1/usage for a global rule (SPEC §11).
+// usage is GET /v1/usage for a global rule.
 type usage struct {
 	Rule        string `json:"rule"`
 	WindowStart string `json:"window_start"`

@@ -23,7 +23,7 @@ func strictRules(limit int64, window time.Duration) string {
 }
 
 // reserve is globalsync's default reserve: the floors of all regions
-// together, as a fraction of the limit (SPEC §12).
+// together, as a fraction of the limit.
 const reserve = 0.10
 
 // perRegionRate is each region's demand, in checks a second: with a limit
