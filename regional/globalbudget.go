@@ -70,6 +70,7 @@ type globalState struct {
 	budget       budget.Config
 	usage        *counters
 	regions      []string // every region counted, this one included, sorted
+	known        map[string]bool
 
 	leaseMu sync.Mutex
 	leases  atomic.Pointer[map[string]*heldLease]
@@ -131,7 +132,10 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 	if err != nil {
 		return nil, err
 	}
-	g.usage, g.regions = u, u.c.Regions()
+	g.usage, g.regions, g.known = u, u.c.Regions(), map[string]bool{}
+	for _, r := range g.regions {
+		g.known[r] = true
+	}
 	for _, r := range regions {
 		if r != region {
 			g.peers = append(g.peers, r)
@@ -516,45 +520,47 @@ func (e *Engine) Demand(rule string) Demand {
 // delta; a delta from an unknown origin changes nothing, and the windows
 // the store no longer keeps are left out (counted as stale).
 func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeReport, error) {
-	var rep crdt.MergeReport
-	// Windows over and done with, which the copy may have dropped
-	// (Maintain), are not brought back: they would be gossiped again.
 	rs, now := e.rules.Load(), e.now()
-	kept := slices.DeleteFunc(slices.Clone(d.Entries), func(en crdt.Entry) bool {
-		if globalKeep(rs, en.Key, en.Epoch, now) > 0 {
-			return false
+	windows, expired := globalWindowsOf(rs, d, e.global.known, now)
+	stale := 0
+	if expired > 0 {
+		// Windows over and done with, which the copy may have dropped
+		// (Maintain), are not brought back: they would be gossiped again.
+		kept := make([]crdt.Entry, 0, len(d.Entries)-expired)
+		for _, en := range d.Entries {
+			if globalKeep(rs, en.Key, en.Epoch, now) > 0 {
+				kept = append(kept, en)
+			} else {
+				stale += len(en.Slots)
+			}
 		}
-		rep.Stale += len(en.Slots)
-		return true
-	})
-	d.Entries = kept
-	var known map[string]bool
-	e.global.usage.with(func(c *crdt.Counters) {
-		stale := rep.Stale
-		rep = c.Merge(d)
-		rep.Stale += stale
-		known = make(map[string]bool, len(c.Regions()))
-		for _, r := range c.Regions() {
-			known[r] = true
-		}
-	})
-	if !known[d.Origin] {
+		d.Entries = kept
+	}
+	var rep crdt.MergeReport
+	e.global.usage.with(func(c *crdt.Counters) { rep = c.Merge(d) })
+	rep.Stale += stale
+	if !e.global.known[d.Origin] {
 		return rep, nil
 	}
 	gs, ok := e.store.(GlobalStore)
 	if !ok {
 		return rep, nil
 	}
-	windows := globalWindowsOf(rs, d, known, now)
 	_, err := gs.MergeGlobal(ctx, windows)
 	return rep, err
 }
 
 // globalWindowsOf turns a delta into the store's windows: the slots of
-// the known regions, of the windows still kept.
-func globalWindowsOf(rs *RuleSet, d crdt.Delta, known map[string]bool, now time.Time) []GlobalWindow {
-	windows := make([]GlobalWindow, 0, len(d.Entries))
+// the known regions, of the windows still kept. It also says how many of
+// the delta's windows are over and done with.
+func globalWindowsOf(rs *RuleSet, d crdt.Delta, known map[string]bool, now time.Time) (windows []GlobalWindow, expired int) {
+	windows = make([]GlobalWindow, 0, len(d.Entries))
 	for _, en := range d.Entries {
+		keep := globalKeep(rs, en.Key, en.Epoch, now)
+		if keep <= 0 {
+			expired++
+			continue
+		}
 		var slots []crdt.Slot
 		for _, s := range en.Slots {
 			if known[s.Region] {
@@ -564,13 +570,9 @@ func globalWindowsOf(rs *RuleSet, d crdt.Delta, known map[string]bool, now time.
 		if len(slots) == 0 {
 			continue
 		}
-		keep := globalKeep(rs, en.Key, en.Epoch, now)
-		if keep <= 0 {
-			continue // a window over and done with
-		}
 		windows = append(windows, GlobalWindow{Key: []byte(en.Key), StartMillis: en.Epoch, TTL: keep, Slots: slots})
 	}
-	return windows
+	return windows, expired
 }
 
 // reseedStore gives the store back every window of the engine's copy of
@@ -584,14 +586,8 @@ func (e *Engine) reseedStore(ctx context.Context) error {
 		return nil
 	}
 	var d crdt.Delta
-	known := map[string]bool{}
-	e.global.usage.with(func(c *crdt.Counters) {
-		d = c.DeltaSince(0)
-		for _, r := range c.Regions() {
-			known[r] = true
-		}
-	})
-	windows := globalWindowsOf(e.rules.Load(), d, known, e.now())
+	e.global.usage.with(func(c *crdt.Counters) { d = c.DeltaSince(0) })
+	windows, _ := globalWindowsOf(e.rules.Load(), d, e.global.known, e.now())
 	for len(windows) > 0 {
 		n := min(len(windows), reseedBatch)
 		if _, err := gs.MergeGlobal(ctx, windows[:n]); err != nil {

@@ -96,7 +96,7 @@ func (g *globalsync) step(m gossip.Message) {
 	}
 }
 
-func (g *globalsync) listens(subject string) bool { return listens(g.ticks.node, subject) }
+func (g *globalsync) listens(subject string) bool { return g.ticks.listens(subject) }
 
 func (g *globalsync) budget(budget.Document) {}
 

@@ -90,7 +90,7 @@ type endpoint interface {
 
 func (r *region) step(m gossip.Message) { r.ticks.step(m) }
 
-func (r *region) listens(subject string) bool { return listens(r.node, subject) }
+func (r *region) listens(subject string) bool { return r.ticks.listens(subject) }
 
 func (r *region) budget(doc budget.Document) {
 	for _, l := range doc.All() {
@@ -107,6 +107,7 @@ type ticker struct {
 	node   *gossip.Node
 	send   func(gossip.Message)
 	at     time.Duration // the next tick scheduled, or -1
+	subs   []string      // the node's subscriptions
 }
 
 // now is the node's time: the time of the event being run for it.
@@ -140,10 +141,13 @@ func (t *ticker) step(m gossip.Message) {
 	t.schedule()
 }
 
-// listens reports whether a node subscribes to a subject, as NATS matches
-// them (* stands for one token).
-func listens(n *gossip.Node, subject string) bool {
-	for _, sub := range n.Subscriptions() {
+// listens reports whether the node subscribes to a subject, as NATS
+// matches them (* stands for one token).
+func (t *ticker) listens(subject string) bool {
+	if t.subs == nil {
+		t.subs = t.node.Subscriptions()
+	}
+	for _, sub := range t.subs {
 		if matchSubject(sub, subject) {
 			return true
 		}
