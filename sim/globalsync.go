@@ -77,7 +77,7 @@ func (g *globalsync) up() {
 		panic(err)
 	}
 	g.c = c
-	g.ticks = ticker{s: s, target: g.index(), node: node, send: g.send, at: -1}
+	g.ticks = ticker{s: s, target: g.index(), node: node, send: g.send, at: -1, subs: node.Subscriptions()}
 	if s.now > 0 {
 		g.ticks.schedule()
 		s.rec.note(s.now, "globalsync leads again")

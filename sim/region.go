@@ -64,7 +64,7 @@ func (r *region) start() {
 		panic(err) // the regions are checked in newSim
 	}
 	r.node = node
-	r.ticks = ticker{s: s, target: r.idx, node: node, send: r.send, at: -1}
+	r.ticks = ticker{s: s, target: r.idx, node: node, send: r.send, at: -1, subs: node.Subscriptions()}
 	// regiond tends its engine every 250ms (--maintain-every).
 	s.every(r.idx, phase(maintainEvery), maintainEvery, func() { r.engine.Maintain(background) })
 	r.ticks.schedule()
@@ -107,7 +107,7 @@ type ticker struct {
 	node   *gossip.Node
 	send   func(gossip.Message)
 	at     time.Duration // the next tick scheduled, or -1
-	subs   []string      // the node's subscriptions
+	subs   []string      // the node's subscriptions, read by every sender
 }
 
 // now is the node's time: the time of the event being run for it.
@@ -144,9 +144,6 @@ func (t *ticker) step(m gossip.Message) {
 // listens reports whether the node subscribes to a subject, as NATS
 // matches them (* stands for one token).
 func (t *ticker) listens(subject string) bool {
-	if t.subs == nil {
-		t.subs = t.node.Subscriptions()
-	}
 	for _, sub := range t.subs {
 		if matchSubject(sub, subject) {
 			return true

@@ -48,6 +48,7 @@ type sim struct {
 	// eventAt is, by endpoint, the time of the event it runs: what its
 	// gossip node is told the time is.
 	eventAt []time.Duration
+	later   [][]*event // by endpoint: what its events scheduled while batching
 
 	regions []*region
 	byName  map[string]*region
@@ -109,6 +110,7 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 	}
 	s.truth = newTruth(len(sc.Regions), s.nkeys)
 	s.eventAt = make([]time.Duration, len(sc.Regions)+1)
+	s.later = make([][]*event, len(sc.Regions)+1)
 	s.rec = newRecorder(s)
 	s.net = newNetwork(s, rand.New(rand.NewPCG(seed, 0x6e6574)))
 	redisFaults := map[string]bool{}
@@ -170,8 +172,17 @@ func (s *sim) at(t time.Duration, fn func()) { s.atFor(global, t, fn) }
 // or len(regions) for globalsync): fn touches that endpoint alone, and
 // what it sends goes out after it (see runEvents).
 func (s *sim) atFor(target int, t time.Duration, fn func()) {
+	e := &event{at: max(t, s.now), fn: fn, target: target}
+	if s.batching {
+		// Endpoints' events run in parallel: what they schedule waits,
+		// as what they send does, and is scheduled after the run in a
+		// fixed order.
+		s.later[target] = append(s.later[target], e)
+		return
+	}
 	s.seq++
-	heap.Push(&s.events, &event{at: max(t, s.now), seq: s.seq, fn: fn, target: target})
+	e.seq = s.seq
+	heap.Push(&s.events, e)
 }
 
 // every runs fn for target at start and every period after, while the run
@@ -284,6 +295,13 @@ func (s *sim) runLocal(run []*event) {
 		wg.Wait()
 	}
 	s.batching = false
+	for i, evs := range s.later {
+		for _, e := range evs {
+			s.atFor(e.target, e.at, e.fn)
+		}
+		clear(evs)
+		s.later[i] = evs[:0]
+	}
 	s.net.flush()
 }
 

@@ -61,18 +61,11 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// withDefaults fills in the defaults; those of the coordinator's
+// settings are the coordinator's (coord.Config).
 func (c Config) withDefaults() Config {
-	if c.Rebalance <= 0 {
-		c.Rebalance = time.Second
-	}
 	if c.LeaderTTL <= 0 {
 		c.LeaderTTL = 3 * time.Second
-	}
-	if c.Budget == (budget.Config{}) {
-		c.Budget = budget.DefaultConfig()
-	}
-	if c.AntiEntropy <= 0 {
-		c.AntiEntropy = 10 * time.Second
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
@@ -122,6 +115,8 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("globalsync: %w", err)
 	}
+	cc := c.Config()
+	cfg.Rebalance, cfg.AntiEntropy, cfg.Budget = cc.Rebalance, cc.AntiEntropy, cc.Budget
 	if cfg.Rules != nil {
 		c.SetRules(cfg.Clock(), cfg.Rules)
 	}
