@@ -196,9 +196,43 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 		}
 	}
 	for _, dm := range d.Daemons() {
-		if err := dm.waitReady(ctx); err != nil {
+		err := dm.waitReady(ctx)
+		for try := 0; errors.Is(err, errPortTaken) && try < 5; try++ {
+			// A port picked for it was taken before it bound it (by an
+			// outgoing connection's ephemeral port, say): new ones.
+			if err = dm.movePorts(); err == nil {
+				if err = dm.proc.start(); err == nil {
+					err = dm.waitReady(ctx)
+				}
+			}
+		}
+		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// movePorts gives a daemon that lost the race for its ports new ones.
+// (Its siblings still name its old memberlist address among their peers:
+// it joins them, with theirs.)
+func (dm *Daemon) movePorts() error {
+	addrs := []*string{&dm.GRPCAddr, &dm.HTTPAddr}
+	if dm.Memberlist != "" {
+		addrs = append(addrs, &dm.Memberlist)
+	}
+	ports, err := freePorts(len(addrs))
+	if err != nil {
+		return err
+	}
+	for i, a := range addrs {
+		old, next := *a, loopback(ports[i])
+		for j, arg := range dm.proc.args {
+			if arg == old {
+				dm.proc.args[j] = next
+			}
+		}
+		*a = next
 	}
 	return nil
 }
