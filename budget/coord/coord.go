@@ -100,9 +100,9 @@ type Coordinator struct {
 	alloc    *budget.Allocator      // while leading
 	docs     map[string]budget.Document
 
-	usage        *crdt.Counters
-	usageRegions []string
-	lastExpire   time.Time
+	usage      *crdt.Counters
+	newRegions bool // a region was heard of since the copy was made
+	lastExpire time.Time
 
 	books books
 }
@@ -144,10 +144,13 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 	if hb.Region == "" || hb.Replica == "" || hb.Region == Name {
 		return
 	}
+	if _, ok := c.heard[hb.Region]; !ok {
+		c.newRegions = true
+	}
 	c.heard[hb.Region] = now
 	for _, r := range hb.Regions {
-		if r != "" && r != Name && len(r) <= crdt.MaxRegionNameLen && !strings.ContainsAny(r, ". *>") {
-			c.listed[r] = true
+		if r != "" && r != Name && len(r) <= crdt.MaxRegionNameLen && !strings.ContainsAny(r, ". *>") && !c.listed[r] {
+			c.listed[r], c.newRegions = true, true
 		}
 	}
 	r := c.replicas[hb.Replica]
@@ -212,12 +215,13 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 	}
 	found := c.closeBooks(now)
 	regions := c.Regions()
+	replicas := slices.Sorted(maps.Keys(c.replicas)) // in order: demand sums the same to the last bit
 	var docs []budget.Document
 	var errs []error
 	for _, id := range slices.Sorted(maps.Keys(c.rules)) {
 		rule := c.rules[id]
 		for _, region := range regions {
-			if rep, ok := c.regionReport(rule, region, now); ok {
+			if rep, ok := c.regionReport(rule, region, replicas, now); ok {
 				c.alloc.Report(rule.ID, rep)
 			}
 		}
@@ -249,10 +253,10 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 // acknowledged is the oldest any replica acknowledges (each replica
 // enforces its own); what was used is the most any saw, if all speak of
 // the same window.
-func (c *Coordinator) regionReport(rule budget.Rule, region string, now time.Time) (budget.Report, bool) {
+func (c *Coordinator) regionReport(rule budget.Rule, region string, replicas []string, now time.Time) (budget.Report, bool) {
 	rep := budget.Report{Region: region}
 	found, sameEpoch, epoch := false, true, int64(0)
-	for _, id := range slices.Sorted(maps.Keys(c.replicas)) {
+	for _, id := range replicas {
 		r := c.replicas[id]
 		if r.region != region || now.Sub(r.heard) > c.replicaSilence() {
 			continue
@@ -474,10 +478,13 @@ func (c *Coordinator) Figures(now time.Time) map[string]map[string]Figure {
 // view returns the copy for the regions known now, rebuilt (keeping what
 // it held) when a region appears.
 func (c *Coordinator) view() *crdt.Counters {
-	regions := append(c.Regions(), Name)
-	slices.Sort(regions)
-	if c.usage != nil && slices.Equal(c.usageRegions, regions) {
+	if c.usage != nil && !c.newRegions {
 		return c.usage
+	}
+	c.newRegions = false
+	regions := append(c.Regions(), Name)
+	if c.usage != nil && len(regions) == len(c.usage.Regions()) {
+		return c.usage // the regions are fixed (Config.Regions), or none is new to the copy
 	}
 	u, err := crdt.NewCounters(Name, regions)
 	if err != nil {
@@ -486,7 +493,7 @@ func (c *Coordinator) view() *crdt.Counters {
 	if c.usage != nil {
 		u.Merge(c.usage.DeltaSince(0))
 	}
-	c.usage, c.usageRegions = u, regions
+	c.usage = u
 	return u
 }
 
