@@ -33,6 +33,12 @@ type Report struct {
 	UsedEpoch int64
 	// HasUsed says Used and UsedEpoch are filled in.
 	HasUsed bool
+	// PrevUsed is, for a sliding window, what the region counted in the
+	// window before UsedEpoch, as Used is measured (HasPrev says it is
+	// filled in): the estimate carries it, and without it the allocator
+	// keeps the region's mark of that window.
+	PrevUsed float64
+	HasPrev  bool
 }
 
 // Rule is what the allocator needs to know of a global rule.
@@ -61,6 +67,7 @@ type Allocator struct {
 type grant struct {
 	seq      uint64
 	fraction float64 // floor plus share
+	floor    float64 // what the region may use once it lapses
 	expires  time.Time
 }
 
@@ -82,6 +89,17 @@ type ruleState struct {
 	held    map[string]float64           // charged in heldEpoch
 	heldEp  int64
 	started bool
+
+	counters map[string]*ruleState // a rule's counters with budgets of their own, by key
+	counter  *counterState         // set on a counter's own budget
+}
+
+func newRuleState() *ruleState {
+	return &ruleState{
+		demand: map[string]float64{}, sample: map[string]float64{}, heard: map[string]time.Time{}, acked: map[string]uint64{}, used: map[string]Report{},
+		share: map[string]float64{}, grants: map[string][]grant{}, hw: map[int64]map[string]float64{}, past: map[int64]map[string]float64{},
+		debt: map[string]float64{}, held: map[string]float64{}, floors: map[string]float64{},
+	}
 }
 
 // NewAllocator returns an allocator with the given settings.
@@ -98,11 +116,7 @@ func (a *Allocator) Config() Config { return a.cfg }
 func (a *Allocator) state(id string) *ruleState {
 	s := a.rules[id]
 	if s == nil {
-		s = &ruleState{
-			demand: map[string]float64{}, sample: map[string]float64{}, heard: map[string]time.Time{}, acked: map[string]uint64{}, used: map[string]Report{},
-			share: map[string]float64{}, grants: map[string][]grant{}, hw: map[int64]map[string]float64{}, past: map[int64]map[string]float64{},
-			debt: map[string]float64{}, held: map[string]float64{}, floors: map[string]float64{},
-		}
+		s = newRuleState()
 		a.rules[id] = s
 	}
 	return s
@@ -110,8 +124,9 @@ func (a *Allocator) state(id string) *ruleState {
 
 // Report records a region's report on a rule, for the next Rebalance.
 // Negative or non-finite demand counts as none.
-func (a *Allocator) Report(rule string, r Report) {
-	s := a.state(rule)
+func (a *Allocator) Report(rule string, r Report) { a.state(rule).report(r) }
+
+func (s *ruleState) report(r Report) {
 	d := r.Demand
 	if !(d >= 0) || math.IsInf(d, 0) {
 		d = 0
@@ -120,6 +135,9 @@ func (a *Allocator) Report(rule string, r Report) {
 	if r.Acked > s.acked[r.Region] && r.Acked <= s.seq {
 		s.acked[r.Region] = r.Acked
 		if r.HasUsed && r.Used >= 0 && !math.IsInf(r.Used, 0) {
+			if !(r.PrevUsed >= 0) || math.IsInf(r.PrevUsed, 0) {
+				r.HasPrev = false
+			}
 			s.used[r.Region] = r
 		}
 	}
@@ -180,6 +198,82 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	floorOf := func(r string) float64 { return max(floor, s.floors[r], rule.Floors[r]) }
 
 	first, last := s.epoch(now.Add(-a.cfg.Skew)), s.epoch(now.Add(a.cfg.Skew))
+	s.open(first, last, regions, floorOf)
+	var before map[string][]grant
+	if len(s.counters) > 0 {
+		// The rule's leases as they were before this rebalance, lapsed
+		// ones included: counters whose regions may enforce them count
+		// them in the windows that have just begun.
+		before = make(map[string][]grant, len(s.grants))
+		for r, gs := range s.grants {
+			before[r] = slices.Clone(gs)
+		}
+	}
+	s.prune(now, a.cfg.Skew)
+	s.lower(first, last, floorOf)
+	s.takeDemand(now, regions, a.cfg.LeaseTTL, a.cfg.Smoothing)
+
+	distributable := max(0, 1-a.cfg.Reserve)
+	needs := make([]float64, len(regions))
+	weights := make([]float64, len(regions))
+	for i, r := range regions {
+		weights[i] = s.demand[r]
+		needs[i] = max(0, s.demand[r]-floor)
+	}
+	shares := s.steady(regions, waterFill(needs, weights, distributable), distributable, a.cfg.Hysteresis)
+	wants := make([]float64, len(regions))
+	for i := range regions {
+		wants[i] = floor + shares[i]
+	}
+	fractions := s.room(first, last, regions, floorOf, wants)
+	var seed map[int64]map[string]float64
+	for _, c := range s.counters {
+		if !c.counter.seeded {
+			// The marks before this rebalance's leases: what each
+			// region may have used of a counter that gets its budget
+			// now.
+			seed = map[int64]map[string]float64{}
+			for e := first; e <= last; e++ {
+				seed[e] = maps.Clone(s.hw[e])
+			}
+			break
+		}
+	}
+
+	ep := s.epoch(now)
+	newWindow := !s.started || ep != s.heldEp
+	if newWindow {
+		clear(s.held)
+		s.heldEp = ep
+	}
+	s.started = true
+	s.seq++
+	leases := make([]Lease, len(regions))
+	expires := now.Add(a.cfg.LeaseTTL)
+	for i, r := range regions {
+		f := max(fractions[i], floor)
+		s.share[r] = f - floor
+		s.floors[r] = max(s.floors[r], floor)
+		if newWindow && s.debt[r] > 0 {
+			h := min(s.debt[r], f)
+			s.held[r] = h
+			s.debt[r] -= h
+			if s.debt[r] <= eps {
+				delete(s.debt, r)
+			}
+		}
+		s.issue(r, grant{seq: s.seq, fraction: f, floor: floor, expires: expires}, first, last)
+		leases[i] = Lease{
+			Rule: rule.ID, Region: r, Seq: s.seq, Floor: floor, Share: f - floor,
+			Debt: s.held[r], Issued: now, Expires: expires,
+		}
+	}
+	return append(leases, a.rebalanceCounters(now, rule, s, regions, first, last, ruleBefore{before, seed, floorOf})...), nil
+}
+
+// open makes the high-water marks of the live windows first to last that
+// have none yet, and retires those of windows no longer live.
+func (s *ruleState) open(first, last int64, regions []string, floorOf func(string) float64) {
 	for e := first; e <= last; e++ {
 		if s.hw[e] != nil {
 			continue
@@ -200,6 +294,7 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 			hw[r] = floorOf(r)
 		}
 		for r, gs := range s.grants {
+			hw[r] = max(hw[r], floorOf(r))
 			for _, g := range gs {
 				if g.expires.After(start) {
 					hw[r] = max(hw[r], g.fraction)
@@ -226,20 +321,21 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 			delete(s.past, e)
 		}
 	}
-	s.prune(now, a.cfg.Skew)
-	s.lower(first, last, floorOf)
+}
 
+// takeDemand takes in the demand reported since the last rebalance.
+func (s *ruleState) takeDemand(now time.Time, regions []string, ttl time.Duration, smoothing float64) {
 	for _, r := range regions {
 		if _, ok := s.sample[r]; ok {
 			s.heard[r] = now
-		} else if h, ok := s.heard[r]; !ok || now.Sub(h) >= a.cfg.LeaseTTL {
+		} else if h, ok := s.heard[r]; !ok || now.Sub(h) >= ttl {
 			// Silent for a lease's life: cut off, or gone. It runs
 			// on its floor; its demand is not believed any more.
 			delete(s.demand, r)
 		}
 		if d, ok := s.sample[r]; ok {
 			if cur, seen := s.demand[r]; seen && d < cur {
-				s.demand[r] += a.cfg.Smoothing * (d - cur)
+				s.demand[r] += smoothing * (d - cur)
 			} else {
 				// A region short of budget must not wait for it.
 				s.demand[r] = d
@@ -247,21 +343,19 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 		}
 	}
 	clear(s.sample)
+}
 
-	distributable := max(0, 1-a.cfg.Reserve)
-	needs := make([]float64, len(regions))
-	weights := make([]float64, len(regions))
-	for i, r := range regions {
-		weights[i] = s.demand[r]
-		needs[i] = max(0, s.demand[r]-floor)
-	}
-	target := waterFill(needs, weights, distributable)
+// steady applies the hysteresis to target shares: a share moves only by
+// hysteresis or more. What holding shares back leaves over goes to those
+// held below their targets, in proportion to how far below they are, so
+// that no part of the limit is stranded.
+func (s *ruleState) steady(regions []string, target []float64, distributable, hysteresis float64) []float64 {
 	shares := make([]float64, len(regions))
 	sum := 0.0
 	for i, r := range regions {
 		cur, had := s.share[r]
 		shares[i] = target[i]
-		if had && math.Abs(target[i]-cur) < a.cfg.Hysteresis {
+		if had && math.Abs(target[i]-cur) < hysteresis {
 			shares[i] = cur
 		}
 		sum += shares[i]
@@ -269,9 +363,6 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	if sum > distributable+eps {
 		copy(shares, target)
 	} else if left := distributable - sum; left > eps {
-		// Hysteresis held some shares below their targets: what it
-		// left over goes to them, in proportion to how far below they
-		// are, so that no part of the limit is stranded.
 		gap := 0.0
 		for i := range shares {
 			gap += max(0, target[i]-shares[i])
@@ -282,9 +373,13 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 			}
 		}
 	}
+	return shares
+}
 
-	// Grant more only out of room that no region's high-water mark in
-	// a live window covers.
+// room returns the fraction each region may be granted, given what each
+// wants: no more than it wants, and more than its high-water mark in a
+// live window only out of room that no region's mark covers.
+func (s *ruleState) room(first, last int64, regions []string, floorOf func(string) float64, wants []float64) []float64 {
 	mark := func(r string) float64 {
 		m := floorOf(r)
 		for e := first; e <= last; e++ {
@@ -298,53 +393,31 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	for _, r := range slices.Sorted(maps.Keys(s.hwRegions(first, last, regions))) {
 		base += mark(r)
 	}
-	want := make([]float64, len(regions))
+	more := make([]float64, len(regions))
 	for i, r := range regions {
-		want[i] = max(0, floor+shares[i]-mark(r))
-		extra += want[i]
+		more[i] = max(0, wants[i]-mark(r))
+		extra += more[i]
 	}
 	scale := 1.0
 	if extra > 0 && base+extra > 1 {
 		scale = max(0, 1-base) / extra * (1 - eps)
 	}
-
-	ep := s.epoch(now)
-	newWindow := !s.started || ep != s.heldEp
-	if newWindow {
-		clear(s.held)
-		s.heldEp = ep
-	}
-	s.started = true
-	s.seq++
-	leases := make([]Lease, len(regions))
-	expires := now.Add(a.cfg.LeaseTTL)
+	out := make([]float64, len(regions))
 	for i, r := range regions {
-		m := mark(r)
-		f := floor + shares[i]
-		if f > m {
-			f = m + want[i]*scale
-		}
-		f = max(f, floor)
-		s.share[r] = f - floor
-		s.floors[r] = max(s.floors[r], floor)
-		if newWindow && s.debt[r] > 0 {
-			h := min(s.debt[r], f)
-			s.held[r] = h
-			s.debt[r] -= h
-			if s.debt[r] <= eps {
-				delete(s.debt, r)
-			}
-		}
-		s.grants[r] = append(s.grants[r], grant{seq: s.seq, fraction: f, expires: expires})
-		for e := first; e <= last; e++ {
-			s.hw[e][r] = max(s.hw[e][r], f)
-		}
-		leases[i] = Lease{
-			Rule: rule.ID, Region: r, Seq: s.seq, Floor: floor, Share: f - floor,
-			Debt: s.held[r], Issued: now, Expires: expires,
+		out[i] = wants[i]
+		if m := mark(r); out[i] > m {
+			out[i] = m + more[i]*scale
 		}
 	}
-	return leases, nil
+	return out
+}
+
+// issue records a grant to region r: it counts in every live window.
+func (s *ruleState) issue(r string, g grant, first, last int64) {
+	s.grants[r] = append(s.grants[r], g)
+	for e := first; e <= last; e++ {
+		s.hw[e][r] = max(s.hw[e][r], g.fraction)
+	}
 }
 
 // epoch is the index of the window that holds t.
@@ -423,10 +496,14 @@ func (s *ruleState) lower(first, last int64, floorOf func(string) float64) {
 			if e == rep.UsedEpoch || s.sliding {
 				m = max(m, rep.Used)
 			}
-			if s.sliding {
+			if s.sliding && e == rep.UsedEpoch && rep.HasPrev {
 				// A sliding estimate carries the window before, of
-				// which the region reported nothing: its mark stands,
-				// and without one nothing is lowered.
+				// which the region said what it counted.
+				m = max(m, rep.PrevUsed)
+			} else if s.sliding {
+				// It carries the window before, of which the region
+				// reported nothing: its mark stands, and without one
+				// nothing is lowered.
 				prev, ok := s.mark(e-1, r)
 				if !ok {
 					continue
@@ -462,15 +539,21 @@ func (s *ruleState) hwRegions(first, last int64, regions []string) map[string]bo
 // this allocator's first Rebalance of the rule.
 func (a *Allocator) Restore(rule string, leases []Lease) {
 	s := a.state(rule)
+	var counters []Lease
 	for _, l := range leases {
 		if l.Rule != rule && l.Rule != "" {
 			continue
 		}
 		s.seq = max(s.seq, l.Seq)
-		s.grants[l.Region] = append(s.grants[l.Region], grant{seq: l.Seq, fraction: l.Floor + l.Share, expires: l.Expires})
+		if l.Key != "" {
+			counters = append(counters, l)
+			continue
+		}
+		s.grants[l.Region] = append(s.grants[l.Region], grant{seq: l.Seq, fraction: l.Floor + l.Share, floor: l.Floor, expires: l.Expires})
 		s.floors[l.Region] = max(s.floors[l.Region], l.Floor)
 		s.share[l.Region] = l.Share
 	}
+	s.restoreCounterLeases(counters)
 	for r, gs := range s.grants {
 		slices.SortFunc(gs, func(x, y grant) int { return cmp.Compare(x.seq, y.seq) })
 		s.grants[r] = gs
@@ -508,6 +591,9 @@ type Snapshot struct {
 	// withheld in window HeldEpoch.
 	Debt, Held map[string]float64
 	HeldEpoch  int64
+	// Counters are the snapshots of the counters with budgets of their
+	// own, by key.
+	Counters map[string]CounterSnapshot
 }
 
 // Snapshot returns the rule's snapshot, to hand to RestoreSnapshot.
@@ -523,6 +609,12 @@ func (a *Allocator) Snapshot(rule string) Snapshot {
 	}
 	for e, hw := range s.hw {
 		out.Marks[e] = maps.Clone(hw)
+	}
+	if len(s.counters) > 0 {
+		out.Counters = make(map[string]CounterSnapshot, len(s.counters))
+		for k, c := range s.counters {
+			out.Counters[k] = c.counterSnapshot()
+		}
 	}
 	return out
 }
@@ -560,6 +652,10 @@ func (a *Allocator) RestoreSnapshot(rule string, snap Snapshot) {
 			}
 		}
 		s.heldEp, s.started = snap.HeldEpoch, true
+	}
+	for k, cs := range snap.Counters {
+		// Every one, whatever the cap: regions may hold their leases.
+		s.restoreCounter(k, cs)
 	}
 }
 

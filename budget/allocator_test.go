@@ -103,6 +103,9 @@ func TestStrictNeverOverCommits(t *testing.T) {
 					// What a region reports: its count in the window
 					// it is in, and only that.
 					rep.Used, rep.UsedEpoch, rep.HasUsed = m.used[e], e, true
+					if rule.Sliding && rapid.Bool().Draw(t, "prev") {
+						rep.PrevUsed, rep.HasPrev = m.used[e-1], true
+					}
 				} else {
 					rep.Acked = m.acked
 				}

@@ -31,6 +31,10 @@ type Config struct {
 	// Headroom is the fraction of the limit an elastic region leaves
 	// unborrowed when it borrows observed global slack. 0.01.
 	Headroom float64
+	// Counters is how many counters of a rule may have budgets of their
+	// own (see ReportCounter); 0 gives none: every counter is served by
+	// its rule's shares. 1000.
+	Counters int
 }
 
 // DefaultConfig returns the defaults the daemons use (docs/design.md).
@@ -42,6 +46,7 @@ func DefaultConfig() Config {
 		Hysteresis: 0.01,
 		Smoothing:  1,
 		Headroom:   0.01,
+		Counters:   DefaultMaxCounters,
 	}
 }
 
@@ -60,6 +65,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: smoothing %v: want more than 0, at most 1", ErrInvalidConfig, c.Smoothing)
 	case !(c.Headroom >= 0 && c.Headroom < 1):
 		return fmt.Errorf("%w: headroom %v: want 0 to 1", ErrInvalidConfig, c.Headroom)
+	case c.Counters < 0 || c.Counters > MaxCounters:
+		return fmt.Errorf("%w: counters %d: want 0 to %d", ErrInvalidConfig, c.Counters, MaxCounters)
 	}
 	return nil
 }

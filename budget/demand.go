@@ -15,6 +15,8 @@ const DemandSpan = time.Second
 // limits, as it reports it) into a rate in limits per window, over the
 // reports of about the last DemandSpan. The zero value is ready to use.
 type DemandRate struct {
+	// Span is how far back the rate looks; 0 means DemandSpan.
+	Span    time.Duration
 	samples []demandSample // oldest first
 	rate    float64
 	last    time.Time
@@ -33,9 +35,13 @@ func (d *DemandRate) Add(total float64, window time.Duration, now time.Time) {
 	}
 	d.samples = append(d.samples, demandSample{total, now})
 	d.last = now
-	// Keep one sample at least DemandSpan old, as the base.
+	// Keep one sample at least the span old, as the base.
+	span := d.Span
+	if span <= 0 {
+		span = DemandSpan
+	}
 	drop := 0
-	for drop+1 < len(d.samples) && now.Sub(d.samples[drop+1].at) >= DemandSpan {
+	for drop+1 < len(d.samples) && now.Sub(d.samples[drop+1].at) >= span {
 		drop++
 	}
 	d.samples = d.samples[drop:]

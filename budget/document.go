@@ -31,6 +31,22 @@ type Document struct {
 	// window that ended by then is reconciled, and a leader taking over
 	// does not count it again.
 	BooksClosed time.Time `json:"books_closed,omitzero"`
+	// Counters are the leases of the rule's counters with budgets of
+	// their own, by counter key (within the rule), then region; they all
+	// expire at CounterExpires. A region enforces them on those counters,
+	// and the rule's lease on the others.
+	Counters       map[string]map[string]CounterLeaseDoc `json:"counters,omitempty"`
+	CounterExpires time.Time                             `json:"counter_expires,omitzero"`
+	// CounterSnapshots are the allocator's snapshots of those counters.
+	CounterSnapshots map[string]CounterSnapshot `json:"counter_snapshots,omitempty"`
+}
+
+// CounterLeaseDoc is one region's lease of a counter's own budget, or,
+// with Released set, word that the counter goes back to the rule then.
+type CounterLeaseDoc struct {
+	Floor    float64   `json:"floor,omitempty"`
+	Share    float64   `json:"share,omitempty"`
+	Released time.Time `json:"released,omitzero"`
 }
 
 // LeaseDoc is one region's lease in a Document.
@@ -46,14 +62,47 @@ func NewDocument(leader string, leases []Lease) Document {
 	d := Document{Leader: leader, Leases: make(map[string]LeaseDoc, len(leases))}
 	for _, l := range leases {
 		d.Rule, d.Seq, d.Issued = l.Rule, l.Seq, l.Issued
+		if l.Key != "" {
+			if d.Counters == nil {
+				d.Counters = map[string]map[string]CounterLeaseDoc{}
+			}
+			if d.Counters[l.Key] == nil {
+				d.Counters[l.Key] = map[string]CounterLeaseDoc{}
+			}
+			d.Counters[l.Key][l.Region] = CounterLeaseDoc{Floor: l.Floor, Share: l.Share, Released: l.Released}
+			if l.Released.IsZero() {
+				d.CounterExpires = l.Expires
+			}
+			continue
+		}
 		d.Leases[l.Region] = LeaseDoc{Floor: l.Floor, Share: l.Share, Debt: l.Debt, Expires: l.Expires}
 	}
 	return d
 }
 
+// CounterLeases returns the document's leases of counters with budgets of
+// their own, by key then region.
+func (d Document) CounterLeases() []Lease {
+	var out []Lease
+	for key, byRegion := range d.Counters {
+		for r, c := range byRegion {
+			l := Lease{Rule: d.Rule, Key: key, Region: r, Seq: d.Seq, Floor: c.Floor, Share: c.Share, Issued: d.Issued, Released: c.Released}
+			if c.Released.IsZero() {
+				l.Expires = d.CounterExpires
+			}
+			out = append(out, l)
+		}
+	}
+	slices.SortFunc(out, func(a, b Lease) int {
+		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Region, b.Region))
+	})
+	return out
+}
+
 // SetSnapshot puts an allocator's snapshot in the document.
 func (d *Document) SetSnapshot(s Snapshot) {
 	d.Acked, d.Debt, d.Held, d.HeldEpoch = s.Acked, s.Debt, s.Held, s.HeldEpoch
+	d.CounterSnapshots = s.Counters
 	d.Marks = make(map[string]map[string]float64, len(s.Marks))
 	for e, m := range s.Marks {
 		d.Marks[strconv.FormatInt(e, 10)] = m
@@ -63,7 +112,7 @@ func (d *Document) SetSnapshot(s Snapshot) {
 // Snapshot returns the allocator's snapshot the document carries.
 func (d Document) Snapshot() Snapshot {
 	s := Snapshot{Acked: d.Acked, Marks: make(map[int64]map[string]float64, len(d.Marks)),
-		Debt: d.Debt, Held: d.Held, HeldEpoch: d.HeldEpoch}
+		Debt: d.Debt, Held: d.Held, HeldEpoch: d.HeldEpoch, Counters: d.CounterSnapshots}
 	for e, m := range d.Marks {
 		if n, err := strconv.ParseInt(e, 10, 64); err == nil {
 			s.Marks[n] = m
@@ -109,6 +158,21 @@ func DecodeDocument(b []byte) (Document, error) {
 			return d, fmt.Errorf("%w: %s: lease of %s out of range: %+v", ErrInvalidDocument, d.Rule, r, l)
 		}
 	}
+	if len(d.Counters) > MaxCounters || len(d.CounterSnapshots) > MaxCounters {
+		return d, fmt.Errorf("%w: %s: counters: %d, more than %d", ErrInvalidDocument, d.Rule, max(len(d.Counters), len(d.CounterSnapshots)), MaxCounters)
+	}
+	for key, byRegion := range d.Counters {
+		sum := 0.0
+		for r, l := range byRegion {
+			if !(l.Floor >= 0 && l.Share >= 0 && l.Floor+l.Share <= 1+1e-9) {
+				return d, fmt.Errorf("%w: %s: counter %q: lease of %s out of range: %+v", ErrInvalidDocument, d.Rule, key, r, l)
+			}
+			sum += l.Floor + l.Share
+		}
+		if sum > 1+1e-6 {
+			return d, fmt.Errorf("%w: %s: counter %q: leases sum to %v of the limit", ErrInvalidDocument, d.Rule, key, sum)
+		}
+	}
 	return d, nil
 }
 
@@ -125,7 +189,7 @@ func (a *Allocator) RestoreHistory(history []Document) {
 	latest := history[len(history)-1]
 	var live []Lease
 	for _, d := range history {
-		for _, l := range d.All() {
+		for _, l := range append(d.All(), d.CounterLeases()...) {
 			if l.Expires.After(latest.Issued.Add(-a.cfg.Skew)) {
 				live = append(live, l)
 			}

@@ -5,7 +5,11 @@ import "time"
 // Lease is one region's budget for one global rule: it may admit, in every
 // window, up to Allowance of the rule's limit while the lease holds.
 type Lease struct {
-	Rule   string
+	Rule string
+	// Key is the counter (its key within the rule) of a lease of a
+	// counter's own budget, empty for the rule's lease, which serves its
+	// other counters.
+	Key    string
 	Region string
 	// Seq numbers the rule's rebalances: a newer lease has a larger Seq. A
 	// region reports the newest it holds (Report.Acked), which lets the
@@ -19,6 +23,11 @@ type Lease struct {
 	Debt    float64
 	Issued  time.Time
 	Expires time.Time
+	// Released, on a lease of a counter's own budget (Key), says the
+	// counter has no more leases: the region enforces the one it holds
+	// (or its floor) until then, and its rule's lease from then on. Floor,
+	// Share and Expires are unset.
+	Released time.Time
 }
 
 // Allowance is the fraction of the limit the lease lets its region admit

@@ -119,6 +119,7 @@ func New(cfg Config, rules *RuleSet) *Engine {
 		panic(err)
 	}
 	e.global = g
+	g.startedUs = e.now().UnixMicro()
 	e.local = NewMemoryStore(e.now)
 	e.local.SetRegion(e.cfg.Region)
 	e.store, e.shared = cfg.Store, cfg.Store != nil

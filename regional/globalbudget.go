@@ -87,6 +87,9 @@ type globalState struct {
 	freshUntil atomic.Int64
 
 	expired atomic.Int64 // µs of the last expireGlobal
+
+	budgets   counterBudgets
+	startedUs int64 // when the engine began counting, µs
 }
 
 type heldLease struct {
@@ -107,6 +110,7 @@ type ruleDemand struct {
 	admitted, denied atomic.Int64
 	usedEpoch        atomic.Int64 // the window used is about, µs since the epoch / window
 	used             atomic.Int64 // the most any counter used in it, millionths
+	prevUsed         atomic.Int64 // the same of the window before, or -1: unknown
 }
 
 func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
@@ -142,6 +146,8 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 		}
 	}
 	g.leases.Store(new(map[string]*heldLease))
+	g.budgets.held.Store(new(map[string]*heldCounter))
+	g.budgets.docSeq = map[string]uint64{}
 	return g, nil
 }
 
@@ -365,17 +371,23 @@ func (e *Engine) GlobalAllowance(rule string) (float64, bool) {
 		return 0, false
 	}
 	now := e.now()
-	frac, _ := e.allowance(r, now)
+	frac, _ := e.allowance(r, nil, now)
 	h := (*e.global.leases.Load())[rule]
 	return frac, h != nil && h.lease.Holds(now)
 }
 
 // allowance is the fraction of a global rule's limit the region may admit
-// at now, and the part of it withheld as debt.
-func (e *Engine) allowance(r *Rule, now time.Time) (float64, float64) {
+// of a counter (key; nil: one with no budget of its own) at now, and the
+// part of it withheld as debt.
+func (e *Engine) allowance(r *Rule, key []byte, now time.Time) (float64, float64) {
 	g := e.global
 	if g.alone {
 		return 1, 0
+	}
+	if key != nil {
+		if h := g.counter(key, now); h != nil {
+			return e.counterAllowance(h, r, now), 0
+		}
 	}
 	var l *budget.Lease
 	if h := (*g.leases.Load())[r.ID]; h != nil {
@@ -399,7 +411,7 @@ func (e *Engine) allowance(r *Rule, now time.Time) (float64, float64) {
 // allowance, as in strict mode.
 func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	limit := float64(op.Params.Limit)
-	frac, debt := e.allowance(r, now)
+	frac, debt := e.allowance(r, op.Key, now)
 	op.Global = true
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
@@ -434,19 +446,31 @@ func (e *Engine) noteGlobal(it *item, allowed bool) {
 	}
 	d := e.ruleDemand(it.rule.ID)
 	units := it.cost * 1e6 / max(1, it.params.Limit)
-	switch {
-	case r.Allowed && allowed:
-		d.admitted.Add(units)
-	case !r.Allowed:
-		d.denied.Add(units)
+	admitted, denied := r.Allowed && allowed, !r.Allowed
+	now := e.now()
+	if e.global.counter(it.key, now) != nil {
+		// A budget of its own: its demand is its own, not the rule's.
+		e.trackCounter(it, admitted, denied, now.UnixMicro())
+	} else {
+		switch {
+		case admitted:
+			d.admitted.Add(units)
+		case denied:
+			d.denied.Add(units)
+			e.trackCounter(it, false, true, now.UnixMicro()) // a candidate
+		}
 	}
 	if it.cached || it.storeNow == 0 {
 		return // answered without the store: no slot, no window
 	}
 	own := int64(float64(int64(r.OwnP)-int64(r.OwnN)) * 1e6 / float64(max(1, it.params.Limit)))
 	ep := start / window
-	if d.usedEpoch.Load() != ep {
-		d.usedEpoch.Store(ep)
+	if old := d.usedEpoch.Load(); old != ep && d.usedEpoch.CompareAndSwap(old, ep) {
+		prev := int64(-1)
+		if old == ep-1 {
+			prev = d.used.Load()
+		}
+		d.prevUsed.Store(prev)
 		d.used.Store(0)
 	}
 	for {
@@ -461,7 +485,9 @@ func (e *Engine) ruleDemand(id string) *ruleDemand {
 	if d, ok := e.global.demand.Load(id); ok {
 		return d.(*ruleDemand)
 	}
-	d, _ := e.global.demand.LoadOrStore(id, new(ruleDemand))
+	nd := new(ruleDemand)
+	nd.prevUsed.Store(-1)
+	d, _ := e.global.demand.LoadOrStore(id, nd)
 	return d.(*ruleDemand)
 }
 
@@ -471,9 +497,11 @@ type Demand struct {
 	Admitted, Denied float64
 	// Used is the most the region used of any counter of the rule in
 	// window UsedEpoch (window start / window length), as a fraction of
-	// its limit.
+	// its limit; PrevUsed, with HasPrev, in the window before.
 	Used      float64
 	UsedEpoch int64
+	PrevUsed  float64
+	HasPrev   bool
 }
 
 // RuleReport is what a replica reports of one global rule, for globalsync
@@ -491,16 +519,23 @@ type RuleReport struct {
 	// limited by tier: a region that has not yet heard of a lower limit
 	// still allows itself its floor of the higher one.
 	Limit int64
+	// Counters reports the rule's counters on their own: those with
+	// budgets of their own, and those denied under the rule's lease.
+	Counters []CounterReport
 }
 
 // GlobalReport reports every global rule in force.
 func (e *Engine) GlobalReport() []RuleReport {
 	var out []RuleReport
+	now := e.now()
 	for _, r := range e.GlobalRules() {
 		rep := RuleReport{Rule: r.ID, Demand: e.Demand(r.ID), Window: time.Duration(r.Base.Window) * time.Microsecond,
 			Algorithm: r.Base.Algorithm, Limit: r.Base.Limit}
 		if _, acked, ok := e.Lease(r.ID); ok {
 			rep.Acked = acked
+		}
+		if !e.global.alone {
+			rep.Counters = e.counterReports(r, now)
 		}
 		out = append(out, rep)
 	}
@@ -510,8 +545,12 @@ func (e *Engine) GlobalReport() []RuleReport {
 // Demand returns the demand counted for a global rule.
 func (e *Engine) Demand(rule string) Demand {
 	d := e.ruleDemand(rule)
-	return Demand{Admitted: float64(d.admitted.Load()) / 1e6, Denied: float64(d.denied.Load()) / 1e6,
+	out := Demand{Admitted: float64(d.admitted.Load()) / 1e6, Denied: float64(d.denied.Load()) / 1e6,
 		Used: float64(d.used.Load()) / 1e6, UsedEpoch: d.usedEpoch.Load()}
+	if p := d.prevUsed.Load(); p >= 0 {
+		out.PrevUsed, out.HasPrev = float64(p)/1e6, true
+	}
+	return out
 }
 
 // MergeRemote takes in another region's delta: into the engine's copy of

@@ -187,7 +187,7 @@ func Arrivals(sc *Scenario, seed uint64) []Arrival {
 	var srcs []regionSource
 	count := make([]int, len(sc.Regions))
 	for _, t := range sc.Traffic {
-		trafficSources(t, sc.Duration, func(r string) *rand.Rand { return sourceRand(seed, idx[r], count[idx[r]]) },
+		trafficSources(t, sc.Regions, sc.Duration, func(r string) *rand.Rand { return sourceRand(seed, idx[r], count[idx[r]]) },
 			func(r string, src *source) { srcs = append(srcs, regionSource{idx[r], src}); count[idx[r]]++ })
 	}
 	var out []Arrival

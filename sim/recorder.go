@@ -68,7 +68,9 @@ func (rec *recorder) sample(r *region) {
 		rec.samples = append(rec.samples, Sample{At: s.now, Shares: make([]float64, len(s.regions)), Leased: make([]bool, len(s.regions))})
 	}
 	smp := &rec.samples[len(rec.samples)-1]
-	share, holds := r.engine.GlobalAllowance(ruleID)
+	// Key 0 is the busiest counter of every scenario: with a budget of
+	// its own, its allowance is what the region gives it.
+	share, holds := r.engine.CounterAllowance(ruleID, s.keys[0])
 	smp.Shares[r.idx], smp.Leased[r.idx] = share, holds
 	if r.holding && !holds {
 		rec.expiries = append(rec.expiries, Expiry{At: s.now, Region: r.name})

@@ -92,11 +92,7 @@ func (r *region) step(m gossip.Message) { r.ticks.step(m) }
 
 func (r *region) listens(subject string) bool { return r.ticks.listens(subject) }
 
-func (r *region) budget(doc budget.Document) {
-	for _, l := range doc.All() {
-		r.engine.SetLease(l)
-	}
-}
+func (r *region) budget(doc budget.Document) { r.engine.SetBudget(doc) }
 
 // ticker runs an endpoint's gossip node in virtual time: a tick at every
 // time the node has something due, and the messages it returns onto the
@@ -177,6 +173,12 @@ type source struct {
 	zipf *rand.Zipf
 	hot  float64
 	rng  *rand.Rand
+	// homed: a key drawn is kept with probability keep[0] if the source's
+	// region (home of n) is its home, keep[1] if not.
+	homed      bool
+	home, n    int
+	keepAtHome float64
+	keepAway   float64
 }
 
 // gap draws the next arrival after t by thinning: candidates come at the
@@ -199,6 +201,22 @@ func (src *source) gap(t time.Duration) time.Duration {
 }
 
 func (src *source) key() int {
+	if src.homed {
+		for {
+			k := src.draw()
+			keep := src.keepAway
+			if k%src.n == src.home {
+				keep = src.keepAtHome
+			}
+			if keep >= 1 || src.rng.Float64() < keep {
+				return k
+			}
+		}
+	}
+	return src.draw()
+}
+
+func (src *source) draw() int {
 	switch {
 	case src.hot > 0 && src.rng.Float64() < src.hot:
 		return 0
@@ -213,7 +231,7 @@ func (src *source) key() int {
 
 // addTraffic turns a traffic spec into sources at its regions.
 func (s *sim) addTraffic(t TrafficSpec) {
-	trafficSources(t, s.duration, func(region string) *rand.Rand {
+	trafficSources(t, s.sc.Regions, s.duration, func(region string) *rand.Rand {
 		r := s.byName[region]
 		return sourceRand(s.seed, r.idx, len(r.srcs))
 	}, func(region string, src *source) { r := s.byName[region]; r.srcs = append(r.srcs, src) })
@@ -227,16 +245,53 @@ func sourceRand(seed uint64, region, n int) *rand.Rand {
 
 // trafficSources makes the sources of a traffic spec, each drawing from
 // the rng it is given for it, and gives them to add.
-func trafficSources(t TrafficSpec, end time.Duration, rng func(region string) *rand.Rand, add func(region string, src *source)) {
-	source := func(region string, peak float64, rate func(time.Duration) float64) {
+func trafficSources(t TrafficSpec, regions []string, end time.Duration, rng func(region string) *rand.Rand, add func(region string, src *source)) {
+	newSource := func(region string, peak float64, rate func(time.Duration) float64) *source {
 		r := rng(region)
 		src := &source{rate: rate, peak: peak, end: end, keys: t.Keys, hot: t.Hot, rng: r}
 		if t.Zipf > 0 && t.Keys > 1 {
 			src.zipf = rand.NewZipf(r, t.Zipf, 1, uint64(t.Keys-1))
 		}
-		add(region, src)
+		return src
+	}
+	source := func(region string, peak float64, rate func(time.Duration) float64) {
+		add(region, newSource(region, peak, rate))
 	}
 	switch t.Kind {
+	case "tenants":
+		n := len(regions)
+		atHome, away := t.Home, 0.0
+		if n > 1 {
+			away = (1 - t.Home) / float64(n-1)
+		} else {
+			atHome = 1
+		}
+		// Each region's part of the requests: the keys' weights, by
+		// Zipf's law or evenly, at home or away.
+		part := make([]float64, n)
+		total := 0.0
+		for k := range t.Keys {
+			w := 1.0
+			if t.Zipf > 0 && t.Keys > 1 {
+				w = math.Pow(float64(1+k), -t.Zipf)
+			}
+			total += w
+			for i := range part {
+				if k%n == i {
+					part[i] += w * atHome
+				} else {
+					part[i] += w * away
+				}
+			}
+		}
+		most := max(atHome, away)
+		for i, name := range regions {
+			rate := t.Rate * part[i] / total
+			src := newSource(name, rate, func(time.Duration) float64 { return rate })
+			src.homed, src.home, src.n = true, i, n
+			src.keepAtHome, src.keepAway = atHome/most, away/most
+			add(name, src)
+		}
 	case "steady":
 		source(t.Region, t.Rate, func(time.Duration) float64 { return t.Rate })
 	case "shift":

@@ -72,6 +72,18 @@ type Window struct {
 	// it might admit (its allowance) in the middle of the window.
 	ByRegion []int64
 	Shares   []float64
+	// Tenants is how the counters asked for more than their limit in the
+	// window fared: admitted ÷ limit, over those counters.
+	Tenants TenantUse
+}
+
+// TenantUse is the distribution of admitted ÷ limit over the counters of
+// a window asked for more than their limit.
+type TenantUse struct {
+	Count          int
+	Min, P5, P50   float64
+	Worst          string // the key of the one that got least
+	worstKey, seen int
 }
 
 // OverPct is the worst counter's over-admission, percent of the limit.
@@ -123,6 +135,7 @@ func (s *sim) report() *Report {
 		start := time.UnixMicro(e * s.window).Sub(epoch0)
 		win := Window{Start: start, Full: start >= 0 && start+w <= s.duration, ByRegion: make([]int64, len(s.regions))}
 		if g := s.truth.global[e]; g != nil {
+			win.Tenants = s.tenantUse(g)
 			for k, n := range g.admitted {
 				adm := int64(n)
 				if adm > 0 {
@@ -150,6 +163,31 @@ func (s *sim) report() *Report {
 		rep.Windows = append(rep.Windows, win)
 	}
 	return rep
+}
+
+// tenantUse is how the counters asked for more than the limit in a window
+// fared.
+func (s *sim) tenantUse(g *counterCounts) TenantUse {
+	limit := s.sc.Rule.Limit
+	var use []float64
+	var out TenantUse
+	for k, n := range g.admitted {
+		if int64(n)+int64(g.denied[k]) <= limit {
+			continue
+		}
+		u := float64(n) / float64(limit)
+		if len(use) == 0 || u < out.Min {
+			out.Min, out.worstKey = u, k
+		}
+		use = append(use, u)
+	}
+	if len(use) == 0 {
+		return out
+	}
+	slices.Sort(use)
+	out.Count, out.P5, out.P50 = len(use), use[len(use)*5/100], use[len(use)/2]
+	out.Worst = s.keys[out.worstKey]
+	return out
 }
 
 // sharesAt returns the sample nearest before t.
@@ -214,6 +252,24 @@ func (r *Report) WriteText(w io.Writer) error {
 		b.WriteString("\n")
 	}
 	b.WriteString("(* a window the run covers in part; admitted: the busiest counter; region columns: the share of the limit each region might admit mid-window)\n\n")
+	tenants := false
+	for _, win := range r.Windows {
+		tenants = tenants || win.Tenants.Count > 0
+	}
+	if tenants {
+		b.WriteString("counters asked for more than the limit, what they admitted of it:\n")
+		fmt.Fprintf(&b, "%-8s %8s %7s %7s %7s  %s\n", "window", "counters", "least", "p5", "median", "least admitted by")
+		for _, win := range r.Windows {
+			if t := win.Tenants; t.Count > 0 {
+				mark := " "
+				if !win.Full {
+					mark = "*"
+				}
+				fmt.Fprintf(&b, "%-7s%s %8d %6.1f%% %6.1f%% %6.1f%%  %s\n", clockString(win.Start), mark, t.Count, 100*t.Min, 100*t.P5, 100*t.P50, t.Worst)
+			}
+		}
+		b.WriteString("\n")
+	}
 	worst, over, overWindows := r.WorstOverPct(), int64(0), 0
 	for _, win := range r.Windows {
 		over += win.OverTotal

@@ -125,6 +125,11 @@ type TrafficSpec struct {
 	Zipf float64 `yaml:"zipf"`
 	// Hot sends this fraction of the requests to key 0 (a hot key).
 	Hot float64 `yaml:"hot"`
+	// Home, for kind tenants, is the fraction of each key's requests that
+	// arrive at its home region (key i lives in region i mod n, in the
+	// order of the scenario's regions); the rest spread evenly over the
+	// others. A tenants source names no region: Rate is its total.
+	Home float64 `yaml:"home"`
 }
 
 // FaultSpec is one fault, or the end of one.
@@ -161,6 +166,10 @@ type ExpectSpec struct {
 	UtilizationFrom time.Duration `yaml:"utilization_from"`
 	// UtilizationUntil ends that check (0: the end).
 	UtilizationUntil time.Duration `yaml:"utilization_until"`
+	// TenantUtilization, if set, is the fraction of the limit every
+	// counter asked for more than its limit in a full window must admit
+	// in it, from UtilizationFrom on (see Window.Tenants).
+	TenantUtilization float64 `yaml:"tenant_utilization"`
 }
 
 // MaxKeys bounds a source's keys.
@@ -349,8 +358,19 @@ func (s *Scenario) check(src string) error {
 }
 
 func (t *TrafficSpec) check(src, field string, region func(string, string) error) error {
-	if err := region(field+".region", t.Region); err != nil {
+	if t.Kind == "tenants" {
+		switch {
+		case t.Region != "":
+			return invalid(src, field+".region", "%q: a tenants source spans every region", t.Region)
+		case !(t.Home > 0 && t.Home <= 1):
+			return invalid(src, field+".home", "%v: want more than 0, at most 1", t.Home)
+		case t.Hot != 0:
+			return invalid(src, field+".hot", "%v: a tenants source has no hot key", t.Hot)
+		}
+	} else if err := region(field+".region", t.Region); err != nil {
 		return err
+	} else if t.Home != 0 {
+		return invalid(src, field+".home", "%v: only a tenants source has homes", t.Home)
 	}
 	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 	switch {
@@ -364,7 +384,7 @@ func (t *TrafficSpec) check(src, field string, region func(string, string) error
 		return invalid(src, field+".hot", "%v: want 0 to 1", t.Hot)
 	}
 	switch t.Kind {
-	case "steady":
+	case "steady", "tenants":
 	case "shift":
 		if err := region(field+".to", t.To); err != nil {
 			return err
@@ -390,7 +410,7 @@ func (t *TrafficSpec) check(src, field string, region func(string, string) error
 			return invalid(src, field+".phase", "%v: want a number", t.Phase)
 		}
 	default:
-		return invalid(src, field+".kind", "%q: want steady, shift, diurnal or flash", t.Kind)
+		return invalid(src, field+".kind", "%q: want steady, shift, diurnal, flash or tenants", t.Kind)
 	}
 	return nil
 }

@@ -24,6 +24,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs in testd
 var ciDuration = map[string]time.Duration{
 	"million":   300 * time.Millisecond,
 	"many-keys": 4 * time.Second,
+	"tenants":   2 * time.Second,
 }
 
 // TestScenarios runs every built-in scenario in each of its modes: its
@@ -124,6 +125,22 @@ func checkGuarantees(t *testing.T, sc *Scenario, rep *Report) {
 				t.Errorf("window %s: admitted %d of %d (%.1f%%), want at least %.0f%%", clockString(w.Start), w.Admitted, rep.Limit,
 					100*w.Utilization(rep.Limit), 100*u)
 			}
+		}
+	}
+	if u := sc.Expect.TenantUtilization; u > 0 && rep.Mode == "strict" {
+		seen := false
+		for _, w := range rep.Windows {
+			if !w.Full || w.Start < sc.Expect.UtilizationFrom || w.Tenants.Count == 0 {
+				continue
+			}
+			seen = true
+			if w.Tenants.Min < u {
+				t.Errorf("window %s: %s admitted %.1f%% of its limit, asked for more; want at least %.0f%% for every such counter (%d of them, median %.1f%%)",
+					clockString(w.Start), w.Tenants.Worst, 100*w.Tenants.Min, 100*u, w.Tenants.Count, 100*w.Tenants.P50)
+			}
+		}
+		if !seen && rep.Duration >= sc.Expect.UtilizationFrom+rep.Window {
+			t.Error("no counter was asked for more than its limit in a full window: the scenario checks nothing")
 		}
 	}
 	// Every window whose books globalsync closed: what it found over is
@@ -457,5 +474,34 @@ func TestRunsTheDaemonsCode(t *testing.T) {
 				t.Errorf("sim depends on %s", d)
 			}
 		}
+	}
+}
+
+// TestTenantsGetTheirLimit runs the tenants scenario scaled down (500
+// tenants, 10,000 requests a second, three minutes), in strict mode: every
+// tenant asked for more than its limit in a full window gets at least 97%
+// of it, wherever its traffic is, and none more.
+func TestTenantsGetTheirLimit(t *testing.T) {
+	sc, err := Load("tenants")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Duration = 3 * time.Minute
+	sc.Rule.Limit = 6000
+	sc.Traffic[0].Keys, sc.Traffic[0].Rate = 500, 10_000
+	rep, err := Run(sc, "strict", 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGuarantees(t, sc, rep)
+	for _, w := range rep.Windows {
+		if w.Full && w.Start >= sc.Expect.UtilizationFrom && w.Tenants.Count < 5 {
+			t.Errorf("window %s: %d tenants asked for more than their limit, want a few more to check", clockString(w.Start), w.Tenants.Count)
+		}
+	}
+	if t.Failed() {
+		var b strings.Builder
+		rep.WriteText(&b)
+		t.Log(b.String())
 	}
 }

@@ -118,7 +118,22 @@ type demandTrack struct {
 	last     gossip.RuleReport
 	rate     budget.DemandRate
 	admitted budget.DemandRate // what was admitted, for the dashboard
+	counters map[string]*counterTrack
 }
+
+// counterTrack is a replica's last report on a counter on its own.
+type counterTrack struct {
+	last gossip.CounterReport
+	rate budget.DemandRate
+}
+
+// CounterDemandSpan is how far back a counter's demand rate looks: a
+// tenant's traffic in a region it visits now and then is sparse, and a
+// rate over a second follows its noise.
+const CounterDemandSpan = 3 * time.Second
+
+// maxCounterKey bounds a counter's key in a heartbeat.
+const maxCounterKey = 1024
 
 // New returns a coordinator that follows (see Restore).
 func New(cfg Config) (*Coordinator, error) {
@@ -173,7 +188,35 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 		t.last = rep
 		t.rate.Add(rep.Admitted+rep.Denied, window, now)
 		t.admitted.Add(rep.Admitted, window, now)
+		c.trackCounters(t, rep.Counters, window, now)
 	}
+}
+
+// trackCounters takes in a replica's reports on a rule's counters on their
+// own; counters it no longer reports are forgotten (a replica reports
+// every counter it holds a lease of).
+func (c *Coordinator) trackCounters(t *demandTrack, reps map[string]gossip.CounterReport, window time.Duration, now time.Time) {
+	if len(reps) == 0 {
+		t.counters = nil
+		return
+	}
+	next := make(map[string]*counterTrack, min(len(reps), budget.MaxCounters))
+	for key, rep := range reps {
+		if len(next) >= budget.MaxCounters {
+			break
+		}
+		if key == "" || len(key) > maxCounterKey {
+			continue
+		}
+		ct := t.counters[key]
+		if ct == nil {
+			ct = &counterTrack{rate: budget.DemandRate{Span: CounterDemandSpan}}
+		}
+		ct.last = rep
+		ct.rate.Add(rep.Admitted+rep.Denied, window, now)
+		next[key] = ct
+	}
+	t.counters = next
 }
 
 // Leading reports whether the coordinator leads.
@@ -224,6 +267,9 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 			if rep, ok := c.regionReport(rule, region, replicas, now); ok {
 				c.alloc.Report(rule.ID, rep)
 			}
+			for key, rep := range c.counterReports(rule, region, replicas, now) {
+				c.alloc.ReportCounter(rule.ID, key, rep)
+			}
 		}
 		if !c.reported(rule, now) {
 			// No replica has reported the rule for long (every lease
@@ -255,7 +301,7 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 // the same window.
 func (c *Coordinator) regionReport(rule budget.Rule, region string, replicas []string, now time.Time) (budget.Report, bool) {
 	rep := budget.Report{Region: region}
-	found, sameEpoch, epoch := false, true, int64(0)
+	found, sameEpoch, epoch, hasPrev := false, true, int64(0), true
 	for _, id := range replicas {
 		r := c.replicas[id]
 		if r.region != region || now.Sub(r.heard) > c.replicaSilence() {
@@ -277,9 +323,71 @@ func (c *Coordinator) regionReport(rule budget.Rule, region string, replicas []s
 		if t.last.UsedEpoch != epoch {
 			sameEpoch = false
 		}
+		if t.last.PrevUsed == nil {
+			hasPrev = false
+		} else {
+			rep.PrevUsed = max(rep.PrevUsed, *t.last.PrevUsed)
+		}
 	}
 	rep.UsedEpoch, rep.HasUsed = epoch, found && sameEpoch && rep.Acked > 0
+	rep.HasPrev = rep.HasUsed && hasPrev
 	return rep, found
+}
+
+// counterReports sums a region's live replicas' reports on the counters of
+// a rule on their own, as regionReport does for the rule; a live replica
+// that reports the rule but not a counter acknowledges none of its leases.
+func (c *Coordinator) counterReports(rule budget.Rule, region string, replicas []string, now time.Time) map[string]budget.Report {
+	type acc struct {
+		rep       budget.Report
+		n         int
+		sameEpoch bool
+		hasPrev   bool
+	}
+	all := map[string]*acc{}
+	live := 0
+	for _, id := range replicas {
+		r := c.replicas[id]
+		if r.region != region || now.Sub(r.heard) > c.replicaSilence() {
+			continue
+		}
+		t := r.rules[rule.ID]
+		if t == nil {
+			continue
+		}
+		live++
+		for key, ct := range t.counters {
+			a := all[key]
+			if a == nil {
+				a = &acc{rep: budget.Report{Region: region, Acked: ct.last.Acked, UsedEpoch: ct.last.UsedEpoch}, sameEpoch: true, hasPrev: true}
+				all[key] = a
+			}
+			a.n++
+			if now.Sub(r.heard) <= c.demandSilence() {
+				a.rep.Demand += ct.rate.Rate()
+			}
+			a.rep.Acked = min(a.rep.Acked, ct.last.Acked)
+			a.rep.Used = max(a.rep.Used, ct.last.Used)
+			if ct.last.UsedEpoch != a.rep.UsedEpoch {
+				a.sameEpoch = false
+			}
+			if ct.last.PrevUsed == nil {
+				a.hasPrev = false
+			} else {
+				a.rep.PrevUsed = max(a.rep.PrevUsed, *ct.last.PrevUsed)
+			}
+		}
+	}
+	out := make(map[string]budget.Report, len(all))
+	for key, a := range all {
+		if a.n < live {
+			a.rep.Acked = 0
+		}
+		a.rep.HasUsed = a.sameEpoch && a.rep.Acked > 0
+		a.rep.HasPrev = a.rep.HasUsed && a.hasPrev
+		out[key] = a.rep
+	}
+	return out
 }
 
 // replicaSilence is how long a replica may be silent before it no longer

@@ -50,9 +50,7 @@ func WatchBudgets(ctx context.Context, js jetstream.JetStream, s gossip.Subjects
 			log.Warn("budgets: bad document ignored", "key", key, "err", err)
 			return
 		}
-		for _, l := range d.All() {
-			e.SetLease(l) // ours in force (if newer than the one held); the others' noted for usage reports
-		}
+		e.SetBudget(d) // ours in force (if newer than the one held); the others' noted for usage reports
 	}
 	if sub, err := js.Conn().Subscribe(s.PushBudgets(), func(m *nats.Msg) { apply("pushed", m.Data) }); err != nil {
 		log.Warn("budgets: not subscribed to pushed documents; the bucket alone keeps the lease", "err", err)

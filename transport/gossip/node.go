@@ -354,8 +354,22 @@ func (n *Node) appendHeartbeat(out []Message, now time.Time) []Message {
 	hb := Heartbeat{Region: n.cfg.Region, Replica: n.cfg.Replica, SentMillis: now.UnixMilli(), Regions: e.GlobalRegions(),
 		Rules: map[string]RuleReport{}}
 	for _, r := range e.GlobalReport() {
-		hb.Rules[r.Rule] = RuleReport{Admitted: r.Admitted, Denied: r.Denied, Acked: r.Acked, Used: r.Used, UsedEpoch: r.UsedEpoch,
+		rep := RuleReport{Admitted: r.Admitted, Denied: r.Denied, Acked: r.Acked, Used: r.Used, UsedEpoch: r.UsedEpoch,
 			WindowMillis: r.Window.Milliseconds(), Algorithm: r.Algorithm.String(), Limit: r.Limit}
+		if r.HasPrev {
+			rep.PrevUsed = &r.PrevUsed
+		}
+		if len(r.Counters) > 0 {
+			rep.Counters = make(map[string]CounterReport, len(r.Counters))
+			for _, c := range r.Counters {
+				cr := CounterReport{Admitted: c.Admitted, Denied: c.Denied, Acked: c.Acked, Used: c.Used, UsedEpoch: c.UsedEpoch}
+				if c.HasPrev {
+					cr.PrevUsed = &c.PrevUsed
+				}
+				rep.Counters[c.Key] = cr
+			}
+		}
+		hb.Rules[r.Rule] = rep
 	}
 	return append(out, Message{Subject: n.subjects.Heartbeat(n.cfg.Region), Header: n.header(), Body: hb})
 }

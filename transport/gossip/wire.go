@@ -192,6 +192,25 @@ type RuleReport struct {
 	// limited by tier): a region that has not yet heard of a lower limit
 	// still allows itself its floor of the higher one.
 	Limit int64 `json:"limit,omitempty"`
+	// PrevUsed is, if the replica knows it, what it used in the window
+	// before UsedEpoch (a sliding window's estimate carries it).
+	PrevUsed *float64 `json:"prev_used,omitempty"`
+	// Counters reports counters on their own, by key within the rule:
+	// those with budgets of their own, and those denied under the rule's
+	// lease (at most budget.MaxCounters).
+	Counters map[string]CounterReport `json:"counters,omitempty"`
+}
+
+// CounterReport is one replica's report on one counter on its own: its
+// demand so far (in limits, cumulative), the counter's lease it may
+// acknowledge, and what it used of the counter in the current window.
+type CounterReport struct {
+	Admitted  float64  `json:"admitted"`
+	Denied    float64  `json:"denied"`
+	Acked     uint64   `json:"acked,omitempty"`
+	Used      float64  `json:"used"`
+	UsedEpoch int64    `json:"used_epoch"`
+	PrevUsed  *float64 `json:"prev_used,omitempty"`
 }
 
 // errMalformed is a body that does not decode as its subject says.

@@ -1,0 +1,449 @@
+package budget
+
+import (
+	"cmp"
+	"maps"
+	"math"
+	"slices"
+	"time"
+)
+
+// Counters of their own
+//
+// A rule's shares follow the rule's summed demand, which serves the long
+// tail of its counters well and a tenant whose traffic lives elsewhere
+// than the rule's badly: a tenant that sends only to us gets us's share of
+// its limit. A counter whose region reports demand the rule's share could
+// not meet (ReportCounter) gets a budget of its own, shared out by its own
+// demand, until it falls idle.
+//
+// A counter's budget is its own pool, kept as a rule's is (marks per live
+// window, grants, acknowledgements), with these differences:
+//
+//   - Its floors follow its demand: the reserve is split over the regions
+//     in proportion to what each asks of the counter, each at most the
+//     rule's floor, so that no part of a tenant's limit waits in a region
+//     the tenant never uses, while a region cut off keeps a floor in
+//     proportion to the traffic it had. A region uses the floor of the
+//     newest lease it holds once that lapses, so a floor counts until the
+//     region acknowledges a newer lease.
+//   - A region takes a rule's budget document whole: once it has one that
+//     gives the counter a lease, it enforces the counter's lease (or its
+//     floor) on the counter, and the rule's on the others. Until it
+//     acknowledges one of the counter's leases it may still enforce the
+//     rule's, and counts in the counter's pool with the rule's marks.
+//   - When the counter falls idle its budget is released: documents say
+//     so (Lease.Released) and when its regions go back to the rule's
+//     lease, at the first window that begins after its last lease has
+//     lapsed (Revert). Until then a region enforces on it the lease it
+//     holds, lapsed or not, or the rule's floor if it holds none (the
+//     rule's newer leases count only the other counters). After that the
+//     counter leaves the documents, and a region that still holds a lease
+//     of it goes back at once; a region that never hears of it stays on
+//     the lapsed lease's floor, which is never above the rule's. Demand
+//     that comes back before then gets a new budget after.
+//   - It is not charged debt: over-admission is withheld from the rule.
+//
+// Leases of a counter are numbered with its rule's: a rebalance issues one
+// Seq for the rule and for each of its counters.
+
+// Revert is when the regions may go back to a rule's lease for a counter
+// whose last lease is l: at the start of the first window (of the rule's
+// window length) that begins after l has lapsed and the skew allowance
+// passed, or the one after for a sliding window, whose estimate carries
+// the window before.
+func Revert(l *Lease, window time.Duration, sliding bool, skew time.Duration) time.Time {
+	w := window.Microseconds()
+	if w <= 0 {
+		return l.Expires.Add(skew)
+	}
+	e := floorDiv(l.Expires.Add(skew).UnixMicro(), w) + 1
+	if sliding {
+		e++
+	}
+	return time.UnixMicro(e * w)
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// counterState is what a counter's own budget keeps besides a rule's.
+type counterState struct {
+	// since is the Seq of the counter's first leases: acknowledgements of
+	// earlier ones are of an earlier budget of the counter, or the rule's.
+	since uint64
+	// ackedExp is when the lease each region acknowledged expires.
+	ackedExp map[string]time.Time
+	// floors are the floors each region was told, oldest first, each
+	// lower than the one before it (a floor no higher than a later one
+	// never decides the most the region may use).
+	floors map[string][]floorRec
+	// lastExpires is when the newest lease expires; lastDemand the last
+	// rebalance that saw demand.
+	lastExpires, lastDemand time.Time
+	// released is when the regions go back to the rule, once the counter
+	// is idle; zero while it is not.
+	released time.Time
+	// seeded says the rule's marks of the windows live when the counter
+	// got its budget are in the counter's.
+	seeded bool
+}
+
+// ruleBefore is what a rule's counters need to know of the rule as it
+// was before its rebalance: its leases, lapsed ones included, the marks of
+// the live windows, and its floors.
+type ruleBefore struct {
+	grants map[string][]grant
+	seed   map[int64]map[string]float64
+	floor  func(string) float64
+}
+
+// most is the most a region may use of the rule in window e under its
+// floor and the leases of the rule numbered before seq.
+func (rb ruleBefore) most(r string, seq uint64, e, window int64, sliding bool) float64 {
+	start := time.UnixMicro(e * window)
+	if sliding {
+		start = start.Add(-time.Duration(window) * time.Microsecond)
+	}
+	f := rb.floor(r)
+	for _, g := range rb.grants[r] {
+		if g.seq < seq && g.expires.After(start) {
+			f = max(f, g.fraction)
+		}
+	}
+	return f
+}
+
+// idleAfter is how long a counter's demand must stay nil before its budget
+// is released: a lease's life, or a window if longer. (Demand that comes
+// back before its regions have gone back to the rule waits for them: a
+// region may go back before it hears of new leases.)
+func (a *Allocator) idleAfter(window time.Duration) time.Duration { return max(a.cfg.LeaseTTL, window) }
+
+type floorRec struct {
+	Seq   uint64
+	Floor float64
+}
+
+// DefaultMaxCounters is Config.Counters' default, and MaxCounters the most
+// it may be: every counter with a budget of its own is in its rule's
+// budget document, and a document must fit in one NATS message.
+const (
+	DefaultMaxCounters = 1000
+	MaxCounters        = 5000
+)
+
+// ReportCounter records a region's report on one counter of a rule (key:
+// the counter's key within the rule), for the next Rebalance: a counter
+// the allocator does not serve yet gets a budget of its own, if the rule
+// has room for one more (Config.Counters). Report.Used is about this
+// counter alone.
+func (a *Allocator) ReportCounter(rule, key string, r Report) {
+	p := a.state(rule)
+	c := p.counters[key]
+	if c == nil {
+		d := r.Demand
+		if !(d > 0) || math.IsInf(d, 0) || len(p.counters) >= a.cfg.Counters {
+			return
+		}
+		c = newRuleState()
+		c.counter = &counterState{since: p.seq + 1, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}}
+		if p.counters == nil {
+			p.counters = map[string]*ruleState{}
+		}
+		p.counters[key] = c
+	}
+	if r.Acked < c.counter.since {
+		r.Acked, r.HasUsed = 0, false
+	}
+	before := c.acked[r.Region]
+	c.report(r)
+	if after := c.acked[r.Region]; after != before {
+		for _, g := range c.grants[r.Region] {
+			if g.seq == after {
+				c.counter.ackedExp[r.Region] = g.expires
+			}
+		}
+	}
+}
+
+// Counters returns the keys of the counters of a rule that have budgets of
+// their own, sorted.
+func (a *Allocator) Counters(rule string) []string {
+	if s := a.rules[rule]; s != nil {
+		return slices.Sorted(maps.Keys(s.counters))
+	}
+	return nil
+}
+
+// CounterDemand returns the smoothed demand of each region for one counter
+// with a budget of its own.
+func (a *Allocator) CounterDemand(rule, key string) map[string]float64 {
+	if s := a.rules[rule]; s != nil && s.counters[key] != nil {
+		return maps.Clone(s.counters[key].demand)
+	}
+	return nil
+}
+
+// floorHeld is the most a region may use of the counter without a lease:
+// the highest floor of a lease it may hold, the one it acknowledged or a
+// newer one.
+func (c *ruleState) floorHeld(r string) float64 {
+	f := 0.0
+	for _, rec := range c.counter.floors[r] {
+		if rec.Seq >= c.acked[r] {
+			f = max(f, rec.Floor)
+		}
+	}
+	return f
+}
+
+// tellFloor records that a region was told floor f with lease seq.
+func (c *ruleState) tellFloor(r string, seq uint64, f float64) {
+	recs := c.counter.floors[r]
+	recs = slices.DeleteFunc(recs, func(x floorRec) bool { return x.Seq < c.acked[r] || x.Floor <= f })
+	c.counter.floors[r] = append(recs, floorRec{seq, f})
+}
+
+// mayUseRule says whether a region may enforce the rule's lease on the
+// counter: it has not acknowledged one of the counter's own leases. (A
+// region that holds a document with the counter's lease enforces it, and
+// every document after the counter's first leases has one, or says the
+// counter is released: the rule's leases a region may still enforce on it
+// are those it held before.)
+func (c *ruleState) mayUseRule(r string) bool { return c.acked[r] < c.counter.since }
+
+// rebalanceCounters computes the leases of every counter of a rule with a
+// budget of its own, after the rule's (p): same Seq, same expiry.
+func (a *Allocator) rebalanceCounters(now time.Time, rule Rule, p *ruleState, regions []string, first, last int64, rb ruleBefore) []Lease {
+	var out []Lease
+	for _, key := range slices.Sorted(maps.Keys(p.counters)) {
+		c := p.counters[key]
+		ls, done := a.rebalanceCounter(now, rule, key, c, p, regions, first, last, rb)
+		if done {
+			delete(p.counters, key)
+			continue
+		}
+		out = append(out, ls...)
+	}
+	return out
+}
+
+// rebalanceCounter computes one counter's leases; done says the counter
+// has fallen idle and no region may still use a lease of its own: it goes
+// back to the rule.
+func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p *ruleState, regions []string, first, last int64, rb ruleBefore) ([]Lease, bool) {
+	c.window, c.sliding = p.window, p.sliding
+	cs := c.counter
+	floorOf := c.floorHeld
+	c.open(first, last, regions, floorOf)
+	c.prune(now, a.cfg.Skew)
+	c.lower(first, last, floorOf)
+	c.takeDemand(now, regions, a.cfg.LeaseTTL, a.cfg.Smoothing)
+	total := 0.0
+	for _, r := range regions {
+		total += c.demand[r]
+	}
+	if total > 0 {
+		cs.lastDemand = now
+	}
+	// Where a region may enforce the rule's lease on the counter, it is
+	// one it took before the counter's first leases: what it used in the
+	// live windows when the counter got its budget (seed), and what the
+	// rule's leases older than the counter's allow.
+	if !cs.seeded {
+		cs.seeded = true
+		for e, hw := range rb.seed {
+			for r, f := range hw {
+				c.hw[e][r] = max(c.hw[e][r], f)
+			}
+		}
+	}
+	for e := first; e <= last; e++ {
+		for _, r := range slices.Sorted(maps.Keys(c.hwRegions(e, e, regions))) {
+			if c.mayUseRule(r) {
+				c.hw[e][r] = max(c.hw[e][r], rb.most(r, cs.since, e, p.window, p.sliding))
+			}
+		}
+	}
+	if cs.released.IsZero() && !(total > 0) && now.Sub(cs.lastDemand) >= a.idleAfter(rule.Window) {
+		// Idle: released. No more leases; the regions go back to the
+		// rule once the last has lapsed.
+		cs.released = now
+		if !cs.lastExpires.IsZero() {
+			l := Lease{Expires: cs.lastExpires}
+			cs.released = Revert(&l, rule.Window, rule.Sliding, a.cfg.Skew)
+		}
+	}
+	if !cs.released.IsZero() {
+		if !now.Add(-a.cfg.Skew).Before(cs.released) {
+			return nil, true // every region is back on the rule
+		}
+		leases := make([]Lease, len(regions))
+		for i, r := range regions {
+			leases[i] = Lease{Rule: rule.ID, Key: key, Region: r, Seq: p.seq, Issued: now, Released: cs.released}
+		}
+		return leases, false
+	}
+	floorCap := a.cfg.Floor(len(regions))
+	floors := make([]float64, len(regions))
+	needs := make([]float64, len(regions))
+	weights := make([]float64, len(regions))
+	reserve := 0.0
+	for i, r := range regions {
+		floors[i] = 0
+		if total > 0 {
+			// No higher than the rule's: a region that never hears the
+			// counter was released stays on it.
+			floors[i] = min(floorCap, a.cfg.Reserve*c.demand[r]/total)
+		}
+		reserve += floors[i]
+		weights[i] = c.demand[r]
+		needs[i] = max(0, c.demand[r]-floors[i])
+	}
+	distributable := max(0, 1-reserve)
+	shares := c.steady(regions, waterFill(needs, weights, distributable), distributable, a.cfg.Hysteresis)
+	wants := make([]float64, len(regions))
+	for i := range regions {
+		wants[i] = floors[i] + shares[i]
+	}
+	fractions := c.room(first, last, regions, floorOf, wants)
+
+	expires := now.Add(a.cfg.LeaseTTL)
+	c.counter.lastExpires = expires
+	c.seq = p.seq
+	leases := make([]Lease, len(regions))
+	for i, r := range regions {
+		f := fractions[i]
+		// A floor no higher than the lease: the region may use it for
+		// as long as it holds no newer lease.
+		fl := min(floors[i], f)
+		c.share[r] = f - fl
+		c.tellFloor(r, p.seq, fl)
+		c.issue(r, grant{seq: p.seq, fraction: f, floor: fl, expires: expires}, first, last)
+		leases[i] = Lease{Rule: rule.ID, Key: key, Region: r, Seq: p.seq, Floor: fl, Share: f - fl, Issued: now, Expires: expires}
+	}
+	return leases, false
+}
+
+// CounterSnapshot is what an allocator taking over needs of a counter with
+// a budget of its own, besides the leases still in force.
+type CounterSnapshot struct {
+	Since    uint64                       `json:"since"`
+	Marks    map[int64]map[string]float64 `json:"marks,omitempty"`
+	Acked    map[string]uint64            `json:"acked,omitempty"`
+	AckedExp map[string]time.Time         `json:"acked_expires,omitempty"`
+	// Floors is the highest floor each region may use of the counter.
+	Floors map[string]float64 `json:"floors,omitempty"`
+	// LastDemand is the last rebalance that saw demand; Released, once
+	// idle, when the regions go back to the rule.
+	LastDemand time.Time `json:"last_demand,omitzero"`
+	Released   time.Time `json:"released,omitzero"`
+}
+
+func (c *ruleState) counterSnapshot() CounterSnapshot {
+	out := CounterSnapshot{Since: c.counter.since, Marks: make(map[int64]map[string]float64, len(c.hw)),
+		Acked: maps.Clone(c.acked), AckedExp: maps.Clone(c.counter.ackedExp), Floors: map[string]float64{},
+		LastDemand: c.counter.lastDemand, Released: c.counter.released}
+	for e, hw := range c.hw {
+		out.Marks[e] = maps.Clone(hw)
+	}
+	for r := range c.counter.floors {
+		if f := c.floorHeld(r); f > 0 {
+			out.Floors[r] = f
+		}
+	}
+	return out
+}
+
+// restoreCounter takes in a counter's snapshot, after the leases (Restore)
+// that the counter's rule numbers up to seq.
+func (p *ruleState) restoreCounter(key string, snap CounterSnapshot) {
+	c := p.counters[key]
+	if c == nil {
+		c = newRuleState()
+		c.counter = &counterState{since: snap.Since, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}}
+		if p.counters == nil {
+			p.counters = map[string]*ruleState{}
+		}
+		p.counters[key] = c
+	}
+	if snap.Since > 0 {
+		c.counter.since = snap.Since
+	}
+	c.counter.seeded = true // the snapshot's marks hold the seed
+	c.counter.lastDemand = later(c.counter.lastDemand, snap.LastDemand)
+	c.counter.released = later(c.counter.released, snap.Released)
+	for e, hw := range snap.Marks {
+		if c.hw[e] == nil {
+			c.hw[e] = map[string]float64{}
+		}
+		for r, f := range hw {
+			if f >= 0 && f <= 1+eps {
+				c.hw[e][r] = max(c.hw[e][r], f)
+			}
+		}
+	}
+	for r, seq := range snap.Acked {
+		if seq > c.acked[r] {
+			c.acked[r] = seq
+			c.counter.ackedExp[r] = snap.AckedExp[r]
+		}
+	}
+	for r, f := range snap.Floors {
+		if f > 0 && f <= 1+eps {
+			// Until the region acknowledges a lease issued from now on.
+			c.counter.floors[r] = append(c.counter.floors[r], floorRec{Seq: max(p.seq, c.acked[r]), Floor: f})
+		}
+	}
+	for _, gs := range c.grants {
+		for _, g := range gs {
+			c.counter.lastExpires = later(c.counter.lastExpires, g.expires)
+		}
+	}
+	c.pruneAcked()
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// restoreCounterLeases tells a rule's counters of the leases another
+// allocator issued of them.
+func (p *ruleState) restoreCounterLeases(leases []Lease) {
+	for _, l := range leases {
+		c := p.counters[l.Key]
+		if c == nil {
+			c = newRuleState()
+			c.counter = &counterState{since: l.Seq, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}}
+			if p.counters == nil {
+				p.counters = map[string]*ruleState{}
+			}
+			p.counters[l.Key] = c
+		}
+		c.counter.since = min(c.counter.since, l.Seq)
+		c.seq = max(c.seq, l.Seq)
+		if !l.Released.IsZero() {
+			c.counter.released = later(c.counter.released, l.Released)
+			continue
+		}
+		c.grants[l.Region] = append(c.grants[l.Region], grant{seq: l.Seq, fraction: l.Floor + l.Share, floor: l.Floor, expires: l.Expires})
+		c.tellFloor(l.Region, l.Seq, l.Floor)
+		c.share[l.Region] = l.Share
+		c.counter.lastExpires = later(c.counter.lastExpires, l.Expires)
+	}
+	for _, c := range p.counters {
+		for r, gs := range c.grants {
+			slices.SortFunc(gs, func(x, y grant) int { return cmp.Compare(x.seq, y.seq) })
+			c.grants[r] = gs
+		}
+	}
+}

@@ -1,0 +1,414 @@
+package budget
+
+import (
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// counterRegion is a region as the allocator cannot see it, enforcing a
+// rule on one counter k, which may have a budget of its own, and on the
+// rule's other counters: the documents it took, its clock's offset, and
+// the most it may have counted per window, of k and of the others.
+type counterRegion struct {
+	name   string
+	offset time.Duration
+	docSeq uint64
+	rule   []received
+	// counter is k's lease held (nil: k is on the rule's lease), released
+	// when it goes back to the rule; got lists when each arrived.
+	counter  *Lease
+	released time.Time
+	got      []received
+	acked    uint64
+	kAcked   uint64
+	used     map[int64]float64 // the rule's other counters
+	kUsed    map[int64]float64
+}
+
+// newestOf is the newest lease received by Seq.
+func newestOf(rs []received) *Lease {
+	var n *Lease
+	for i := range rs {
+		if l := &rs[i].lease; n == nil || l.Seq > n.Seq {
+			n = l
+		}
+	}
+	return n
+}
+
+// take puts a budget document (one rebalance's leases for this region) in
+// force, whole, as the region does; an older one than it holds is ignored.
+func (m *counterRegion) take(doc []Lease, at time.Time) {
+	if len(doc) == 0 || doc[0].Seq <= m.docSeq {
+		return
+	}
+	m.docSeq = doc[0].Seq
+	hasK := false
+	for _, l := range doc {
+		switch {
+		case l.Key == "":
+			m.rule = append(m.rule, received{l, at})
+		case !l.Released.IsZero():
+			// Released: the lease held, or the rule's floor, until then.
+			hasK = true
+			m.released = l.Released
+		default:
+			hasK = true
+			m.counter, m.released = &l, time.Time{}
+			m.got = append(m.got, received{l, at})
+		}
+	}
+	if !hasK {
+		m.counter, m.got, m.released = nil, nil, time.Time{}
+	}
+}
+
+// kEnforced is what the region enforces on k at true time t.
+func (m *counterRegion) kEnforced(t time.Time, floor float64) float64 {
+	local := t.Add(m.offset)
+	if !m.released.IsZero() && !local.Before(m.released) {
+		m.counter, m.got, m.released = nil, nil, time.Time{}
+	}
+	if m.counter != nil {
+		return Allowance(m.counter, m.counter.Floor, local)
+	}
+	if !m.released.IsZero() {
+		return floor
+	}
+	return Allowance(newestOf(m.rule), floor, local)
+}
+
+// TestCounterBudgetsNeverOverCommit drives the allocator with one rule whose
+// counter k gets, loses and gets again a budget of its own as its demand
+// comes and goes, with leases late, lost, reordered and lapsing, leader
+// changes and skewed clocks; every region uses all it may. In no window may
+// the regions together use more than the limit, of k or of any other
+// counter.
+func TestCounterBudgetsNeverOverCommit(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		cfg := DefaultConfig()
+		cfg.Reserve = rapid.Float64Range(0, 0.5).Draw(t, "reserve")
+		cfg.LeaseTTL = time.Duration(rapid.IntRange(500, 8000).Draw(t, "ttl_ms")) * time.Millisecond
+		cfg.Skew = time.Duration(rapid.IntRange(0, 1000).Draw(t, "skew_ms")) * time.Millisecond
+		cfg.Hysteresis = rapid.Float64Range(0, 0.1).Draw(t, "hysteresis")
+		cfg.Smoothing = rapid.Float64Range(0.1, 1).Draw(t, "smoothing")
+		a, err := NewAllocator(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rule := Rule{
+			ID:      "r",
+			Window:  time.Duration(rapid.IntRange(200, 20000).Draw(t, "window_ms")) * time.Millisecond,
+			Sliding: rapid.Bool().Draw(t, "sliding"),
+		}
+		n := rapid.IntRange(1, 4).Draw(t, "regions")
+		names := make([]string, n)
+		regions := make([]*counterRegion, n)
+		for i := range regions {
+			names[i] = string(rune('a' + i))
+			off := time.Duration(rapid.Int64Range(-cfg.Skew.Microseconds(), cfg.Skew.Microseconds()).Draw(t, "offset_us")) * time.Microsecond
+			regions[i] = &counterRegion{name: names[i], offset: off, used: map[int64]float64{}, kUsed: map[int64]float64{}}
+		}
+		floor := cfg.Floor(n)
+		type pending struct {
+			region int
+			doc    []Lease
+			due    int
+		}
+		var queue []pending
+		var issued []Lease
+		var lastTick time.Time
+		const timeout = 50 * time.Millisecond
+		now := t0
+		for step := range rapid.IntRange(1, 80).Draw(t, "steps") {
+			for _, m := range regions {
+				if !rapid.Bool().Draw(t, "report") {
+					continue
+				}
+				e := epochOf(now.Add(m.offset), rule.Window)
+				rep := Report{Region: m.name, Demand: rapid.Float64Range(0, 3).Draw(t, "demand")}
+				for _, r := range m.rule {
+					if !r.at.After(now.Add(-timeout)) {
+						rep.Acked = max(rep.Acked, r.lease.Seq)
+					}
+				}
+				if rep.Acked > m.acked {
+					m.acked = rep.Acked
+					// The most any counter of the rule used: k's too.
+					rep.Used, rep.UsedEpoch, rep.HasUsed = max(m.used[e], m.kUsed[e]), e, true
+					if rule.Sliding && rapid.Bool().Draw(t, "prev") {
+						rep.PrevUsed, rep.HasPrev = max(m.used[e-1], m.kUsed[e-1]), true
+					}
+				} else {
+					rep.Acked = m.acked
+				}
+				a.Report(rule.ID, rep)
+				if !rapid.Bool().Draw(t, "report k") {
+					continue
+				}
+				kr := Report{Region: m.name, Demand: rapid.Float64Range(0, 3).Draw(t, "k demand") * float64(rapid.IntRange(0, 1).Draw(t, "k idle"))}
+				if m.counter != nil {
+					for _, r := range m.got {
+						if !r.at.After(now.Add(-timeout)) && r.lease.Seq <= m.counter.Seq {
+							kr.Acked = max(kr.Acked, r.lease.Seq)
+						}
+					}
+				}
+				if kr.Acked > m.kAcked {
+					m.kAcked = kr.Acked
+					kr.Used, kr.UsedEpoch, kr.HasUsed = m.kUsed[e], e, true
+					if rule.Sliding && rapid.Bool().Draw(t, "k prev") {
+						kr.PrevUsed, kr.HasPrev = m.kUsed[e-1], true
+					}
+				}
+				a.ReportCounter(rule.ID, "k", kr)
+			}
+			if rapid.IntRange(0, 15).Draw(t, "leader change") == 0 {
+				b, _ := NewAllocator(cfg)
+				var live []Lease
+				for _, l := range issued {
+					if l.Expires.After(lastTick.Add(-cfg.Skew)) {
+						live = append(live, l)
+					}
+				}
+				b.Restore(rule.ID, live)
+				b.RestoreSnapshot(rule.ID, a.Snapshot(rule.ID))
+				a = b
+			}
+			leases, err := a.Rebalance(now, rule, names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			issued, lastTick = append(issued, leases...), now
+			kSum := 0.0
+			docs := make([][]Lease, n)
+			for _, l := range leases {
+				i := int(l.Region[0] - 'a')
+				docs[i] = append(docs[i], l)
+				if l.Key != "" {
+					if l.Key != "k" || l.Floor < 0 || l.Share < 0 || l.Floor > floor+1e-9 {
+						t.Fatalf("counter lease %+v", l)
+					}
+					kSum += l.Allowance()
+				}
+			}
+			if kSum > 1+1e-9 {
+				t.Fatalf("k's leases sum to %v", kSum)
+			}
+			for i, doc := range docs {
+				if rapid.IntRange(0, 9).Draw(t, "lost") > 0 {
+					queue = append(queue, pending{i, doc, step + rapid.IntRange(0, 3).Draw(t, "delay")})
+				}
+			}
+			kept := queue[:0]
+			for _, p := range queue {
+				if p.due > step {
+					kept = append(kept, p)
+					continue
+				}
+				regions[p.region].take(p.doc, now)
+			}
+			queue = kept
+			dt := time.Duration(rapid.IntRange(50, 2000).Draw(t, "dt_ms")) * time.Millisecond
+			for _, m := range regions {
+				// Until the next step a region's allowance only falls
+				// (as leases lapse), but where k goes back to the
+				// rule's lease, which is at a window's start: the most
+				// it may use in each window it meets is what it may
+				// use as it enters.
+				from, to := epochOf(now.Add(m.offset), rule.Window), epochOf(now.Add(dt+m.offset-time.Microsecond), rule.Window)
+				for e := from; e <= to; e++ {
+					enter := time.UnixMicro(e * rule.Window.Microseconds()).Add(-m.offset)
+					if enter.Before(now) {
+						enter = now
+					}
+					ruleNow := Allowance(newestOf(m.rule), floor, enter.Add(m.offset))
+					m.used[e] = max(m.used[e], ruleNow)
+					m.kUsed[e] = max(m.kUsed[e], m.kEnforced(enter, floor))
+				}
+			}
+			now = now.Add(dt)
+		}
+		check := func(what string, used func(m *counterRegion) map[int64]float64) {
+			windows := map[int64]bool{}
+			for _, m := range regions {
+				for e := range used(m) {
+					windows[e] = true
+				}
+			}
+			for e := range windows {
+				sum := 0.0
+				for _, m := range regions {
+					u := used(m)
+					if rule.Sliding {
+						sum += max(u[e], u[e-1])
+					} else {
+						sum += u[e]
+					}
+				}
+				if sum > 1+1e-9 {
+					t.Fatalf("window %d: regions together may admit %v of %s's limit", e, sum, what)
+				}
+			}
+		}
+		check("k", func(m *counterRegion) map[int64]float64 { return m.kUsed })
+		check("the rule's other counters", func(m *counterRegion) map[int64]float64 { return m.used })
+	})
+}
+
+// TestCounterFollowsItsOwnDemand: two tenants of one rule, each homed in
+// one region, get nearly all of their own limit there, where the rule's
+// shares would give each half.
+func TestCounterFollowsItsOwnDemand(t *testing.T) {
+	a, err := NewAllocator(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{ID: "per-tenant", Window: time.Minute}
+	names := []string{"eu", "us"}
+	home := map[string]string{"acme": "us", "globex": "eu"}
+	held := map[string]map[string]*Lease{} // key → region → lease
+	var leases []Lease
+	for i := range 6 {
+		now := t0.Add(time.Duration(i) * time.Second)
+		e := epochOf(now, rule.Window)
+		for _, r := range names {
+			a.Report(rule.ID, Report{Region: r, Demand: 0.1})
+			for key, h := range home {
+				rep := Report{Region: r}
+				if h == r {
+					rep.Demand = 2
+				}
+				if l := held[key][r]; l != nil {
+					rep.Acked, rep.HasUsed, rep.UsedEpoch = l.Seq, true, e
+				}
+				a.ReportCounter(rule.ID, key, rep)
+			}
+		}
+		leases, err = a.Rebalance(now, rule, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range leases {
+			l := &leases[i]
+			if l.Key != "" {
+				if held[l.Key] == nil {
+					held[l.Key] = map[string]*Lease{}
+				}
+				held[l.Key][l.Region] = l
+			}
+		}
+	}
+	for key, h := range home {
+		got := held[key][h].Allowance()
+		if got < 0.97 {
+			t.Errorf("%s in its home %s: allowance %.3f, want at least 0.97", key, h, got)
+		}
+		sum := 0.0
+		for _, r := range names {
+			sum += held[key][r].Allowance()
+		}
+		if sum > 1+1e-9 {
+			t.Errorf("%s: allowances sum to %v", key, sum)
+		}
+	}
+	if got := a.Counters(rule.ID); len(got) != 2 {
+		t.Errorf("counters with budgets of their own: %v", got)
+	}
+	// Idle: once every lease has lapsed and every region may have gone
+	// back to the rule, the counters go too.
+	now := t0.Add(6 * time.Second)
+	for range 200 {
+		now = now.Add(time.Second)
+		for _, r := range names {
+			a.Report(rule.ID, Report{Region: r, Demand: 0.1})
+			for key := range home {
+				a.ReportCounter(rule.ID, key, Report{Region: r})
+			}
+		}
+		if _, err := a.Rebalance(now, rule, names); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.Counters(rule.ID); len(got) != 0 {
+		t.Errorf("idle counters still served on their own: %v", got)
+	}
+}
+
+// TestCounterRoomMovesInsideAWindow: a tenant's demand moves from us to eu
+// inside an hour window; once us acknowledges its lower lease and says
+// what it used, eu gets the rest of the limit within three rebalances.
+func TestCounterRoomMovesInsideAWindow(t *testing.T) {
+	for _, sliding := range []bool{false, true} {
+		a, _ := NewAllocator(DefaultConfig())
+		rule := Rule{ID: "hourly", Window: time.Hour, Sliding: sliding}
+		names := []string{"eu", "us"}
+		demand := map[string]float64{"us": 2}
+		used := map[string]float64{"us": 0.3}
+		held := map[string]*Lease{}
+		rebalance := func(now time.Time) {
+			for _, r := range names {
+				a.Report(rule.ID, Report{Region: r})
+				rep := Report{Region: r, Demand: demand[r]}
+				if l := held[r]; l != nil {
+					rep.Acked, rep.HasUsed, rep.UsedEpoch, rep.Used = l.Seq, true, epochOf(now, rule.Window), used[r]
+					rep.HasPrev = true // nothing the window before
+				}
+				a.ReportCounter(rule.ID, "acme", rep)
+			}
+			ls, err := a.Rebalance(now, rule, names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range ls {
+				if ls[i].Key == "acme" {
+					held[ls[i].Region] = &ls[i]
+				}
+			}
+		}
+		start := time.Unix(1_800_000_000/3600*3600, 0).Add(10 * time.Minute)
+		for i := range 4 {
+			rebalance(start.Add(time.Duration(i) * time.Second))
+		}
+		if sliding {
+			// A sliding estimate carries the window before, in which
+			// eu may have used its floor of the rule: a window later,
+			// us may have it all.
+			start = start.Add(time.Hour)
+			for i := range 3 {
+				rebalance(start.Add(time.Duration(i) * time.Second))
+			}
+		}
+		if got := held["us"].Allowance(); got < 0.97 {
+			t.Fatalf("sliding %v: us holds %.3f, want nearly all", sliding, got)
+		}
+		// The demand moves to eu, twenty minutes into the hour.
+		demand = map[string]float64{"eu": 2}
+		at := start.Add(10 * time.Minute)
+		for i := range 3 {
+			rebalance(at.Add(time.Duration(i) * time.Second))
+		}
+		// us keeps what it used (its lease may be lower: it has used
+		// it); eu may use the rest, and no more.
+		if us, eu := held["us"].Allowance(), held["eu"].Allowance(); eu < 1-used["us"]-0.03 || eu > 1-used["us"]+1e-9 {
+			t.Fatalf("sliding %v: after the move, us %.3f eu %.3f: want eu ≈ %.2f", sliding, us, eu, 1-used["us"])
+		}
+	}
+}
+
+// TestRevert: a lease goes back to the rule at the first window that starts
+// after it lapsed, the skew allowance past; a window later when sliding.
+func TestRevert(t *testing.T) {
+	l := Lease{Expires: time.Unix(100, 0).Add(300 * time.Millisecond)}
+	if got := Revert(&l, time.Second, false, 500*time.Millisecond); !got.Equal(time.Unix(101, 0)) {
+		t.Fatalf("fixed: %v", got)
+	}
+	if got := Revert(&l, time.Second, true, 500*time.Millisecond); !got.Equal(time.Unix(102, 0)) {
+		t.Fatalf("sliding: %v", got)
+	}
+	if got := Revert(&l, time.Minute, false, 0); !got.Equal(time.Unix(120, 0)) {
+		t.Fatalf("minute: %v", got)
+	}
+}

@@ -1,0 +1,323 @@
+package regional
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+	"github.com/geoquota/geoquota/crdt"
+)
+
+// Counters with budgets of their own (budget.ReportCounter): a global
+// counter whose region was denied for want of budget is reported on its
+// own, globalsync may give it leases of its own, and the region then
+// enforces those on it, and its rule's lease on the rule's other counters.
+// A region takes a rule's document whole (SetBudget): the counters' leases
+// before the rule's, so that no check sees the rule's newer lease on a
+// counter without the counter's own.
+
+// counterBudgets are the counter leases a region holds, and what it was
+// asked of each counter it reports on its own.
+type counterBudgets struct {
+	mu     sync.Mutex                              // serializes SetBudget
+	held   atomic.Pointer[map[string]*heldCounter] // by counter key (CounterKey)
+	docSeq map[string]uint64                       // rule → the newest document taken
+
+	demand  sync.Map // counter key → *counterDemand
+	tracked atomic.Int64
+}
+
+// heldCounter is one counter's own budget as the region holds it: a lease
+// (has), or none while the counter is released (it then enforces the
+// rule's floor on it), and when it goes back to the rule (released).
+type heldCounter struct {
+	rule, values string
+	lease        budget.Lease
+	has          bool
+	released     time.Time
+	recent       []adoption
+}
+
+// counterDemand counts what a region was asked for of one counter, as
+// ruleDemand does for a rule.
+type counterDemand struct {
+	rule, values     string
+	admitted, denied atomic.Int64
+	touched          atomic.Int64 // µs of the last check
+}
+
+// maxTrackedCounters bounds the counters a region tracks on their own:
+// the most a rule may give budgets of their own to, and as many
+// candidates.
+const maxTrackedCounters = 2 * budget.MaxCounters
+
+// trackIdle is how long a counter tracked on its own, with no lease, may go
+// without a check before it is forgotten.
+const trackIdle = 30 * time.Second
+
+// counter returns the budget the region holds for a counter key, if it has
+// one and has not gone back to the rule by now.
+func (g *globalState) counter(key []byte, now time.Time) *heldCounter {
+	m := g.budgets.held.Load()
+	if m == nil || len(*m) == 0 {
+		return nil
+	}
+	h := (*m)[string(key)]
+	if h == nil || (!h.released.IsZero() && !now.Before(h.released)) {
+		return nil
+	}
+	return h
+}
+
+// SetBudget puts a rule's budget document in force: the region's lease of
+// the rule (SetLease) and of each counter with a budget of its own; the
+// other regions' leases are noted for usage reports. A document older than
+// the newest taken for its rule changes nothing. It reports whether the
+// document was taken.
+func (e *Engine) SetBudget(d budget.Document) bool {
+	g := e.global
+	if g.alone || d.Rule == "" {
+		return false
+	}
+	g.budgets.mu.Lock()
+	if d.Seq <= g.budgets.docSeq[d.Rule] {
+		g.budgets.mu.Unlock()
+		return false
+	}
+	g.budgets.docSeq[d.Rule] = d.Seq
+	now := e.now()
+	cur := g.budgets.held.Load()
+	next := make(map[string]*heldCounter, len(*cur)+len(d.Counters))
+	for k, h := range *cur {
+		if h.rule != d.Rule {
+			next[k] = h
+		}
+	}
+	for values, byRegion := range d.Counters {
+		key := CounterKey(d.Rule, values)
+		old := (*cur)[key]
+		h := &heldCounter{rule: d.Rule, values: values}
+		if old != nil && old.rule == d.Rule {
+			*h = *old
+		}
+		c, ok := byRegion[e.cfg.Region]
+		switch {
+		case !ok:
+			// No word for this region: as it was.
+			if old == nil {
+				continue
+			}
+		case !c.Released.IsZero():
+			// Released: the lease held (or the rule's floor) until then.
+			h.released = c.Released
+		default:
+			l := budget.Lease{Rule: d.Rule, Key: values, Region: e.cfg.Region, Seq: d.Seq, Floor: c.Floor, Share: c.Share,
+				Issued: d.Issued, Expires: d.CounterExpires}
+			if !h.has || l.Seq > h.lease.Seq {
+				h.recent = keepRecent(h.recent, now, e.cfg.Timeout)
+				h.lease, h.has, h.released = l, true, time.Time{}
+				h.recent = append(h.recent, adoption{seq: l.Seq, at: now})
+			}
+		}
+		next[key] = h
+	}
+	// Counters the document does not name have gone back to the rule.
+	g.budgets.held.Store(&next)
+	g.budgets.mu.Unlock()
+	for _, l := range d.All() {
+		e.SetLease(l)
+	}
+	return true
+}
+
+// keepRecent keeps of a lease's adoptions what is still needed to tell the
+// newest ackable: the newest older than the ack delay, and all after.
+func keepRecent(recent []adoption, now time.Time, timeout time.Duration) []adoption {
+	keep := 0
+	for i, a := range recent {
+		if now.Sub(a.at) > ackDelay(timeout) {
+			keep = i
+		}
+	}
+	return slices.Clone(recent[keep:])
+}
+
+// counterAllowance is the fraction of a counter's limit the region may
+// admit at now under the counter's own budget.
+func (e *Engine) counterAllowance(h *heldCounter, r *Rule, now time.Time) float64 {
+	if !h.has {
+		return e.ruleFloor(r)
+	}
+	return budget.Allowance(&h.lease, h.lease.Floor, now)
+}
+
+// ruleFloor is what the region may admit of a global rule's counters with
+// no lease in force.
+func (e *Engine) ruleFloor(r *Rule) float64 {
+	if h := (*e.global.leases.Load())[r.ID]; h != nil {
+		return min(e.global.floor, h.lease.Floor)
+	}
+	return e.global.floor
+}
+
+// trackCounter counts a check of a counter on its own: one that holds a
+// budget of its own, or one denied under the rule's lease (a candidate).
+func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
+	g := e.global
+	var d *counterDemand
+	if v, ok := g.budgets.demand.Load(string(it.key)); ok {
+		d = v.(*counterDemand)
+	} else {
+		if g.budgets.tracked.Load() >= maxTrackedCounters {
+			return
+		}
+		rule, values, ok := ParseCounterKey(string(it.key))
+		if !ok {
+			return
+		}
+		v, loaded := g.budgets.demand.LoadOrStore(string(it.key), &counterDemand{rule: rule, values: values})
+		if !loaded {
+			g.budgets.tracked.Add(1)
+		}
+		d = v.(*counterDemand)
+	}
+	units := it.cost * 1e6 / max(1, it.params.Limit)
+	switch {
+	case admitted:
+		d.admitted.Add(units)
+	case denied:
+		d.denied.Add(units)
+	}
+	d.touched.Store(now)
+}
+
+// CounterReport is what a replica reports of one counter on its own.
+type CounterReport struct {
+	// Key is the counter's key within its rule.
+	Key string
+	// Admitted and Denied are cumulative, in limits, as a rule's are.
+	Admitted, Denied float64
+	// Acked is the Seq of the counter's lease the replica may
+	// acknowledge, 0 for none.
+	Acked uint64
+	// Used is what the region counted of the counter in window UsedEpoch,
+	// as a fraction of its limit; PrevUsed, with HasPrev, in the window
+	// before (a sliding window's estimate carries it).
+	Used      float64
+	UsedEpoch int64
+	PrevUsed  float64
+	HasPrev   bool
+}
+
+// counterReports reports a rule's counters on their own: every one the
+// region holds a budget for, then the candidates most asked for, at most
+// budget.MaxCounters in all. Counters no longer asked for are forgotten.
+func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
+	g := e.global
+	held := *g.budgets.held.Load()
+	us := now.UnixMicro()
+	type cand struct {
+		d    *counterDemand
+		held *heldCounter
+	}
+	var cands []cand
+	g.budgets.demand.Range(func(k, v any) bool {
+		d := v.(*counterDemand)
+		if d.rule != r.ID {
+			return true
+		}
+		h := held[k.(string)]
+		if h == nil && us-d.touched.Load() > trackIdle.Microseconds() {
+			g.budgets.demand.Delete(k)
+			g.budgets.tracked.Add(-1)
+			return true
+		}
+		cands = append(cands, cand{d, h})
+		return true
+	})
+	for k, h := range held {
+		if h.rule == r.ID {
+			if _, ok := g.budgets.demand.Load(k); !ok {
+				cands = append(cands, cand{&counterDemand{rule: h.rule, values: h.values}, h})
+			}
+		}
+	}
+	// Held first, then by demand; in key order for equal ones.
+	slices.SortFunc(cands, func(a, b cand) int {
+		if (a.held != nil) != (b.held != nil) {
+			if a.held != nil {
+				return -1
+			}
+			return 1
+		}
+		da, db := a.d.admitted.Load()+a.d.denied.Load(), b.d.admitted.Load()+b.d.denied.Load()
+		if c := cmp.Compare(db, da); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.d.values, b.d.values)
+	})
+	if len(cands) > budget.MaxCounters {
+		cands = cands[:budget.MaxCounters]
+	}
+	window := r.Base.Window
+	ep := us / max(1, window)
+	out := make([]CounterReport, 0, len(cands))
+	rs := e.rules.Load()
+	for _, c := range cands {
+		rep := CounterReport{Key: c.d.values, Admitted: float64(c.d.admitted.Load()) / 1e6, Denied: float64(c.d.denied.Load()) / 1e6, UsedEpoch: ep}
+		if c.held != nil && c.held.has {
+			rep.Acked = c.held.ackable(now, e.cfg.Timeout)
+		}
+		key := CounterKey(r.ID, c.d.values)
+		if _, limit, ok := rs.GlobalLimitOf(key); ok && limit > 0 {
+			start := ep * window / 1000
+			var p, n, pp, pn uint64
+			g.usage.with(func(cs *crdt.Counters) {
+				p, n = cs.Own(crdt.ID{Key: key, Epoch: start})
+				pp, pn = cs.Own(crdt.ID{Key: key, Epoch: start - window/1000})
+			})
+			rep.Used = math.Max(0, float64(int64(p)-int64(n))) / float64(limit)
+			if g.startedUs <= (ep-1)*window {
+				// This copy has counted since before the window before
+				// began: it knows what the region counted in it.
+				rep.PrevUsed, rep.HasPrev = math.Max(0, float64(int64(pp)-int64(pn)))/float64(limit), true
+			}
+		}
+		out = append(out, rep)
+	}
+	return out
+}
+
+// ackable is the Seq of the counter lease the region may acknowledge.
+func (h *heldCounter) ackable(now time.Time, timeout time.Duration) uint64 {
+	var seq uint64
+	for _, a := range h.recent {
+		if now.Sub(a.at) > ackDelay(timeout) {
+			seq = a.seq
+		}
+	}
+	return seq
+}
+
+// CounterAllowance is GlobalAllowance for one counter of a global rule
+// (values: its key within the rule, as the rule joins its descriptors):
+// the fraction of the counter's limit the region may admit in a window
+// now, under the counter's own budget if it has one, and whether a lease
+// is in force.
+func (e *Engine) CounterAllowance(rule, values string) (float64, bool) {
+	r := e.rules.Load().Rule(rule)
+	if r == nil || r.Scope != ScopeGlobal {
+		return 0, false
+	}
+	now := e.now()
+	if !e.global.alone {
+		if h := e.global.counter([]byte(CounterKey(rule, values)), now); h != nil {
+			return e.counterAllowance(h, r, now), h.has && h.lease.Holds(now)
+		}
+	}
+	return e.GlobalAllowance(rule)
+}

@@ -1,0 +1,101 @@
+package regional
+
+import (
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/budget"
+)
+
+// TestCounterBudgets: a region enforces a counter's own lease on that
+// counter and the rule's on the others; a tenant denied under the rule's
+// lease is reported on its own; a released counter runs on its lease's
+// floor (or the rule's) until it goes back to the rule; a counter a newer
+// document leaves out goes back at once; an older document changes
+// nothing.
+func TestCounterBudgets(t *testing.T) {
+	clock := newVirtualClock()
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	doc := func(seq uint64, counters map[string]map[string]budget.CounterLeaseDoc) budget.Document {
+		return budget.Document{Rule: "g-strict", Seq: seq, Issued: clock.Now(),
+			Leases:         map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: clock.Now().Add(10 * time.Second)}},
+			Counters:       counters,
+			CounterExpires: clock.Now().Add(10 * time.Second)}
+	}
+
+	// Before any budget of its own, s_acme gets the rule's 20% and is
+	// denied past it: a candidate, reported on its own.
+	if !eu.SetBudget(doc(1, nil)) {
+		t.Fatal("the first document was not taken")
+	}
+	if got := countAllowed(t, eu, "s_acme", 250); got != 200 {
+		t.Fatalf("under the rule's lease s_acme got %d, want 200", got)
+	}
+	reps := eu.GlobalReport()
+	var rule RuleReport
+	for _, r := range reps {
+		if r.Rule == "g-strict" {
+			rule = r
+		}
+	}
+	if len(rule.Counters) != 1 || rule.Counters[0].Key != "s_acme" || rule.Counters[0].Denied != 0.05 || rule.Counters[0].Acked != 0 {
+		t.Fatalf("counters reported: %+v, want s_acme with 0.05 denied", rule.Counters)
+	}
+	if rule.Admitted != 0.2 || rule.Denied != 0.05 {
+		t.Fatalf("rule demand %+v: want 0.2 admitted, 0.05 denied", rule.Demand)
+	}
+
+	// Its own lease: 90% for s_acme, the rule's 20% for the others.
+	if !eu.SetBudget(doc(2, map[string]map[string]budget.CounterLeaseDoc{"s_acme": {"eu": {Floor: 0.02, Share: 0.88}, "us": {Floor: 0.01, Share: 0.09}}})) {
+		t.Fatal("the second document was not taken")
+	}
+	if eu.SetBudget(doc(1, nil)) {
+		t.Fatal("an older document was taken")
+	}
+	clock.AdvanceBy(globalDenialHold * time.Microsecond)
+	if got := countAllowed(t, eu, "s_acme", 800); got != 700 {
+		t.Fatalf("with its own 90%% s_acme got %d more, want 700", got)
+	}
+	if got := countAllowed(t, eu, "s_other", 250); got != 200 {
+		t.Fatalf("s_other got %d, want the rule's 200", got)
+	}
+	if f, holds := eu.CounterAllowance("g-strict", "s_acme"); f != 0.9 || !holds {
+		t.Fatalf("CounterAllowance = %v, %v; want 0.9 held", f, holds)
+	}
+	// Acknowledged once in force for longer than the ack delay.
+	clock.AdvanceBy(time.Second)
+	reps = eu.GlobalReport()
+	for _, r := range reps {
+		if r.Rule == "g-strict" {
+			rule = r
+		}
+	}
+	if len(rule.Counters) == 0 || rule.Counters[0].Key != "s_acme" || rule.Counters[0].Acked != 2 || rule.Counters[0].Used != 0.9 {
+		t.Fatalf("counters reported: %+v, want s_acme acknowledging 2, having used 0.9", rule.Counters)
+	}
+
+	// Released: the lease it holds until then (lapsed: its floor), then
+	// the rule's.
+	release := clock.Now().Add(20 * time.Second)
+	eu.SetBudget(doc(3, map[string]map[string]budget.CounterLeaseDoc{"s_acme": {"eu": {Released: release}, "us": {Released: release}}}))
+	clock.AdvanceBy(11 * time.Second)
+	if f, holds := eu.CounterAllowance("g-strict", "s_acme"); f != 0.02 || holds {
+		t.Fatalf("released, lease lapsed: CounterAllowance = %v, %v; want its floor 0.02", f, holds)
+	}
+	clock.AdvanceBy(10 * time.Second)
+	if f, _ := eu.CounterAllowance("g-strict", "s_acme"); f != 0.05 {
+		t.Fatalf("after the release: CounterAllowance = %v, want the rule's floor 0.05 (its lease lapsed)", f)
+	}
+
+	// A counter released that the region held no lease of: the rule's
+	// floor until then, whatever the rule's lease.
+	eu.SetBudget(doc(4, map[string]map[string]budget.CounterLeaseDoc{"s_new": {"eu": {Released: clock.Now().Add(time.Minute)}}}))
+	if f, _ := eu.CounterAllowance("g-strict", "s_new"); f != 0.05 {
+		t.Fatalf("released without a lease: CounterAllowance = %v, want the rule's floor 0.05", f)
+	}
+	// Left out of a newer document: back to the rule at once.
+	eu.SetBudget(doc(5, nil))
+	if f, _ := eu.CounterAllowance("g-strict", "s_new"); f != 0.2 {
+		t.Fatalf("left out: CounterAllowance = %v, want the rule's 0.2", f)
+	}
+}
