@@ -92,6 +92,15 @@ type counterState struct {
 	// seeded says the rule's marks of the windows live when the counter
 	// got its budget are in the counter's.
 	seeded bool
+	// usedNow is what each region last said it used of the counter, and
+	// in which window: what it wants of a fixed window is that, and its
+	// demand over what is left of the window.
+	usedNow map[string]usedIn
+}
+
+type usedIn struct {
+	epoch int64
+	used  float64
 }
 
 // ruleBefore is what a rule's counters need to know of the rule as it
@@ -152,7 +161,7 @@ func (a *Allocator) ReportCounter(rule, key string, r Report) {
 			return
 		}
 		c = newRuleState()
-		c.counter = &counterState{since: p.seq + 1, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}}
+		c.counter = &counterState{since: p.seq + 1, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}, usedNow: map[string]usedIn{}}
 		if p.counters == nil {
 			p.counters = map[string]*ruleState{}
 		}
@@ -163,6 +172,9 @@ func (a *Allocator) ReportCounter(rule, key string, r Report) {
 	}
 	before := c.acked[r.Region]
 	c.report(r)
+	if r.UsedEpoch != 0 && r.Used >= 0 && r.Used <= 1+eps {
+		c.counter.usedNow[r.Region] = usedIn{r.UsedEpoch, r.Used}
+	}
 	if after := c.acked[r.Region]; after != before {
 		for _, g := range c.grants[r.Region] {
 			if g.seq == after {
@@ -294,7 +306,15 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 	floors := make([]float64, len(regions))
 	needs := make([]float64, len(regions))
 	weights := make([]float64, len(regions))
-	reserve := 0.0
+	used := make([]float64, len(regions))
+	// A fixed window's room is what each region has used of it, and the
+	// rest shared out by demand over what is left of the window: a
+	// region whose demand moved away keeps what it used, and no more.
+	left, ep := 1.0, c.epoch(now)
+	if !c.sliding {
+		left = float64((ep+1)*c.window-now.UnixMicro()) / float64(c.window)
+	}
+	base := 0.0 // what the regions may use whatever the shares: floors, or what they used
 	for i, r := range regions {
 		floors[i] = 0
 		if total > 0 {
@@ -302,15 +322,18 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 			// counter was released stays on it.
 			floors[i] = min(floorCap, a.cfg.Reserve*c.demand[r]/total)
 		}
-		reserve += floors[i]
+		if u, ok := cs.usedNow[r]; ok && u.epoch == ep && !c.sliding {
+			used[i] = u.used
+		}
+		base += max(floors[i], used[i])
 		weights[i] = c.demand[r]
-		needs[i] = max(0, c.demand[r]-floors[i])
+		needs[i] = max(0, c.demand[r]*left-max(0, floors[i]-used[i]))
 	}
-	distributable := max(0, 1-reserve)
+	distributable := max(0, 1-base)
 	shares := c.steady(regions, waterFill(needs, weights, distributable), distributable, a.cfg.Hysteresis)
 	wants := make([]float64, len(regions))
 	for i := range regions {
-		wants[i] = floors[i] + shares[i]
+		wants[i] = max(floors[i], used[i]) + shares[i]
 	}
 	fractions := c.room(first, last, regions, floorOf, wants)
 
@@ -367,7 +390,7 @@ func (p *ruleState) restoreCounter(key string, snap CounterSnapshot) {
 	c := p.counters[key]
 	if c == nil {
 		c = newRuleState()
-		c.counter = &counterState{since: snap.Since, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}}
+		c.counter = &counterState{since: snap.Since, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}, usedNow: map[string]usedIn{}}
 		if p.counters == nil {
 			p.counters = map[string]*ruleState{}
 		}
@@ -423,7 +446,7 @@ func (p *ruleState) restoreCounterLeases(leases []Lease) {
 		c := p.counters[l.Key]
 		if c == nil {
 			c = newRuleState()
-			c.counter = &counterState{since: l.Seq, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}}
+			c.counter = &counterState{since: l.Seq, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}, usedNow: map[string]usedIn{}}
 			if p.counters == nil {
 				p.counters = map[string]*ruleState{}
 			}

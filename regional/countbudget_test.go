@@ -99,3 +99,34 @@ func TestCounterBudgets(t *testing.T) {
 		t.Fatalf("left out: CounterAllowance = %v, want the rule's 0.2", f)
 	}
 }
+
+// TestGlobalDenialSaysTheWindowEnd: a global limit denied for want of
+// budget says to retry at the window's end, whether the store or the
+// denial cache answers; a store that cannot answer says the window ends
+// where it does.
+func TestGlobalDenialSaysTheWindowEnd(t *testing.T) {
+	clock := newVirtualClock()
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	countAllowed(t, eu, "s_1", 50) // the floor: 50 of 1000 an hour
+	end := clock.Now().Truncate(time.Hour).Add(time.Hour)
+	cached := false
+	for i := range 3 {
+		d := mustCheck(t, eu, Request{APIKey: "s_1", Endpoint: "/x"})
+		if d.Allowed || len(d.Limits) == 0 {
+			t.Fatalf("check %d: %+v, want denied", i, d)
+		}
+		l := d.Limits[0]
+		if want := end.Sub(clock.Now()); l.RetryAfter != want || !l.ResetAt.Equal(end) {
+			t.Fatalf("check %d (cached %v): retry after %v, reset %v; want %v and the window's end %v", i, l.Cached, l.RetryAfter, l.ResetAt, want, end)
+		}
+		cached = cached || l.Cached
+		clock.AdvanceBy(100 * time.Millisecond)
+	}
+	if !cached {
+		t.Fatal("no denial came from the cache: the test checks only the store")
+	}
+	p := Params{Algorithm: FixedWindow, Limit: 10, Window: time.Minute.Microseconds()}
+	if got := p.resetAt(time.Unix(100, 0).UnixMicro()); got != time.Unix(120, 0).UnixMicro() {
+		t.Fatalf("resetAt = %v, want the window's end", time.UnixMicro(got))
+	}
+}

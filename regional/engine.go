@@ -456,10 +456,10 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 		it.decided, it.degraded, it.storeNow = true, true, now
 		switch it.rule.Fallback {
 		case FailOpen:
-			it.result = Result{Allowed: true, Remaining: it.params.Limit, ResetAt: now + it.params.WindowMicros()}
+			it.result = Result{Allowed: true, Remaining: it.params.Limit, ResetAt: it.params.resetAt(now)}
 		case FailClosed:
 			it.unavailable = true
-			it.result = Result{Remaining: 0, ResetAt: now + it.params.WindowMicros(), RetryAfter: e.breakerWait()}
+			it.result = Result{Remaining: 0, ResetAt: it.params.resetAt(now), RetryAfter: e.breakerWait()}
 		case LocalOnly:
 			op := sc.ops[j]
 			op.Batch = 0

@@ -25,6 +25,10 @@ type denial struct {
 	cost    int64
 	strikes int   // requests sent while told to wait
 	resetAt int64 // µs, engine clock
+	// retryAt is when the store said the request could go through
+	// (until may be sooner, for a global limit whose room may come back
+	// sooner; a denial from the cache says the same as the store).
+	retryAt int64
 }
 
 // fromCache denies the request from this replica's memory if it can: a
@@ -39,7 +43,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 			// A key beyond the rule's cap is refused; a shadow rule only
 			// says it would have refused it.
 			it.decided = true
-			it.result = Result{ResetAt: now + it.params.WindowMicros(), RetryAfter: it.params.WindowMicros()}
+			it.result = Result{ResetAt: it.params.resetAt(now), RetryAfter: it.params.WindowMicros()}
 			denied = denied || !it.rule.Shadow
 			continue
 		}
@@ -71,7 +75,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 				e.stats.Penalties.Add(1)
 			}
 			it.decided, it.cached, denied = true, true, true
-			it.result = Result{Remaining: 0, ResetAt: max(dn.resetAt, dn.until), RetryAfter: dn.until - now}
+			it.result = Result{Remaining: 0, ResetAt: max(dn.resetAt, dn.until), RetryAfter: max(dn.until, dn.retryAt) - now}
 		})
 		if it.cached {
 			e.stats.DenialCacheHits.Add(1)
@@ -92,6 +96,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 // could be allowed again, and tells the siblings.
 func (e *Engine) rememberDenial(it *item, now int64) {
 	dn := denial{until: now + it.result.RetryAfter, cost: it.cost, resetAt: now + (it.result.ResetAt - it.storeNow)}
+	dn.retryAt = dn.until
 	if it.rule.Scope == ScopeGlobal {
 		dn.until = min(dn.until, now+globalDenialHold)
 	}

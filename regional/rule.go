@@ -82,6 +82,17 @@ func (p Params) WindowMicros() int64 {
 	return p.Window
 }
 
+// resetAt is when a counter whose store cannot tell is taken to be full
+// again, from now (µs): the end of the window in course for a windowed
+// algorithm, whose windows are aligned to multiples of their length, and
+// one window from now for the others.
+func (p Params) resetAt(now int64) int64 {
+	if (p.Algorithm == FixedWindow || p.Algorithm == SlidingWindowCounter) && p.Window > 0 {
+		return now - now%p.Window + p.Window
+	}
+	return now + p.WindowMicros()
+}
+
 // scaled returns p with its limit set to n and, for a token bucket or GCRA,
 // its rate scaled alike, so that the window stays the same: a tier or an
 // override of 300 on "30 a minute" means "300 a minute".

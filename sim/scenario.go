@@ -292,8 +292,8 @@ func (s *Scenario) check(src string) error {
 		return invalid(src, "name", "missing")
 	case len(s.Regions) < 2:
 		return invalid(src, "regions", "%d: want at least 2", len(s.Regions))
-	case s.Duration <= 0 || s.Duration > 24*time.Hour:
-		return invalid(src, "duration", "%v: want more than 0, at most 24h", s.Duration)
+	case s.Duration <= 0 || s.Duration > 48*time.Hour:
+		return invalid(src, "duration", "%v: want more than 0, at most 48h", s.Duration)
 	case s.Step <= 0 || s.Step > 100*time.Millisecond:
 		return invalid(src, "step", "%v: want more than 0, at most 100ms", s.Step)
 	case s.Network.Latency.Min < s.Step || s.Network.Latency.Max < s.Network.Latency.Min:

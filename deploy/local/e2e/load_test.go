@@ -294,11 +294,26 @@ const loadWorkers = 3
 // replicas, until Stop (called at the latest when the test ends).
 func startLoad(t *testing.T, d *harness.Deployment, key string, window time.Duration, rate int) *load {
 	t.Helper()
+	rates := map[string]int{}
+	for _, r := range d.Regions {
+		rates[r.Name] = rate
+	}
+	return startLoadAt(t, d, key, window, rates)
+}
+
+// startLoadAt sends rates[region] checks a second for api_key key to each
+// region named, until Stop.
+func startLoadAt(t *testing.T, d *harness.Deployment, key string, window time.Duration, rates map[string]int) *load {
+	t.Helper()
 	ld := &load{ledger: newLedger(window), stop: make(chan struct{}),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: loadWorkers}}}
 	body := []byte(fmt.Sprintf(`{"descriptors":{"api_key":%q,"endpoint":"/x"},"cost":1}`, key))
-	every := time.Duration(loadWorkers) * time.Second / time.Duration(rate)
 	for _, r := range d.Regions {
+		rate := rates[r.Name]
+		if rate <= 0 {
+			continue
+		}
+		every := time.Duration(loadWorkers) * time.Second / time.Duration(rate)
 		for i := range loadWorkers {
 			ld.wg.Add(1)
 			go ld.work(r, i, body, every)
