@@ -74,6 +74,39 @@ func Scale(sc *Scenario, factor float64) (*Scenario, error) {
 	return c, nil
 }
 
+// ScaleRate scales a scenario's traffic down by factor (0 < factor ≤ 1):
+// every source's rate and peak, and the limit with them, so that demand
+// stays the same multiple of the limit; for sim live, which cannot play a
+// million requests a second.
+func ScaleRate(sc *Scenario, factor float64) (*Scenario, error) {
+	if !(factor > 0 && factor <= 1) {
+		return nil, fmt.Errorf("%w: rate scale %v: want more than 0, at most 1", ErrInvalidScenario, factor)
+	}
+	c := sc.clone()
+	for i := range c.Traffic {
+		c.Traffic[i].Rate *= factor
+		c.Traffic[i].Peak *= factor
+	}
+	c.Rule.Limit = max(1, int64(math.Round(float64(c.Rule.Limit)*factor)))
+	if factor != 1 {
+		c.Description = fmt.Sprintf("%s\n(traffic scaled down %gx: limit %d)", c.Description, 1/factor, c.Rule.Limit)
+	}
+	if err := c.check(c.Name + " scaled"); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Rate is a scenario's traffic at its busiest, in requests a second: the
+// sum of its sources' peaks.
+func (sc *Scenario) Rate() float64 {
+	n := 0.0
+	for _, t := range sc.Traffic {
+		n += max(t.Rate, t.Peak)
+	}
+	return n
+}
+
 // Restrict plays a scenario on other regions: its i-th region becomes
 // names[i]. Regions beyond len(names) are dropped, with their traffic and
 // the faults that concern only them; a partition or split keeps the
@@ -112,6 +145,11 @@ func Restrict(sc *Scenario, names []string) (*Scenario, error) {
 	}
 	c.Traffic = c.Traffic[:0]
 	for _, t := range sc.Traffic {
+		if t.Kind == "tenants" {
+			// Homed over whichever regions remain.
+			c.Traffic = append(c.Traffic, t)
+			continue
+		}
 		r, ok := rename[t.Region]
 		if !ok {
 			continue

@@ -143,3 +143,42 @@ func TestReportListsItsLinks(t *testing.T) {
 		}
 	}
 }
+
+// TestScaleTenants: the tenants scenario played on fewer regions keeps its
+// tenants, homed over the regions that remain; scaled down in rate, its
+// demand stays the same multiple of the limit.
+func TestScaleTenants(t *testing.T) {
+	sc, err := Load("tenants")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Restrict(sc, []string{"us", "eu", "ap"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Traffic) != 1 || r.Traffic[0].Kind != "tenants" || len(r.Regions) != 3 {
+		t.Fatalf("restricted: %+v on %v", r.Traffic, r.Regions)
+	}
+	s, err := ScaleRate(r, 0.002)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Rate() != 2000 || s.Rule.Limit != 20 || sc.Rule.Limit != 10000 || sc.Traffic[0].Rate != 1e6 {
+		t.Fatalf("scaled: %v a second, limit %d (the original: %v, %d)", s.Rate(), s.Rule.Limit, sc.Traffic[0].Rate, sc.Rule.Limit)
+	}
+	if _, err := ScaleRate(r, 2); err == nil {
+		t.Fatal("a rate scale of 2 was taken")
+	}
+	// Each region's part of the arrivals: its tenants at home, the rest
+	// spread.
+	a := Arrivals(s, 1)
+	per := make([]int, 3)
+	for _, x := range a {
+		per[x.Region]++
+	}
+	for i, n := range per {
+		if n == 0 {
+			t.Errorf("region %d: no arrivals", i)
+		}
+	}
+}

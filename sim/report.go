@@ -80,10 +80,9 @@ type Window struct {
 // TenantUse is the distribution of admitted ÷ limit over the counters of
 // a window asked for more than their limit.
 type TenantUse struct {
-	Count          int
-	Min, P5, P50   float64
-	Worst          string // the key of the one that got least
-	worstKey, seen int
+	Count        int
+	Min, P5, P50 float64
+	Worst        string // the key of the one that got least
 }
 
 // OverPct is the worst counter's over-admission, percent of the limit.
@@ -168,25 +167,33 @@ func (s *sim) report() *Report {
 // tenantUse is how the counters asked for more than the limit in a window
 // fared.
 func (s *sim) tenantUse(g *counterCounts) TenantUse {
-	limit := s.sc.Rule.Limit
+	return TenantUseOf(s.sc.Rule.Limit, func(add func(string, int64, int64)) {
+		for k, n := range g.admitted {
+			add(s.keys[k], int64(n), int64(g.denied[k]))
+		}
+	})
+}
+
+// TenantUseOf is how the counters of a window asked for more than the
+// limit fared: counts adds each counter's key, admitted and denied.
+func TenantUseOf(limit int64, counts func(add func(key string, admitted, denied int64))) TenantUse {
 	var use []float64
 	var out TenantUse
-	for k, n := range g.admitted {
-		if int64(n)+int64(g.denied[k]) <= limit {
-			continue
+	counts(func(key string, adm, den int64) {
+		if adm+den <= limit {
+			return
 		}
-		u := float64(n) / float64(limit)
-		if len(use) == 0 || u < out.Min {
-			out.Min, out.worstKey = u, k
+		u := float64(adm) / float64(limit)
+		if len(use) == 0 || u < out.Min || (u == out.Min && key < out.Worst) {
+			out.Min, out.Worst = u, key
 		}
 		use = append(use, u)
-	}
+	})
 	if len(use) == 0 {
-		return out
+		return TenantUse{}
 	}
 	slices.Sort(use)
 	out.Count, out.P5, out.P50 = len(use), use[len(use)*5/100], use[len(use)/2]
-	out.Worst = s.keys[out.worstKey]
 	return out
 }
 

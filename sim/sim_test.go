@@ -24,7 +24,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs in testd
 var ciDuration = map[string]time.Duration{
 	"million":   300 * time.Millisecond,
 	"many-keys": 4 * time.Second,
-	"tenants":   2 * time.Second,
+	"tenants":   300 * time.Millisecond,
 }
 
 // TestScenarios runs every built-in scenario in each of its modes: its
@@ -478,7 +478,7 @@ func TestRunsTheDaemonsCode(t *testing.T) {
 }
 
 // TestTenantsGetTheirLimit runs the tenants scenario scaled down (500
-// tenants, 10,000 requests a second, three minutes), in strict mode: every
+// tenants, 6,000 requests a second, three minutes), in strict mode: every
 // tenant asked for more than its limit in a full window gets at least 97%
 // of it, wherever its traffic is, and none more.
 func TestTenantsGetTheirLimit(t *testing.T) {
@@ -487,8 +487,8 @@ func TestTenantsGetTheirLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc.Duration = 3 * time.Minute
-	sc.Rule.Limit = 6000
-	sc.Traffic[0].Keys, sc.Traffic[0].Rate = 500, 10_000
+	sc.Rule.Limit = 3600
+	sc.Traffic[0].Keys, sc.Traffic[0].Rate = 500, 6000
 	rep, err := Run(sc, "strict", 1, Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +32,7 @@ type liveConfig struct {
 	mode        string
 	window      time.Duration
 	concurrency int
+	rate        float64
 	out         string
 }
 
@@ -44,6 +46,7 @@ func parseLiveFlags(args []string) (liveConfig, error) {
 	fs.StringVar(&c.mode, "mode", "", "strict or elastic; empty runs every mode the scenario names, one after the other")
 	fs.DurationVar(&c.window, "window", 10*time.Second, "the rule's window live: the scenario's time is scaled down by its window over this")
 	fs.IntVar(&c.concurrency, "concurrency", 256, "requests in flight at most")
+	fs.Float64Var(&c.rate, "rate", 0, "scale the traffic down to at most this many requests a second in all, and the limit with it; 0 plays the scenario's rates")
 	fs.StringVar(&c.out, "out", "", "write both reports' files (CSV, SVG charts, HTML) under this directory, in MODE/simulated and MODE/live; empty writes none")
 	if err := fs.Parse(args); err != nil {
 		return c, usageError(fs, err)
@@ -59,6 +62,8 @@ func parseLiveFlags(args []string) (liveConfig, error) {
 		return c, fmt.Errorf("-window %v: want a whole number of seconds, at least 1s", c.window)
 	case c.concurrency < 1:
 		return c, fmt.Errorf("-concurrency %d: want at least 1", c.concurrency)
+	case !(c.rate >= 0) || math.IsInf(c.rate, 0):
+		return c, fmt.Errorf("-rate %v: want 0 or more requests a second", c.rate)
 	}
 	return c, nil
 }
@@ -92,6 +97,11 @@ func runLive(ctx context.Context, c liveConfig, stdout, stderr io.Writer) error 
 	}
 	if sc, err = sim.Scale(sc, max(1, float64(sc.Rule.Window)/float64(c.window))); err != nil {
 		return err
+	}
+	if total := sc.Rate(); c.rate > 0 && c.rate < total {
+		if sc, err = sim.ScaleRate(sc, c.rate/total); err != nil {
+			return err
+		}
 	}
 	for _, f := range sc.Faults {
 		if !slices.Contains(liveFaults, f.Kind) {
@@ -692,6 +702,11 @@ func (run *liveRun) report(mode string, simRep *sim.Report) *sim.Report {
 		for _, n := range lw.admitted {
 			rep.Admitted += n
 		}
+		win.Tenants = sim.TenantUseOf(limit, func(add func(string, int64, int64)) {
+			for key, k := range lw.byKey {
+				add("k"+strconv.Itoa(key), k[0], k[1])
+			}
+		})
 		for _, k := range lw.byKey {
 			adm := k[0]
 			if adm > 0 {

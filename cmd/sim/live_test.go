@@ -25,6 +25,7 @@ func TestLiveFlags(t *testing.T) {
 		{[]string{"-scenario", "partition", "-window", "1500ms"}, "-window"},
 		{[]string{"-scenario", "partition", "-window", "0s"}, "-window"},
 		{[]string{"-scenario", "partition", "-concurrency", "0"}, "-concurrency"},
+		{[]string{"-scenario", "partition", "-rate", "-5"}, "-rate"},
 		{[]string{"-scenario", "partition", "extra"}, "extra"},
 	} {
 		if _, err := parseLiveFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
