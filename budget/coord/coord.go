@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -263,14 +264,16 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 	var errs []error
 	for _, id := range slices.Sorted(maps.Keys(c.rules)) {
 		rule := c.rules[id]
+		counters := map[string][]budget.Report{}
 		for _, region := range regions {
 			if rep, ok := c.regionReport(rule, region, replicas, now); ok {
 				c.alloc.Report(rule.ID, rep)
 			}
 			for key, rep := range c.counterReports(rule, region, replicas, now) {
-				c.alloc.ReportCounter(rule.ID, key, rep)
+				counters[key] = append(counters[key], rep)
 			}
 		}
+		c.reportCounters(rule.ID, counters)
 		if !c.reported(rule, now) {
 			// No replica has reported the rule for long (every lease
 			// lapsed, every window it counted in over): it is no
@@ -332,6 +335,52 @@ func (c *Coordinator) regionReport(rule budget.Rule, region string, replicas []s
 	rep.UsedEpoch, rep.HasUsed = epoch, found && sameEpoch && rep.Acked > 0
 	rep.HasPrev = rep.HasUsed && hasPrev
 	return rep, found
+}
+
+// minCounterDemand is the least demand, in limits per window summed over
+// the regions, for which a counter gets a budget of its own: one asking
+// for less is served well enough by its rule's shares.
+const minCounterDemand = 0.5
+
+// reportCounters gives the allocator every region's reports on the
+// counters of a rule: those with budgets of their own, then the others
+// asking for at least minCounterDemand, the most asked first, so that the
+// busiest get budgets of their own while there is room for them.
+func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.Report) {
+	served := map[string]bool{}
+	for _, key := range c.alloc.Counters(rule) {
+		served[key] = true
+	}
+	type cand struct {
+		key    string
+		demand float64
+	}
+	var cands []cand
+	for key, reps := range counters {
+		if served[key] {
+			for _, rep := range reps {
+				c.alloc.ReportCounter(rule, key, rep)
+			}
+			continue
+		}
+		d := 0.0
+		for _, rep := range reps {
+			d += rep.Demand
+		}
+		if d >= minCounterDemand {
+			cands = append(cands, cand{key, d})
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int { return cmp.Or(cmp.Compare(b.demand, a.demand), cmp.Compare(a.key, b.key)) })
+	for _, x := range cands {
+		// The first report with demand makes its budget, if there is
+		// room; then the rest.
+		reps := counters[x.key]
+		slices.SortStableFunc(reps, func(a, b budget.Report) int { return cmp.Compare(b.Demand, a.Demand) })
+		for _, rep := range reps {
+			c.alloc.ReportCounter(rule, x.key, rep)
+		}
+	}
 }
 
 // counterReports sums a region's live replicas' reports on the counters of
