@@ -194,8 +194,10 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	floor := a.cfg.Floor(len(regions))
 	// A region may use its floor at any time: the floor counts as a grant
 	// that never lapses. A region keeps the largest floor it was told (the
-	// regions known may have grown since), or, never told, this one.
-	floorOf := func(r string) float64 { return max(floor, s.floors[r], rule.Floors[r]) }
+	// regions known may have grown since), or, never told, this one. (A
+	// region that enforces a higher limit uses more of the rule's: room
+	// counts its marks in the rule's limit, Rule.Floors.)
+	floorOf := func(r string) float64 { return max(floor, s.floors[r]) }
 
 	first, last := s.epoch(now.Add(-a.cfg.Skew)), s.epoch(now.Add(a.cfg.Skew))
 	s.open(first, last, regions, floorOf)
@@ -225,7 +227,7 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	for i := range regions {
 		wants[i] = floor + shares[i]
 	}
-	fractions := s.room(first, last, regions, floorOf, wants)
+	fractions := s.room(first, last, regions, floorOf, wants, higherLimits(rule, floor))
 	var seed map[int64]map[string]float64
 	for _, c := range s.counters {
 		if !c.counter.seeded {
@@ -378,14 +380,19 @@ func (s *ruleState) steady(regions []string, target []float64, distributable, hy
 
 // room returns the fraction each region may be granted, given what each
 // wants: no more than it wants, and more than its high-water mark in a
-// live window only out of room that no region's mark covers.
-func (s *ruleState) room(first, last int64, regions []string, floorOf func(string) float64, wants []float64) []float64 {
+// live window only out of room that no region's mark covers. ratio is,
+// for a region that still enforces a higher limit than the rule's (it has
+// not heard that it was lowered), that limit over the rule's: what it
+// admits under a fraction f is f × ratio of the rule's limit, its marks
+// and its grants alike.
+func (s *ruleState) room(first, last int64, regions []string, floorOf func(string) float64, wants []float64, ratio map[string]float64) []float64 {
+	scale := func(r string) float64 { return max(1, ratio[r]) }
 	mark := func(r string) float64 {
 		m := floorOf(r)
 		for e := first; e <= last; e++ {
 			m = max(m, s.hw[e][r])
 		}
-		return m
+		return m * scale(r)
 	}
 	base, extra := 0.0, 0.0
 	// In name order: a sum of floats in map order differs in its last
@@ -395,18 +402,34 @@ func (s *ruleState) room(first, last int64, regions []string, floorOf func(strin
 	}
 	more := make([]float64, len(regions))
 	for i, r := range regions {
-		more[i] = max(0, wants[i]-mark(r))
+		more[i] = max(0, wants[i]*scale(r)-mark(r))
 		extra += more[i]
 	}
-	scale := 1.0
+	factor := 1.0
 	if extra > 0 && base+extra > 1 {
-		scale = max(0, 1-base) / extra * (1 - eps)
+		factor = max(0, 1-base) / extra * (1 - eps)
 	}
 	out := make([]float64, len(regions))
 	for i, r := range regions {
 		out[i] = wants[i]
-		if m := mark(r); out[i] > m {
-			out[i] = m + more[i]*scale
+		if m := mark(r); out[i]*scale(r) > m {
+			out[i] = (m + more[i]*factor) / scale(r)
+		}
+	}
+	return out
+}
+
+// higherLimits is, for each region that enforces a higher limit than the
+// rule's, that limit over the rule's, from the floors it may be using
+// (Rule.Floors, its floor of the higher limit, over the floor).
+func higherLimits(rule Rule, floor float64) map[string]float64 {
+	if len(rule.Floors) == 0 || floor <= 0 {
+		return nil
+	}
+	out := make(map[string]float64, len(rule.Floors))
+	for r, f := range rule.Floors {
+		if f > floor {
+			out[r] = f / floor
 		}
 	}
 	return out

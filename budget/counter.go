@@ -252,6 +252,9 @@ func (a *Allocator) rebalanceCounters(now time.Time, rule Rule, p *ruleState, re
 func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p *ruleState, regions []string, first, last int64, rb ruleBefore) ([]Lease, bool) {
 	c.window, c.sliding = p.window, p.sliding
 	cs := c.counter
+	// (A region that has not heard that the limit was lowered uses more
+	// of it than its fractions say: room counts them in the rule's limit,
+	// Rule.Floors.)
 	floorOf := c.floorHeld
 	c.open(first, last, regions, floorOf)
 	c.prune(now, a.cfg.Skew)
@@ -335,7 +338,7 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 	for i := range regions {
 		wants[i] = max(floors[i], used[i]) + shares[i]
 	}
-	fractions := c.room(first, last, regions, floorOf, wants)
+	fractions := c.room(first, last, regions, floorOf, wants, higherLimits(rule, floorCap))
 
 	expires := now.Add(a.cfg.LeaseTTL)
 	c.counter.lastExpires = expires

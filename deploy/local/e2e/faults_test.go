@@ -433,6 +433,12 @@ func TestRulesChangeDuringPartition(t *testing.T) {
 	limits := sample(d, limitOf("k1"))
 	defer limits.stop()
 
+	// Cut ap off 4.5s before a window starts, so that its lease (3s) has
+	// lapsed when the first window under the new limit starts: a lease
+	// of the higher limit still in force in a region cut off, while the
+	// others enforce the lower one, may over-admit in that window
+	// (docs/design.md, Partitions: not yet kept).
+	sleepUntil(nextWindow(window, 5*time.Second).Add(-4500 * time.Millisecond))
 	if err := d.Partition("ap"); err != nil {
 		t.Fatal(err)
 	}
