@@ -90,8 +90,9 @@ type ruleState struct {
 	heldEp  int64
 	started bool
 
-	counters map[string]*ruleState // a rule's counters with budgets of their own, by key
-	counter  *counterState         // set on a counter's own budget
+	counters  map[string]*ruleState // a rule's counters with budgets of their own, by key
+	releasedN int                   // how many of them are released
+	counter   *counterState         // set on a counter's own budget
 }
 
 func newRuleState() *ruleState {

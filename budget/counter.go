@@ -157,7 +157,7 @@ func (a *Allocator) ReportCounter(rule, key string, r Report) {
 	c := p.counters[key]
 	if c == nil {
 		d := r.Demand
-		if !(d > 0) || math.IsInf(d, 0) || len(p.counters) >= a.cfg.Counters {
+		if !(d > 0) || math.IsInf(d, 0) || a.Full(rule) {
 			return
 		}
 		c = newRuleState()
@@ -182,6 +182,56 @@ func (a *Allocator) ReportCounter(rule, key string, r Report) {
 			}
 		}
 	}
+}
+
+// Full reports whether a rule has as many counters with budgets of their
+// own as it may (Config.Counters, besides those released and not yet gone
+// back to the rule, of which it may have as many again).
+func (a *Allocator) Full(rule string) bool {
+	p := a.rules[rule]
+	if p == nil {
+		return a.cfg.Counters <= 0
+	}
+	return len(p.counters)-p.releasedN >= a.cfg.Counters || len(p.counters) >= 2*a.cfg.Counters
+}
+
+// Weakest returns the counter of a rule with a budget of its own, not
+// released, that its regions ask least of (demand summed over them), to
+// make room for a busier one (Release).
+func (a *Allocator) Weakest(rule string) (key string, demand float64, ok bool) {
+	p := a.rules[rule]
+	if p == nil {
+		return "", 0, false
+	}
+	for k, c := range p.counters {
+		if !c.counter.released.IsZero() {
+			continue
+		}
+		d := 0.0
+		for _, v := range c.demand {
+			d += v
+		}
+		if !ok || d < demand || (d == demand && k < key) {
+			key, demand, ok = k, d, true
+		}
+	}
+	return key, demand, ok
+}
+
+// Release releases a counter's budget of its own now, as if it had fallen
+// idle: it goes back to the rule once its last lease has lapsed.
+func (a *Allocator) Release(rule, key string, now time.Time) {
+	p := a.rules[rule]
+	if p == nil || p.counters[key] == nil || !p.counters[key].counter.released.IsZero() {
+		return
+	}
+	c := p.counters[key]
+	c.counter.released = now
+	if !c.counter.lastExpires.IsZero() {
+		l := Lease{Expires: c.counter.lastExpires}
+		c.counter.released = Revert(&l, time.Duration(p.window)*time.Microsecond, p.sliding, a.cfg.Skew)
+	}
+	p.releasedN++
 }
 
 // Counters returns the keys of the counters of a rule that have budgets of
@@ -234,12 +284,16 @@ func (c *ruleState) mayUseRule(r string) bool { return c.acked[r] < c.counter.si
 // budget of its own, after the rule's (p): same Seq, same expiry.
 func (a *Allocator) rebalanceCounters(now time.Time, rule Rule, p *ruleState, regions []string, first, last int64, rb ruleBefore) []Lease {
 	var out []Lease
+	p.releasedN = 0
 	for _, key := range slices.Sorted(maps.Keys(p.counters)) {
 		c := p.counters[key]
 		ls, done := a.rebalanceCounter(now, rule, key, c, p, regions, first, last, rb)
 		if done {
 			delete(p.counters, key)
 			continue
+		}
+		if !c.counter.released.IsZero() {
+			p.releasedN++
 		}
 		out = append(out, ls...)
 	}

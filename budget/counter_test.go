@@ -165,6 +165,10 @@ func TestCounterBudgetsNeverOverCommit(t *testing.T) {
 				}
 				a.ReportCounter(rule.ID, "k", kr)
 			}
+			if rapid.IntRange(0, 20).Draw(t, "evict") == 0 {
+				// Another counter takes k's place.
+				a.Release(rule.ID, "k", now)
+			}
 			if rapid.IntRange(0, 15).Draw(t, "leader change") == 0 {
 				b, _ := NewAllocator(cfg)
 				var live []Lease
@@ -410,5 +414,60 @@ func TestRevert(t *testing.T) {
 	}
 	if got := Revert(&l, time.Minute, false, 0); !got.Equal(time.Unix(120, 0)) {
 		t.Fatalf("minute: %v", got)
+	}
+}
+
+// TestCounterEviction: with every budget of its own taken, a busier
+// counter gets one once the least asked-for is released; the released one
+// goes back to the rule once its leases have lapsed.
+func TestCounterEviction(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Counters = 2
+	a, _ := NewAllocator(cfg)
+	rule := Rule{ID: "r", Window: time.Second}
+	names := []string{"eu", "us"}
+	report := func(demand map[string]float64) {
+		for key, d := range demand {
+			a.ReportCounter(rule.ID, key, Report{Region: "us", Demand: d})
+		}
+	}
+	now := t0
+	report(map[string]float64{"a": 0.6, "b": 0.7})
+	if _, err := a.Rebalance(now, rule, names); err != nil {
+		t.Fatal(err)
+	}
+	report(map[string]float64{"a": 0.6, "b": 0.7, "c": 3})
+	if got := a.Counters(rule.ID); len(got) != 2 || !a.Full(rule.ID) {
+		t.Fatalf("counters %v, full %v: want a and b, full", got, a.Full(rule.ID))
+	}
+	weak, d, ok := a.Weakest(rule.ID)
+	if !ok || weak != "a" || d != 0.6 {
+		t.Fatalf("weakest %q %v %v, want a 0.6", weak, d, ok)
+	}
+	a.Release(rule.ID, "a", now)
+	if a.Full(rule.ID) {
+		t.Fatal("still full after a release")
+	}
+	report(map[string]float64{"c": 3})
+	if got := a.Counters(rule.ID); len(got) != 3 {
+		t.Fatalf("counters %v, want a (released), b and c", got)
+	}
+	var released bool
+	for range 30 {
+		now = now.Add(time.Second)
+		report(map[string]float64{"a": 0.6, "b": 0.7, "c": 3})
+		ls, err := a.Rebalance(now, rule, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range ls {
+			released = released || (l.Key == "a" && !l.Released.IsZero())
+			if l.Key == "a" && l.Released.IsZero() {
+				t.Fatalf("a got a lease after its release: %+v", l)
+			}
+		}
+	}
+	if got := a.Counters(rule.ID); !released || len(got) != 2 || got[0] != "b" || got[1] != "c" {
+		t.Fatalf("released %v, counters %v: want a released, then gone", released, got)
 	}
 }

@@ -273,7 +273,7 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 				counters[key] = append(counters[key], rep)
 			}
 		}
-		c.reportCounters(rule.ID, counters)
+		c.reportCounters(rule.ID, counters, now)
 		if !c.reported(rule, now) {
 			// No replica has reported the rule for long (every lease
 			// lapsed, every window it counted in over): it is no
@@ -342,11 +342,19 @@ func (c *Coordinator) regionReport(rule budget.Rule, region string, replicas []s
 // for less is served well enough by its rule's shares.
 const minCounterDemand = 0.5
 
+// Eviction: while every budget of its own is taken, a counter asking for
+// more than evictFactor times what the least asked-for one does takes its
+// place (at most maxEvictions a rebalance).
+const (
+	evictFactor  = 2
+	maxEvictions = 10
+)
+
 // reportCounters gives the allocator every region's reports on the
 // counters of a rule: those with budgets of their own, then the others
 // asking for at least minCounterDemand, the most asked first, so that the
 // busiest get budgets of their own while there is room for them.
-func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.Report) {
+func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.Report, now time.Time) {
 	served := map[string]bool{}
 	for _, key := range c.alloc.Counters(rule) {
 		served[key] = true
@@ -372,7 +380,17 @@ func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.R
 		}
 	}
 	slices.SortFunc(cands, func(a, b cand) int { return cmp.Or(cmp.Compare(b.demand, a.demand), cmp.Compare(a.key, b.key)) })
+	evicted := 0
 	for _, x := range cands {
+		if c.alloc.Full(rule) && evicted < maxEvictions {
+			// Every budget of its own taken: one asked for far less
+			// gives its room to this one (it goes back to the rule
+			// once its leases have lapsed).
+			if weak, d, ok := c.alloc.Weakest(rule); ok && x.demand > evictFactor*d {
+				c.alloc.Release(rule, weak, now)
+				evicted++
+			}
+		}
 		// The first report with demand makes its budget, if there is
 		// room; then the rest.
 		reps := counters[x.key]
