@@ -48,12 +48,17 @@ type counterDemand struct {
 	rule, values     string
 	admitted, denied atomic.Int64
 	touched          atomic.Int64 // µs of the last check
+	reported         atomic.Int64 // denied, as last reported
 }
 
 // maxTrackedCounters bounds the counters a region tracks on their own:
 // the most a rule may give budgets of their own to, and as many
 // candidates.
 const maxTrackedCounters = 2 * budget.MaxCounters
+
+// maxCandidates bounds the counters without a budget of their own that a
+// report names: those denied most since they were last reported.
+const maxCandidates = 200
 
 // trackIdle is how long a counter tracked on its own, with no lease, may go
 // without a check before it is forgotten.
@@ -246,7 +251,9 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 			}
 		}
 	}
-	// Held first, then by demand; in key order for equal ones.
+	// Held first, then those denied most since they were last reported;
+	// in key order for equal ones.
+	recent := func(d *counterDemand) int64 { return d.denied.Load() - d.reported.Load() }
 	slices.SortFunc(cands, func(a, b cand) int {
 		if (a.held != nil) != (b.held != nil) {
 			if a.held != nil {
@@ -254,14 +261,24 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 			}
 			return 1
 		}
-		da, db := a.d.admitted.Load()+a.d.denied.Load(), b.d.admitted.Load()+b.d.denied.Load()
-		if c := cmp.Compare(db, da); c != 0 {
-			return c
+		if a.held == nil {
+			if c := cmp.Compare(recent(b.d), recent(a.d)); c != 0 {
+				return c
+			}
 		}
 		return cmp.Compare(a.d.values, b.d.values)
 	})
-	if len(cands) > budget.MaxCounters {
-		cands = cands[:budget.MaxCounters]
+	n := 0
+	for n < len(cands) && cands[n].held != nil {
+		n++
+	}
+	nheld := n
+	for n < len(cands) && n < budget.MaxCounters && recent(cands[n].d) > 0 && n-nheld < maxCandidates {
+		n++
+	}
+	cands = cands[:min(n, budget.MaxCounters)]
+	for _, c := range cands {
+		c.d.reported.Store(c.d.denied.Load())
 	}
 	window := r.Base.Window
 	ep := us / max(1, window)

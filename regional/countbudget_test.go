@@ -44,6 +44,13 @@ func TestCounterBudgets(t *testing.T) {
 	if rule.Admitted != 0.2 || rule.Denied != 0.05 {
 		t.Fatalf("rule demand %+v: want 0.2 admitted, 0.05 denied", rule.Demand)
 	}
+	// Denied no more since: not named again (a report names the
+	// candidates denied most since they were last named).
+	for _, r := range eu.GlobalReport() {
+		if r.Rule == "g-strict" && len(r.Counters) != 0 {
+			t.Fatalf("reported again with no new denial: %+v", r.Counters)
+		}
+	}
 
 	// Its own lease: 90% for s_acme, the rule's 20% for the others.
 	if !eu.SetBudget(doc(2, map[string]map[string]budget.CounterLeaseDoc{"s_acme": {"eu": {Floor: 0.02, Share: 0.88}, "us": {Floor: 0.01, Share: 0.09}}})) {

@@ -126,6 +126,7 @@ type demandTrack struct {
 type counterTrack struct {
 	last gossip.CounterReport
 	rate budget.DemandRate
+	seen time.Time
 }
 
 // CounterDemandSpan is how far back a counter's demand rate looks: a
@@ -195,12 +196,9 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 
 // trackCounters takes in a replica's reports on a rule's counters on their
 // own; counters it no longer reports are forgotten (a replica reports
-// every counter it holds a lease of).
+// every counter it holds a lease of), those it named lately as denied
+// after a while.
 func (c *Coordinator) trackCounters(t *demandTrack, reps map[string]gossip.CounterReport, window time.Duration, now time.Time) {
-	if len(reps) == 0 {
-		t.counters = nil
-		return
-	}
 	next := make(map[string]*counterTrack, min(len(reps), budget.MaxCounters))
 	for key, rep := range reps {
 		if len(next) >= budget.MaxCounters {
@@ -213,9 +211,19 @@ func (c *Coordinator) trackCounters(t *demandTrack, reps map[string]gossip.Count
 		if ct == nil {
 			ct = &counterTrack{rate: budget.DemandRate{Span: CounterDemandSpan}}
 		}
-		ct.last = rep
+		ct.last, ct.seen = rep, now
 		ct.rate.Add(rep.Admitted+rep.Denied, window, now)
 		next[key] = ct
+	}
+	// A replica names a counter without a budget of its own only while
+	// it denies it more: one it named lately keeps its rate a while.
+	for key, ct := range t.counters {
+		if len(next) >= budget.MaxCounters {
+			break
+		}
+		if _, ok := next[key]; !ok && ct.last.Acked == 0 && now.Sub(ct.seen) < CounterDemandSpan {
+			next[key] = ct
+		}
 	}
 	t.counters = next
 }
