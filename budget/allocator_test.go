@@ -32,13 +32,18 @@ type received struct {
 // received (by Seq: one that arrives after a newer one is ignored) while it
 // holds by the region's clock, or its floor.
 func (m *modelRegion) enforced(t time.Time, floor float64) float64 {
-	var newest *Lease
-	for i := range m.received {
-		if l := &m.received[i].lease; newest == nil || l.Seq > newest.Seq {
-			newest = l
+	return Allowance(newestOf(m.received), floor, t.Add(m.offset))
+}
+
+// newestOf is the newest lease received by Seq.
+func newestOf(rs []received) *Lease {
+	var n *Lease
+	for i := range rs {
+		if l := &rs[i].lease; n == nil || l.Seq > n.Seq {
+			n = l
 		}
 	}
-	return Allowance(newest, floor, t.Add(m.offset))
+	return n
 }
 
 func epochOf(t time.Time, window time.Duration) int64 {
@@ -51,28 +56,11 @@ func epochOf(t time.Time, window time.Duration) int64 {
 // regions together use more than the whole limit.
 func TestStrictNeverOverCommits(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		cfg := DefaultConfig()
-		cfg.Reserve = rapid.Float64Range(0, 0.5).Draw(t, "reserve")
-		cfg.LeaseTTL = time.Duration(rapid.IntRange(500, 15000).Draw(t, "ttl_ms")) * time.Millisecond
-		cfg.Skew = time.Duration(rapid.IntRange(0, 1000).Draw(t, "skew_ms")) * time.Millisecond
-		cfg.Hysteresis = rapid.Float64Range(0, 0.1).Draw(t, "hysteresis")
-		cfg.Smoothing = rapid.Float64Range(0.1, 1).Draw(t, "smoothing")
-		a, err := NewAllocator(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rule := Rule{
-			ID:      "r",
-			Window:  time.Duration(rapid.IntRange(200, 20000).Draw(t, "window_ms")) * time.Millisecond,
-			Sliding: rapid.Bool().Draw(t, "sliding"),
-		}
-		n := rapid.IntRange(1, 5).Draw(t, "regions")
-		names := make([]string, n)
+		a, cfg, rule, names, offsets := drawModel(t, 15000, 5)
+		n := len(names)
 		regions := make([]*modelRegion, n)
 		for i := range regions {
-			names[i] = string(rune('a' + i))
-			off := time.Duration(rapid.Int64Range(-cfg.Skew.Microseconds(), cfg.Skew.Microseconds()).Draw(t, "offset_us")) * time.Microsecond
-			regions[i] = &modelRegion{name: names[i], offset: off, used: map[int64]float64{}}
+			regions[i] = &modelRegion{name: names[i], offset: offsets[i], used: map[int64]float64{}}
 		}
 		floor := cfg.Floor(n)
 		type pending struct {
@@ -156,42 +144,88 @@ func TestStrictNeverOverCommits(t *testing.T) {
 			queue = kept
 			dt := time.Duration(rapid.IntRange(50, 2000).Draw(t, "dt_ms")) * time.Millisecond
 			for _, m := range regions {
-				// Until the next step the region's allowance only
-				// falls (as leases lapse): in each window it meets,
-				// the most it may use is what it may use as it enters.
-				from, to := epochOf(now.Add(m.offset), rule.Window), epochOf(now.Add(dt+m.offset-time.Microsecond), rule.Window)
-				for e := from; e <= to; e++ {
-					enter := time.UnixMicro(e * rule.Window.Microseconds()).Add(-m.offset)
-					if enter.Before(now) {
-						enter = now
-					}
+				windowsMet(rule.Window, now, dt, m.offset, func(e int64, enter time.Time) {
 					m.used[e] = max(m.used[e], m.enforced(enter, floor))
-				}
+				})
 			}
 			now = now.Add(dt)
 		}
-		windows := map[int64]bool{}
-		for _, m := range regions {
-			for e := range m.used {
-				windows[e] = true
-			}
+		used := make([]map[int64]float64, n)
+		for i, m := range regions {
+			used[i] = m.used
 		}
-		for e := range windows {
-			sum := 0.0
-			for _, m := range regions {
-				// A sliding estimate is at most the most the region
-				// could admit in this window or the one before.
-				if rule.Sliding {
-					sum += max(m.used[e], m.used[e-1])
-				} else {
-					sum += m.used[e]
-				}
-			}
-			if sum > 1+1e-9 {
-				t.Fatalf("window %d: regions together may admit %v of the limit", e, sum)
-			}
-		}
+		checkWindows(t, rule.Sliding, "the limit", used)
 	})
+}
+
+// drawModel draws what both models of the allocator share: its settings
+// (a lease's life up to maxTTL ms), the rule, and up to maxRegions regions
+// with clocks off by up to the skew allowance.
+func drawModel(t *rapid.T, maxTTL, maxRegions int) (*Allocator, Config, Rule, []string, []time.Duration) {
+	cfg := DefaultConfig()
+	cfg.Reserve = rapid.Float64Range(0, 0.5).Draw(t, "reserve")
+	cfg.LeaseTTL = time.Duration(rapid.IntRange(500, maxTTL).Draw(t, "ttl_ms")) * time.Millisecond
+	cfg.Skew = time.Duration(rapid.IntRange(0, 1000).Draw(t, "skew_ms")) * time.Millisecond
+	cfg.Hysteresis = rapid.Float64Range(0, 0.1).Draw(t, "hysteresis")
+	cfg.Smoothing = rapid.Float64Range(0.1, 1).Draw(t, "smoothing")
+	a, err := NewAllocator(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{
+		ID:      "r",
+		Window:  time.Duration(rapid.IntRange(200, 20000).Draw(t, "window_ms")) * time.Millisecond,
+		Sliding: rapid.Bool().Draw(t, "sliding"),
+	}
+	n := rapid.IntRange(1, maxRegions).Draw(t, "regions")
+	names := make([]string, n)
+	offsets := make([]time.Duration, n)
+	for i := range names {
+		names[i] = string(rune('a' + i))
+		offsets[i] = time.Duration(rapid.Int64Range(-cfg.Skew.Microseconds(), cfg.Skew.Microseconds()).Draw(t, "offset_us")) * time.Microsecond
+	}
+	return a, cfg, rule, names, offsets
+}
+
+// windowsMet calls use with each window a region whose clock is off by
+// offset meets from now until now+dt, and when it enters it (now at the
+// latest): until the next step its allowance only falls, so the most it
+// may use in each window is what it may use as it enters.
+func windowsMet(window time.Duration, now time.Time, dt, offset time.Duration, use func(e int64, enter time.Time)) {
+	from, to := epochOf(now.Add(offset), window), epochOf(now.Add(dt+offset-time.Microsecond), window)
+	for e := from; e <= to; e++ {
+		enter := time.UnixMicro(e * window.Microseconds()).Add(-offset)
+		if enter.Before(now) {
+			enter = now
+		}
+		use(e, enter)
+	}
+}
+
+// checkWindows fails if in any window the regions together may have
+// admitted more than the limit (of what): used is each region's most per
+// window. A sliding estimate is at most the most the region could admit
+// in a window or the one before.
+func checkWindows(t *rapid.T, sliding bool, what string, used []map[int64]float64) {
+	windows := map[int64]bool{}
+	for _, u := range used {
+		for e := range u {
+			windows[e] = true
+		}
+	}
+	for e := range windows {
+		sum := 0.0
+		for _, u := range used {
+			if sliding {
+				sum += max(u[e], u[e-1])
+			} else {
+				sum += u[e]
+			}
+		}
+		if sum > 1+1e-9 {
+			t.Fatalf("window %d: regions together may admit %v of %s", e, sum, what)
+		}
+	}
 }
 
 func TestWaterFill(t *testing.T) {

@@ -128,6 +128,17 @@ func (rb ruleBefore) most(r string, seq uint64, e, window int64, sliding bool) f
 	return f
 }
 
+// release releases the budget at now: its regions go back to the rule at
+// the first window that starts after its last lease lapsed (Revert), or
+// now if it never had one.
+func (cs *counterState) release(now time.Time, window time.Duration, sliding bool, skew time.Duration) {
+	cs.released = now
+	if !cs.lastExpires.IsZero() {
+		l := Lease{Expires: cs.lastExpires}
+		cs.released = Revert(&l, window, sliding, skew)
+	}
+}
+
 // idleAfter is how long a counter's demand must stay nil before its budget
 // is released: a lease's life, or a window if longer. (Demand that comes
 // back before its regions have gone back to the rule waits for them: a
@@ -160,12 +171,7 @@ func (a *Allocator) ReportCounter(rule, key string, r Report) {
 		if !(d > 0) || math.IsInf(d, 0) || a.Full(rule) {
 			return
 		}
-		c = newRuleState()
-		c.counter = &counterState{since: p.seq + 1, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}, usedNow: map[string]usedIn{}}
-		if p.counters == nil {
-			p.counters = map[string]*ruleState{}
-		}
-		p.counters[key] = c
+		c = p.newCounter(key, p.seq+1)
 	}
 	if r.Acked < c.counter.since {
 		r.Acked, r.HasUsed = 0, false
@@ -225,12 +231,7 @@ func (a *Allocator) Release(rule, key string, now time.Time) {
 	if p == nil || p.counters[key] == nil || !p.counters[key].counter.released.IsZero() {
 		return
 	}
-	c := p.counters[key]
-	c.counter.released = now
-	if !c.counter.lastExpires.IsZero() {
-		l := Lease{Expires: c.counter.lastExpires}
-		c.counter.released = Revert(&l, time.Duration(p.window)*time.Microsecond, p.sliding, a.cfg.Skew)
-	}
+	p.counters[key].counter.release(now, time.Duration(p.window)*time.Microsecond, p.sliding, a.cfg.Skew)
 	p.releasedN++
 }
 
@@ -343,11 +344,7 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 	if cs.released.IsZero() && !(total > 0) && now.Sub(cs.lastDemand) >= a.idleAfter(rule.Window) {
 		// Idle: released. No more leases; the regions go back to the
 		// rule once the last has lapsed.
-		cs.released = now
-		if !cs.lastExpires.IsZero() {
-			l := Lease{Expires: cs.lastExpires}
-			cs.released = Revert(&l, rule.Window, rule.Sliding, a.cfg.Skew)
-		}
+		cs.release(now, rule.Window, rule.Sliding, a.cfg.Skew)
 	}
 	if !cs.released.IsZero() {
 		if !now.Add(-a.cfg.Skew).Before(cs.released) {
@@ -441,17 +438,24 @@ func (c *ruleState) counterSnapshot() CounterSnapshot {
 	return out
 }
 
+// newCounter gives a rule's counter a budget of its own, whose first
+// leases are numbered since.
+func (p *ruleState) newCounter(key string, since uint64) *ruleState {
+	c := newRuleState()
+	c.counter = &counterState{since: since, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}, usedNow: map[string]usedIn{}}
+	if p.counters == nil {
+		p.counters = map[string]*ruleState{}
+	}
+	p.counters[key] = c
+	return c
+}
+
 // restoreCounter takes in a counter's snapshot, after the leases (Restore)
 // that the counter's rule numbers up to seq.
 func (p *ruleState) restoreCounter(key string, snap CounterSnapshot) {
 	c := p.counters[key]
 	if c == nil {
-		c = newRuleState()
-		c.counter = &counterState{since: snap.Since, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}, usedNow: map[string]usedIn{}}
-		if p.counters == nil {
-			p.counters = map[string]*ruleState{}
-		}
-		p.counters[key] = c
+		c = p.newCounter(key, snap.Since)
 	}
 	if snap.Since > 0 {
 		c.counter.since = snap.Since
@@ -502,12 +506,7 @@ func (p *ruleState) restoreCounterLeases(leases []Lease) {
 	for _, l := range leases {
 		c := p.counters[l.Key]
 		if c == nil {
-			c = newRuleState()
-			c.counter = &counterState{since: l.Seq, ackedExp: map[string]time.Time{}, floors: map[string][]floorRec{}, usedNow: map[string]usedIn{}}
-			if p.counters == nil {
-				p.counters = map[string]*ruleState{}
-			}
-			p.counters[l.Key] = c
+			c = p.newCounter(l.Key, l.Seq)
 		}
 		c.counter.since = min(c.counter.since, l.Seq)
 		c.seq = max(c.seq, l.Seq)

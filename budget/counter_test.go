@@ -27,17 +27,6 @@ type counterRegion struct {
 	kUsed    map[int64]float64
 }
 
-// newestOf is the newest lease received by Seq.
-func newestOf(rs []received) *Lease {
-	var n *Lease
-	for i := range rs {
-		if l := &rs[i].lease; n == nil || l.Seq > n.Seq {
-			n = l
-		}
-	}
-	return n
-}
-
 // take puts a budget document (one rebalance's leases for this region) in
 // force, whole, as the region does; an older one than it holds is ignored.
 func (m *counterRegion) take(doc []Lease, at time.Time) {
@@ -88,28 +77,11 @@ func (m *counterRegion) kEnforced(t time.Time, floor float64) float64 {
 // counter.
 func TestCounterBudgetsNeverOverCommit(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		cfg := DefaultConfig()
-		cfg.Reserve = rapid.Float64Range(0, 0.5).Draw(t, "reserve")
-		cfg.LeaseTTL = time.Duration(rapid.IntRange(500, 8000).Draw(t, "ttl_ms")) * time.Millisecond
-		cfg.Skew = time.Duration(rapid.IntRange(0, 1000).Draw(t, "skew_ms")) * time.Millisecond
-		cfg.Hysteresis = rapid.Float64Range(0, 0.1).Draw(t, "hysteresis")
-		cfg.Smoothing = rapid.Float64Range(0.1, 1).Draw(t, "smoothing")
-		a, err := NewAllocator(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rule := Rule{
-			ID:      "r",
-			Window:  time.Duration(rapid.IntRange(200, 20000).Draw(t, "window_ms")) * time.Millisecond,
-			Sliding: rapid.Bool().Draw(t, "sliding"),
-		}
-		n := rapid.IntRange(1, 4).Draw(t, "regions")
-		names := make([]string, n)
+		a, cfg, rule, names, offsets := drawModel(t, 8000, 4)
+		n := len(names)
 		regions := make([]*counterRegion, n)
 		for i := range regions {
-			names[i] = string(rune('a' + i))
-			off := time.Duration(rapid.Int64Range(-cfg.Skew.Microseconds(), cfg.Skew.Microseconds()).Draw(t, "offset_us")) * time.Microsecond
-			regions[i] = &counterRegion{name: names[i], offset: off, used: map[int64]float64{}, kUsed: map[int64]float64{}}
+			regions[i] = &counterRegion{name: names[i], offset: offsets[i], used: map[int64]float64{}, kUsed: map[int64]float64{}}
 		}
 		floor := cfg.Floor(n)
 		type pending struct {
@@ -222,43 +194,19 @@ func TestCounterBudgetsNeverOverCommit(t *testing.T) {
 				// rule's lease, which is at a window's start: the most
 				// it may use in each window it meets is what it may
 				// use as it enters.
-				from, to := epochOf(now.Add(m.offset), rule.Window), epochOf(now.Add(dt+m.offset-time.Microsecond), rule.Window)
-				for e := from; e <= to; e++ {
-					enter := time.UnixMicro(e * rule.Window.Microseconds()).Add(-m.offset)
-					if enter.Before(now) {
-						enter = now
-					}
-					ruleNow := Allowance(newestOf(m.rule), floor, enter.Add(m.offset))
-					m.used[e] = max(m.used[e], ruleNow)
+				windowsMet(rule.Window, now, dt, m.offset, func(e int64, enter time.Time) {
+					m.used[e] = max(m.used[e], Allowance(newestOf(m.rule), floor, enter.Add(m.offset)))
 					m.kUsed[e] = max(m.kUsed[e], m.kEnforced(enter, floor))
-				}
+				})
 			}
 			now = now.Add(dt)
 		}
-		check := func(what string, used func(m *counterRegion) map[int64]float64) {
-			windows := map[int64]bool{}
-			for _, m := range regions {
-				for e := range used(m) {
-					windows[e] = true
-				}
-			}
-			for e := range windows {
-				sum := 0.0
-				for _, m := range regions {
-					u := used(m)
-					if rule.Sliding {
-						sum += max(u[e], u[e-1])
-					} else {
-						sum += u[e]
-					}
-				}
-				if sum > 1+1e-9 {
-					t.Fatalf("window %d: regions together may admit %v of %s's limit", e, sum, what)
-				}
-			}
+		kUsed, used := make([]map[int64]float64, n), make([]map[int64]float64, n)
+		for i, m := range regions {
+			kUsed[i], used[i] = m.kUsed, m.used
 		}
-		check("k", func(m *counterRegion) map[int64]float64 { return m.kUsed })
-		check("the rule's other counters", func(m *counterRegion) map[int64]float64 { return m.used })
+		checkWindows(t, rule.Sliding, "k's limit", kUsed)
+		checkWindows(t, rule.Sliding, "the limit of the rule's other counters", used)
 	})
 }
 

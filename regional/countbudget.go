@@ -39,7 +39,7 @@ type heldCounter struct {
 	lease        budget.Lease
 	has          bool
 	released     time.Time
-	recent       []adoption
+	recent       adoptions
 }
 
 // counterDemand counts what a region was asked for of one counter, as
@@ -123,7 +123,7 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 			l := budget.Lease{Rule: d.Rule, Key: values, Region: e.cfg.Region, Seq: d.Seq, Floor: c.Floor, Share: c.Share,
 				Issued: d.Issued, Expires: d.CounterExpires}
 			if !h.has || l.Seq > h.lease.Seq {
-				h.recent = keepRecent(h.recent, now, e.cfg.Timeout)
+				h.recent = h.recent.kept(now, e.cfg.Timeout)
 				h.lease, h.has, h.released = l, true, time.Time{}
 				h.recent = append(h.recent, adoption{seq: l.Seq, at: now})
 			}
@@ -137,18 +137,6 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 		e.SetLease(l)
 	}
 	return true
-}
-
-// keepRecent keeps of a lease's adoptions what is still needed to tell the
-// newest ackable: the newest older than the ack delay, and all after.
-func keepRecent(recent []adoption, now time.Time, timeout time.Duration) []adoption {
-	keep := 0
-	for i, a := range recent {
-		if now.Sub(a.at) > ackDelay(timeout) {
-			keep = i
-		}
-	}
-	return slices.Clone(recent[keep:])
 }
 
 // counterAllowance is the fraction of a counter's limit the region may
@@ -287,7 +275,7 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 	for _, c := range cands {
 		rep := CounterReport{Key: c.d.values, Admitted: float64(c.d.admitted.Load()) / 1e6, Denied: float64(c.d.denied.Load()) / 1e6, UsedEpoch: ep}
 		if c.held != nil && c.held.has {
-			rep.Acked = c.held.ackable(now, e.cfg.Timeout)
+			rep.Acked = c.held.recent.ackable(now, e.cfg.Timeout)
 		}
 		key := CounterKey(r.ID, c.d.values)
 		if _, limit, ok := rs.GlobalLimitOf(key); ok && limit > 0 {
@@ -307,17 +295,6 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 		out = append(out, rep)
 	}
 	return out
-}
-
-// ackable is the Seq of the counter lease the region may acknowledge.
-func (h *heldCounter) ackable(now time.Time, timeout time.Duration) uint64 {
-	var seq uint64
-	for _, a := range h.recent {
-		if now.Sub(a.at) > ackDelay(timeout) {
-			seq = a.seq
-		}
-	}
-	return seq
 }
 
 // CounterAllowance is GlobalAllowance for one counter of a global rule

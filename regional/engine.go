@@ -327,7 +327,7 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 			if it.decided {
 				e.violation(it, req, us)
 				if it.rule.Scope == ScopeGlobal {
-					e.noteGlobal(it, false) // demand denied for want of budget
+					e.noteGlobal(it, false, us) // demand denied for want of budget
 				}
 			}
 		}
@@ -551,7 +551,7 @@ func (e *Engine) record(sc *scratch, req *Request, now int64) {
 			e.keepBatch(it, now)
 		}
 		if it.rule.Scope == ScopeGlobal && !it.degraded {
-			e.noteGlobal(it, allowed)
+			e.noteGlobal(it, allowed, now)
 		}
 		if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
 			e.rememberDenial(it, now)

@@ -96,7 +96,7 @@ type heldLease struct {
 	lease budget.Lease
 	// recent lists the leases taken lately, newest last: the one to
 	// acknowledge is the newest taken long enough ago.
-	recent []adoption
+	recent adoptions
 }
 
 type adoption struct {
@@ -265,15 +265,7 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 	now := e.now()
 	h := &heldLease{lease: l}
 	if old != nil {
-		// Keep what is still needed to tell the newest ackable lease:
-		// the newest adoption older than the ack delay, and all after.
-		keep := 0
-		for i, a := range old.recent {
-			if now.Sub(a.at) > ackDelay(e.cfg.Timeout) {
-				keep = i
-			}
-		}
-		h.recent = append(h.recent, old.recent[keep:]...)
+		h.recent = old.recent.kept(now, e.cfg.Timeout)
 	}
 	h.recent = append(h.recent, adoption{seq: l.Seq, at: now})
 	next[l.Rule] = h
@@ -339,16 +331,31 @@ func (e *Engine) otherAllowance(rule, region string, now time.Time) float64 {
 // older lease is still in flight.
 func ackDelay(timeout time.Duration) time.Duration { return 2 * timeout }
 
+// adoptions are the leases a region took lately, oldest first.
+type adoptions []adoption
+
 // ackable is the Seq the region may acknowledge at now: that of the
 // newest lease taken more than ackDelay ago.
-func (h *heldLease) ackable(now time.Time, timeout time.Duration) uint64 {
+func (as adoptions) ackable(now time.Time, timeout time.Duration) uint64 {
 	var seq uint64
-	for _, a := range h.recent {
+	for _, a := range as {
 		if now.Sub(a.at) > ackDelay(timeout) {
 			seq = a.seq
 		}
 	}
 	return seq
+}
+
+// kept is what is still needed to tell the newest ackable lease: the
+// newest adoption older than the ack delay, and all after; a copy.
+func (as adoptions) kept(now time.Time, timeout time.Duration) adoptions {
+	keep := 0
+	for i, a := range as {
+		if now.Sub(a.at) > ackDelay(timeout) {
+			keep = i
+		}
+	}
+	return slices.Clone(as[keep:])
 }
 
 // Lease returns the lease held for a rule, and the Seq the region may
@@ -358,7 +365,7 @@ func (e *Engine) Lease(rule string) (budget.Lease, uint64, bool) {
 	if h == nil {
 		return budget.Lease{}, 0, false
 	}
-	return h.lease, h.ackable(e.now(), e.cfg.Timeout), true
+	return h.lease, h.recent.ackable(e.now(), e.cfg.Timeout), true
 }
 
 // GlobalAllowance is the fraction of a global rule's limit the region may
@@ -434,9 +441,10 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	e.global.usage.with(func(c *crdt.Counters) { op.KnownP, op.KnownN = c.Own(id) })
 }
 
-// noteGlobal records a global limit's answer: the region's slot for the
-// gossip, and the demand for the budget.
-func (e *Engine) noteGlobal(it *item, allowed bool) {
+// noteGlobal records a global limit's answer, given at now (µs, the
+// engine's clock): the region's slot for the gossip, and the demand for the
+// budget.
+func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	r := &it.result
 	window := it.params.Window
 	start := it.storeNow / window * window
@@ -447,17 +455,16 @@ func (e *Engine) noteGlobal(it *item, allowed bool) {
 	d := e.ruleDemand(it.rule.ID)
 	units := it.cost * 1e6 / max(1, it.params.Limit)
 	admitted, denied := r.Allowed && allowed, !r.Allowed
-	now := e.now()
-	if e.global.counter(it.key, now) != nil {
+	if e.global.counter(it.key, time.UnixMicro(now)) != nil {
 		// A budget of its own: its demand is its own, not the rule's.
-		e.trackCounter(it, admitted, denied, now.UnixMicro())
+		e.trackCounter(it, admitted, denied, now)
 	} else {
 		switch {
 		case admitted:
 			d.admitted.Add(units)
 		case denied:
 			d.denied.Add(units)
-			e.trackCounter(it, false, true, now.UnixMicro()) // a candidate
+			e.trackCounter(it, false, true, now) // a candidate
 		}
 	}
 	if it.cached || it.storeNow == 0 {

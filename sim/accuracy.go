@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/geoquota/geoquota/regional"
@@ -116,7 +115,7 @@ func Accuracy(seed uint64, opt AccuracyOptions) (*AccuracyReport, error) {
 	q := make(accQueue, 0, opt.Keys)
 	for i := range keys {
 		k := &keys[i]
-		k.name = "k" + strconv.Itoa(i)
+		k.name = KeyName(i)
 		k.rate = perSecond * opt.MinRate * math.Exp(rng.Float64()*math.Log(opt.MaxRate/opt.MinRate))
 		k.burst = rng.Float64() < 0.5
 		k.period = opt.Window

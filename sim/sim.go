@@ -92,7 +92,7 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 	}
 	s.keys = make([]string, s.nkeys)
 	for i := range s.keys {
-		s.keys[i] = "k" + strconv.Itoa(i)
+		s.keys[i] = KeyName(i)
 	}
 	rs, err := regional.Parse("scenario "+sc.Name, ruleYAML(sc, mode))
 	if err != nil {
@@ -161,6 +161,9 @@ func ruleYAML(sc *Scenario, mode string) []byte {
     fallback: %s
 `, ruleID, mode, sc.Rule.Algorithm, sc.Rule.Limit, sc.Rule.Window.Milliseconds(), sc.Rule.CarryDebt, sc.Rule.Fallback)
 }
+
+// KeyName is the API key of a scenario's key i (TrafficSpec.Keys).
+func KeyName(i int) string { return "k" + strconv.Itoa(i) }
 
 // global marks an event that may touch anything: it runs alone.
 const global = -1

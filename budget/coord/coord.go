@@ -305,44 +305,56 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 	return docs, found, errors.Join(errs...)
 }
 
-// regionReport sums a region's live replicas' reports on a rule: demand
-// adds up (of the replicas heard within demandSilence); the lease
-// acknowledged is the oldest any replica acknowledges (each replica
-// enforces its own); what was used is the most any saw, if all speak of
-// the same window.
+// regionReport sums a region's live replicas' reports on a rule (see
+// reportSum).
 func (c *Coordinator) regionReport(rule budget.Rule, region string, replicas []string, now time.Time) (budget.Report, bool) {
-	rep := budget.Report{Region: region}
-	found, sameEpoch, epoch, hasPrev := false, true, int64(0), true
+	sum := reportSum{rep: budget.Report{Region: region}}
 	for _, id := range replicas {
 		r := c.replicas[id]
 		if r.region != region || now.Sub(r.heard) > c.replicaSilence() {
 			continue
 		}
-		t := r.rules[rule.ID]
-		if t == nil {
-			continue
-		}
-		if !found {
-			rep.Acked, epoch = t.last.Acked, t.last.UsedEpoch
-		}
-		found = true
-		if now.Sub(r.heard) <= c.demandSilence() {
-			rep.Demand += t.rate.Rate()
-		}
-		rep.Acked = min(rep.Acked, t.last.Acked)
-		rep.Used = max(rep.Used, t.last.Used)
-		if t.last.UsedEpoch != epoch {
-			sameEpoch = false
-		}
-		if t.last.PrevUsed == nil {
-			hasPrev = false
-		} else {
-			rep.PrevUsed = max(rep.PrevUsed, *t.last.PrevUsed)
+		if t := r.rules[rule.ID]; t != nil {
+			sum.add(t.rate.Rate(), now.Sub(r.heard) <= c.demandSilence(), t.last.Acked, t.last.Used, t.last.UsedEpoch, t.last.PrevUsed)
 		}
 	}
-	rep.UsedEpoch, rep.HasUsed = epoch, found && sameEpoch && rep.Acked > 0
-	rep.HasPrev = rep.HasUsed && hasPrev
-	return rep, found
+	return sum.report(), sum.n > 0
+}
+
+// reportSum sums replicas' reports on a rule, or on a counter: demand adds
+// up (of the replicas heard within demandSilence); the lease acknowledged
+// is the oldest any replica acknowledges (each replica enforces its own);
+// what was used is the most any saw, if all speak of the same window.
+type reportSum struct {
+	rep                     budget.Report
+	n                       int
+	mixedEpochs, someNoPrev bool
+}
+
+func (s *reportSum) add(rate float64, believed bool, acked uint64, used float64, epoch int64, prev *float64) {
+	if s.n == 0 {
+		s.rep.Acked, s.rep.UsedEpoch = acked, epoch
+	}
+	s.n++
+	if believed {
+		s.rep.Demand += rate
+	}
+	s.rep.Acked = min(s.rep.Acked, acked)
+	s.rep.Used = max(s.rep.Used, used)
+	if epoch != s.rep.UsedEpoch {
+		s.mixedEpochs = true
+	}
+	if prev == nil {
+		s.someNoPrev = true
+	} else {
+		s.rep.PrevUsed = max(s.rep.PrevUsed, *prev)
+	}
+}
+
+func (s *reportSum) report() budget.Report {
+	s.rep.HasUsed = s.n > 0 && !s.mixedEpochs && s.rep.Acked > 0
+	s.rep.HasPrev = s.rep.HasUsed && !s.someNoPrev
+	return s.rep
 }
 
 // minCounterDemand is the least demand, in limits per window summed over
@@ -413,13 +425,7 @@ func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.R
 // a rule on their own, as regionReport does for the rule; a live replica
 // that reports the rule but not a counter acknowledges none of its leases.
 func (c *Coordinator) counterReports(rule budget.Rule, region string, replicas []string, now time.Time) map[string]budget.Report {
-	type acc struct {
-		rep       budget.Report
-		n         int
-		sameEpoch bool
-		hasPrev   bool
-	}
-	all := map[string]*acc{}
+	all := map[string]*reportSum{}
 	live := 0
 	for _, id := range replicas {
 		r := c.replicas[id]
@@ -432,35 +438,20 @@ func (c *Coordinator) counterReports(rule budget.Rule, region string, replicas [
 		}
 		live++
 		for key, ct := range t.counters {
-			a := all[key]
-			if a == nil {
-				a = &acc{rep: budget.Report{Region: region, Acked: ct.last.Acked, UsedEpoch: ct.last.UsedEpoch}, sameEpoch: true, hasPrev: true}
-				all[key] = a
+			sum := all[key]
+			if sum == nil {
+				sum = &reportSum{rep: budget.Report{Region: region}}
+				all[key] = sum
 			}
-			a.n++
-			if now.Sub(r.heard) <= c.demandSilence() {
-				a.rep.Demand += ct.rate.Rate()
-			}
-			a.rep.Acked = min(a.rep.Acked, ct.last.Acked)
-			a.rep.Used = max(a.rep.Used, ct.last.Used)
-			if ct.last.UsedEpoch != a.rep.UsedEpoch {
-				a.sameEpoch = false
-			}
-			if ct.last.PrevUsed == nil {
-				a.hasPrev = false
-			} else {
-				a.rep.PrevUsed = max(a.rep.PrevUsed, *ct.last.PrevUsed)
-			}
+			sum.add(ct.rate.Rate(), now.Sub(r.heard) <= c.demandSilence(), ct.last.Acked, ct.last.Used, ct.last.UsedEpoch, ct.last.PrevUsed)
 		}
 	}
 	out := make(map[string]budget.Report, len(all))
-	for key, a := range all {
-		if a.n < live {
-			a.rep.Acked = 0
+	for key, sum := range all {
+		if sum.n < live {
+			sum.rep.Acked = 0
 		}
-		a.rep.HasUsed = a.sameEpoch && a.rep.Acked > 0
-		a.rep.HasPrev = a.rep.HasUsed && a.hasPrev
-		out[key] = a.rep
+		out[key] = sum.report()
 	}
 	return out
 }

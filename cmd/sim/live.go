@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -433,7 +432,7 @@ func (run *liveRun) usageOf(ctx context.Context, addr string, key int, at time.T
 	return v, err
 }
 
-func (run *liveRun) key(k int) string { return fmt.Sprintf("%sk%d", run.prefix, k) }
+func (run *liveRun) key(k int) string { return run.prefix + sim.KeyName(k) }
 
 // requests sends every arrival at its time to a replica of its region,
 // round robin, at most -concurrency at once.
@@ -704,7 +703,7 @@ func (run *liveRun) report(mode string, simRep *sim.Report) *sim.Report {
 		}
 		win.Tenants = sim.TenantUseOf(limit, func(add func(string, int64, int64)) {
 			for key, k := range lw.byKey {
-				add("k"+strconv.Itoa(key), k[0], k[1])
+				add(sim.KeyName(key), k[0], k[1])
 			}
 		})
 		for _, k := range lw.byKey {
