@@ -1,6 +1,7 @@
 package crdt
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 )
@@ -30,10 +31,6 @@ type entry struct {
 	slots      []slot // sorted by region index
 	ver        uint64 // the newest slot version
 	prev, next *entry
-	// Anti-entropy's hashes, kept while they hold: the entry's hash as of
-	// version hashVer, and its bucket among bucketsOf buckets.
-	hash, hashVer     uint64
-	bucket, bucketsOf uint32
 }
 
 type slot struct {
@@ -220,6 +217,80 @@ func (c *Counters) deltaSince(v uint64, only int) Delta {
 	return c.appendEntries(d, changed, nslots, func(s *slot) bool {
 		return s.ver > v && (only < 0 || int(s.region) == only)
 	})
+}
+
+// OwnDeltas returns the local region's slots changed after version v, in
+// deltas of at most max entries each (max <= 0: one delta), in the order
+// they are to be sent. Each covers a range of versions, From (exclusive)
+// to To (inclusive), the first from v and the last to the latest version:
+// a receiver that has merged every delta up to one needs only the slots
+// changed after its To to hold them all, whatever became of the later
+// deltas (a change in a part's range that the part lacks was overtaken by
+// a later one, after its To). With nothing changed it returns one delta with no entries, which
+// still says how far the versions run.
+func (c *Counters) OwnDeltas(v uint64, max int) []Delta {
+	from := min(v, c.version)
+	type change struct {
+		e   *entry
+		s   *slot
+		ver uint64
+	}
+	var changed []change
+	for e := c.tail; e != nil && e.ver > v; e = e.prev {
+		if i, ok := e.find(uint32(c.self)); ok && e.slots[i].ver > v {
+			if s := &e.slots[i]; s.p != 0 || s.n != 0 {
+				changed = append(changed, change{e, s, s.ver})
+			}
+		}
+	}
+	if len(changed) == 0 {
+		return []Delta{{Origin: c.Self(), From: from, To: c.version}}
+	}
+	if max <= 0 {
+		max = len(changed)
+	}
+	// Parts are cut in the order of the slots' versions, so that each
+	// holds every change in its range; within a part, in ID order.
+	slices.SortFunc(changed, func(a, b change) int { return cmp.Compare(a.ver, b.ver) })
+	buf := make([]Slot, len(changed))
+	entries := make([]Entry, len(changed))
+	var out []Delta
+	for start := 0; start < len(changed); start += max {
+		part := changed[start:min(len(changed), start+max)]
+		to := part[len(part)-1].ver
+		if start+max >= len(changed) {
+			to = c.version
+		}
+		slices.SortFunc(part, func(a, b change) int { return a.e.id.Compare(b.e.id) })
+		d := Delta{Origin: c.Self(), From: from, To: to, Entries: entries[start : start+len(part) : start+len(part)]}
+		for i, ch := range part {
+			buf[start+i] = Slot{Region: c.regions[c.self], P: ch.s.p, N: ch.s.n}
+			d.Entries[i] = Entry{ID: ch.e.id, Slots: buf[start+i : start+i+1 : start+i+1]}
+		}
+		out = append(out, d)
+		from = to
+	}
+	return out
+}
+
+// RegionState returns every slot of one region the collection holds, as
+// a full state from the local region (versions 0 to 0: it covers no range
+// of anyone's). It is what a region that lost its own counters is sent
+// back from another's copy.
+func (c *Counters) RegionState(region string) Delta {
+	d := Delta{Origin: c.Self()}
+	ri, ok := c.index[region]
+	if !ok {
+		return d
+	}
+	var held []*entry
+	for e := c.head; e != nil; e = e.next {
+		if i, ok := e.find(ri); ok && (e.slots[i].p != 0 || e.slots[i].n != 0) {
+			held = append(held, e)
+		}
+	}
+	slices.SortFunc(held, func(a, b *entry) int { return a.id.Compare(b.id) })
+	return c.appendEntries(d, held, len(held), func(s *slot) bool { return s.region == ri })
 }
 
 // appendEntries adds to d the slots of entries that keep accepts, in entry

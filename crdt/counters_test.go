@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"runtime"
 	"slices"
 	"testing"
 
@@ -127,23 +126,6 @@ func TestRelayedOlderSlotsAreStaleNotRegressed(t *testing.T) {
 	}
 }
 
-func TestDiffAllocatesForTheCollectionNotTheDigest(t *testing.T) {
-	c := newTestCounters(t, "us-east")
-	c.Inc(ID{Key: "k"}, 1)
-	huge := Digest{Origin: "eu-west", Buckets: MaxDigestBuckets}
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for range 10 {
-		if _, err := c.Diff(huge); err != nil {
-			t.Fatal(err)
-		}
-	}
-	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / 10; per > 64<<10 {
-		t.Fatalf("Diff against a %d-bucket digest allocated %d bytes for one counter", MaxDigestBuckets, per)
-	}
-}
-
 func TestDeltaMergeRefusesWhatItCannotSay(t *testing.T) {
 	slot := []Slot{{Region: "us-east", P: 1}}
 	a := Delta{Origin: "us-east", From: 0, To: 5, Entries: []Entry{{ID: ID{Key: "a"}, Slots: slot}}}
@@ -173,13 +155,9 @@ func TestMergeRestoresOwnSlotAfterLoss(t *testing.T) {
 	eu.Merge(us.OwnDeltaSince(0))
 
 	fresh := newTestCounters(t, "us-east")
-	dg, err := fresh.Digest(DefaultDigestBuckets)
-	if err != nil {
-		t.Fatal(err)
-	}
-	repair, err := eu.Diff(dg)
-	if err != nil {
-		t.Fatal(err)
+	repair := eu.RegionState("us-east")
+	if repair.Origin != "eu-west" || repair.To != 0 {
+		t.Fatalf("RegionState = %+v, want eu-west's copy, over no versions", repair)
 	}
 	fresh.Merge(repair)
 	if got := fresh.Get(id).P.Get("us-east"); got != 42 {
@@ -254,8 +232,14 @@ func TestReplicasConverge(t *testing.T) {
 		truth := map[ID][]counts{}
 		published := make([]uint64, len(reps))
 		type message struct {
-			to  int
-			msg []byte
+			from, to int
+			msg      []byte
+		}
+		// have[i][j] is the version up to which i holds j's own slots
+		// without a gap: what i asks j for the rest from.
+		have := make([][]uint64, len(reps))
+		for i := range have {
+			have[i] = make([]uint64, len(reps))
 		}
 		var inflight []message
 		ids := rapid.SampledFrom([]ID{{"a", 0}, {"a", 60}, {"b", 0}, {"tenant/c", 60}})
@@ -285,7 +269,7 @@ func TestReplicasConverge(t *testing.T) {
 				}
 				for to := range reps {
 					if to != r {
-						inflight = append(inflight, message{to, msg})
+						inflight = append(inflight, message{r, to, msg})
 					}
 				}
 			case len(inflight) == 0:
@@ -300,6 +284,9 @@ func TestReplicasConverge(t *testing.T) {
 				if rep := reps[m.to].Merge(d); rep.UnknownRegion != 0 {
 					t.Fatalf("unknown region in %+v", rep)
 				}
+				if d.From <= have[m.to][m.from] {
+					have[m.to][m.from] = max(have[m.to][m.from], d.To)
+				}
 			case op == 4: // duplicate one
 				inflight = append(inflight, inflight[rapid.IntRange(0, len(inflight)-1).Draw(t, "dup")])
 			case op == 5: // lose one
@@ -308,12 +295,13 @@ func TestReplicasConverge(t *testing.T) {
 			}
 		}
 
-		// Anti-entropy: each replica pulls from every other, through the wire.
-		buckets := uint32(rapid.IntRange(1, 16).Draw(t, "buckets"))
+		// Anti-entropy: each replica asks every other for its own slots
+		// changed since the version it holds them to, through the wire.
+		parts := rapid.IntRange(1, 3).Draw(t, "entries per part")
 		for i := range reps {
 			for j := range reps {
 				if i != j {
-					pull(t, reps[i], reps[j], buckets)
+					pull(t, reps[i], reps[j], have[i][j], parts)
 				}
 			}
 		}
@@ -336,31 +324,19 @@ func TestReplicasConverge(t *testing.T) {
 	})
 }
 
-// pull repairs dst from src by anti-entropy: dst's digest goes to src, src's
-// diff comes back; both through the wire encoding.
-func pull(t *rapid.T, dst, src *Counters, buckets uint32) {
-	dg, err := dst.Digest(buckets)
-	if err != nil {
-		t.Fatal(err)
+// pull repairs dst from src by anti-entropy: src's own slots changed
+// since version since, in parts, through the wire encoding.
+func pull(t *rapid.T, dst, src *Counters, since uint64, max int) {
+	for _, d := range src.OwnDeltas(since, max) {
+		msg, err := AppendDelta(nil, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err = DecodeDelta(msg); err != nil {
+			t.Fatal(err)
+		}
+		dst.Merge(d)
 	}
-	msg, err := AppendDigest(nil, dg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if dg, err = DecodeDigest(msg); err != nil {
-		t.Fatal(err)
-	}
-	diff, err := src.Diff(dg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if msg, err = AppendDelta(nil, diff); err != nil {
-		t.Fatal(err)
-	}
-	if diff, err = DecodeDelta(msg); err != nil {
-		t.Fatal(err)
-	}
-	dst.Merge(diff)
 }
 
 func TestDeltaMergeEqualsFullStateMerge(t *testing.T) {
@@ -521,4 +497,72 @@ func TestObserveRaisesOwnSlotOnly(t *testing.T) {
 	if c.Observe(ID{Key: "none", Epoch: 1}, 0, 0) || c.Len() != 1 {
 		t.Fatal("observing nothing created a counter")
 	}
+}
+
+// TestOwnDeltasCoverTheirRanges checks the promise of OwnDeltas: parts of
+// at most max entries, chained From to To from v to the latest version,
+// together the own slots OwnDeltaSince gives; and a receiver that held
+// the sender's own slots as of version v and merged the parts up to one
+// needs only what changed after that part's To to hold them all.
+func TestOwnDeltasCoverTheirRanges(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		c := newTestCounters(t, "us-east")
+		other := newTestCounters(t, "eu-west")
+		// own[v] is the sender's own state as of version v.
+		own := map[uint64][]Entry{0: nil}
+		for range rapid.IntRange(0, 60).Draw(t, "ops") {
+			id := ID{Key: fmt.Sprint("k", rapid.IntRange(0, 9).Draw(t, "key")), Epoch: 1}
+			if rapid.Bool().Draw(t, "remote") {
+				other.Inc(id, 1)
+				c.Merge(other.OwnDeltaSince(0))
+			} else {
+				c.Inc(id, uint64(rapid.IntRange(1, 3).Draw(t, "n")))
+			}
+			own[c.Version()] = c.OwnDeltaSince(0).Entries
+		}
+		v := rapid.Uint64Range(0, c.Version()).Draw(t, "since")
+		maxEntries := rapid.IntRange(0, 4).Draw(t, "max")
+		parts := c.OwnDeltas(v, maxEntries)
+		from := min(v, c.Version())
+		var all Delta
+		for i, p := range parts {
+			if p.From != from || p.To < p.From || (maxEntries > 0 && len(p.Entries) > maxEntries) {
+				t.Fatalf("part %d runs (%d, %d] with %d entries, want from %d, at most %d", i, p.From, p.To, len(p.Entries), from, maxEntries)
+			}
+			if err := p.Validate(); err != nil {
+				t.Fatalf("part %d: %v", i, err)
+			}
+			from = p.To
+			all.Entries = append(all.Entries, p.Entries...)
+		}
+		if from != c.Version() {
+			t.Fatalf("parts run to %d, want %d", from, c.Version())
+		}
+		all.Normalize()
+		if want := c.OwnDeltaSince(v).Entries; !reflect.DeepEqual(all.Entries, want) {
+			t.Fatalf("parts hold %v, want %v", all.Entries, want)
+		}
+		// The receiver as of v: the state last recorded at or before it.
+		base := v
+		for _, ok := own[base]; !ok; _, ok = own[base] {
+			base--
+		}
+		want := c.OwnDeltaSince(0).Entries
+		r := newTestCounters(t, "ap-south")
+		r.Merge(Delta{Origin: "us-east", Entries: own[base]})
+		for i, p := range parts {
+			r.Merge(p)
+			rest := newTestCounters(t, "ap-south")
+			rest.Merge(Delta{Origin: "us-east", Entries: state(r)})
+			rest.Merge(c.OwnDeltaSince(p.To))
+			if got := rest.OwnDeltaSince(0).Entries; len(got) != 0 {
+				t.Fatalf("the receiver counts as its own %v", got)
+			}
+			for _, e := range want {
+				if got := rest.Get(e.ID).P.Get("us-east"); got != e.Slots[0].P {
+					t.Fatalf("after part %d (to %d) and what changed since, the receiver holds %s at %d, want %d", i, p.To, e.Key, got, e.Slots[0].P)
+				}
+			}
+		}
+	})
 }

@@ -1,8 +1,8 @@
 // Package crdt holds the counters that let regions agree on global usage
 // without coordinating: grow-only counters (GCounter), counters that also
 // count down (PNCounter), a collection of them per counter key and window
-// epoch (Counters), the deltas and digests regions exchange, and the compact
-// binary encoding those travel in.
+// epoch (Counters), the deltas regions exchange, and the compact binary
+// encoding those travel in.
 //
 // # Model
 //
@@ -30,9 +30,11 @@
 //	d, err := crdt.DecodeDelta(msg)   // malformed input is an error, never a panic
 //	report := c.Merge(d)              // replayed or regressing slots are ignored and counted
 //
-// Lost messages are repaired by anti-entropy: one replica sends its Digest,
-// the other answers with Diff, the counters in buckets that differ, and the
-// first merges them (and the same the other way round).
+// Every change gets a version, and a delta says which versions it covers
+// (From, To]: a receiver that finds a range missing (a delta lost) asks the
+// sender for OwnDeltas since the last version it holds without a gap, and
+// merges them; a region that lost its own slots gets them back from
+// another's RegionState.
 //
 // Old windows are dropped with Expire; removal is local and not gossiped.
 //

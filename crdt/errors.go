@@ -11,8 +11,6 @@ const (
 	MaxRegionNameLen = 255
 	// MaxRegions is the most regions one message may name.
 	MaxRegions = 256
-	// MaxDigestBuckets is the most buckets a digest may have.
-	MaxDigestBuckets = 1 << 20
 )
 
 var (
@@ -24,6 +22,4 @@ var (
 	ErrInvalidDelta = errors.New("crdt: invalid delta")
 	// ErrInvalidRegions is returned by NewCounters for an unusable region set.
 	ErrInvalidRegions = errors.New("crdt: invalid regions")
-	// ErrInvalidDigest is returned for a digest with an unusable bucket count.
-	ErrInvalidDigest = errors.New("crdt: invalid digest")
 )

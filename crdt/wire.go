@@ -30,15 +30,6 @@ import (
 // Keys sorted and sharing prefixes cost a few bytes each; a region name is
 // sent once per message; a slot with no decrements costs its P alone.
 //
-// A digest message:
-//
-//	origin string
-//	buckets uvarint
-//	sums: count uvarint, then per non-empty bucket, in bucket order:
-//	  gap uvarint         bucket minus the previous bucket minus one (the first: bucket)
-//	  count uvarint       at least 1
-//	  hash                8 bytes, little-endian
-//
 // The encoding is canonical: one value has one encoding, and the decoder
 // rejects every other byte string. Decoding therefore round-trips exactly,
 // and two equal messages are equal bytes.
@@ -48,8 +39,7 @@ type MessageKind byte
 
 // Message kinds.
 const (
-	KindDelta  MessageKind = 1
-	KindDigest MessageKind = 2
+	KindDelta MessageKind = 1
 )
 
 const (
@@ -72,7 +62,7 @@ func Kind(b []byte) (MessageKind, error) {
 		return 0, fmt.Errorf("%w: format version %d, want %d", ErrMalformed, b[2], wireVersion)
 	}
 	switch k := MessageKind(b[3]); k {
-	case KindDelta, KindDigest:
+	case KindDelta:
 		return k, nil
 	default:
 		return 0, fmt.Errorf("%w: unknown message kind %d", ErrMalformed, k)
@@ -278,98 +268,6 @@ func decodeDelta(b []byte) (Delta, error) {
 	for i := range d.Entries {
 		d.Entries[i].Key = all[start:keyEnds[i]]
 		start = keyEnds[i]
-	}
-	return d, nil
-}
-
-// AppendDigest appends the encoding of d to dst.
-func AppendDigest(dst []byte, d Digest) ([]byte, error) {
-	if len(d.Origin) > MaxRegionNameLen {
-		return dst, fmt.Errorf("%w: origin %q longer than %d bytes", ErrInvalidDigest, d.Origin, MaxRegionNameLen)
-	}
-	if d.Buckets == 0 || d.Buckets > MaxDigestBuckets || len(d.Sums) > int(d.Buckets) {
-		return dst, fmt.Errorf("%w: %d buckets with %d sums", ErrInvalidDigest, d.Buckets, len(d.Sums))
-	}
-	for i, s := range d.Sums {
-		if s.Bucket >= d.Buckets || s.Count == 0 || (i > 0 && s.Bucket <= d.Sums[i-1].Bucket) {
-			return dst, fmt.Errorf("%w: sum %d: bucket %d with count %d out of order, range or empty", ErrInvalidDigest, i, s.Bucket, s.Count)
-		}
-	}
-	dst = append(dst, 'g', 'q', wireVersion, byte(KindDigest))
-	dst = appendString(dst, d.Origin)
-	dst = binary.AppendUvarint(dst, uint64(d.Buckets))
-	dst = binary.AppendUvarint(dst, uint64(len(d.Sums)))
-	next := uint32(0)
-	for _, s := range d.Sums {
-		dst = binary.AppendUvarint(dst, uint64(s.Bucket-next))
-		dst = binary.AppendUvarint(dst, uint64(s.Count))
-		dst = binary.LittleEndian.AppendUint64(dst, s.Hash)
-		next = s.Bucket + 1
-	}
-	return dst, nil
-}
-
-// DecodeDigest decodes a digest message. It returns an error wrapping
-// ErrMalformed for anything AppendDigest would not have written.
-func DecodeDigest(b []byte) (Digest, error) {
-	d, err := decodeDigest(b)
-	if err != nil {
-		return Digest{}, err
-	}
-	return d, nil
-}
-
-func decodeDigest(b []byte) (Digest, error) {
-	var d Digest
-	if err := expectKind(b, KindDigest); err != nil {
-		return d, err
-	}
-	r := reader{b: b, off: headerLen}
-	var err error
-	if d.Origin, err = r.string("origin", 0, MaxRegionNameLen); err != nil {
-		return d, err
-	}
-	buckets, err := r.uvarint("buckets")
-	if err != nil {
-		return d, err
-	}
-	if buckets == 0 || buckets > MaxDigestBuckets {
-		return d, r.errorf("buckets: %d not in 1..%d", buckets, MaxDigestBuckets)
-	}
-	d.Buckets = uint32(buckets)
-	n, err := r.count("sums", int(buckets), 10)
-	if err != nil {
-		return d, err
-	}
-	if n > 0 {
-		d.Sums = make([]BucketSum, n)
-	}
-	next := uint64(0)
-	for i := range d.Sums {
-		gap, err := r.uvarint("bucket gap")
-		if err != nil {
-			return d, err
-		}
-		if gap >= buckets-next {
-			return d, r.errorf("sum %d: bucket beyond %d", i, buckets)
-		}
-		bucket := next + gap
-		count, err := r.uvarint("count")
-		if err != nil {
-			return d, err
-		}
-		if count == 0 || count > 1<<32-1 {
-			return d, r.errorf("sum %d: count %d not in 1..%d", i, count, uint32(1<<32-1))
-		}
-		if r.off+8 > len(b) {
-			return d, r.errorf("sum %d: hash truncated", i)
-		}
-		d.Sums[i] = BucketSum{Bucket: uint32(bucket), Count: uint32(count), Hash: binary.LittleEndian.Uint64(b[r.off:])}
-		r.off += 8
-		next = bucket + 1
-	}
-	if r.off != len(b) {
-		return d, r.errorf("%d trailing bytes", len(b)-r.off)
 	}
 	return d, nil
 }

@@ -36,28 +36,6 @@ func TestDeltaRoundTrip(t *testing.T) {
 	})
 }
 
-func TestDigestRoundTrip(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		c := newTestCounters(t, "eu-west")
-		randomOps(t, "ops", c)
-		dg, err := c.Digest(uint32(rapid.IntRange(1, 300).Draw(t, "buckets")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg, err := AppendDigest(nil, dg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := DecodeDigest(msg)
-		if err != nil {
-			t.Fatalf("DecodeDigest: %v", err)
-		}
-		if !reflect.DeepEqual(got, dg) {
-			t.Fatalf("round trip:\n got %+v\nwant %+v", got, dg)
-		}
-	})
-}
-
 func TestAppendDeltaRefusesNonCanonical(t *testing.T) {
 	slot := []Slot{{Region: "us-east", P: 1}}
 	for name, d := range map[string]Delta{
@@ -137,7 +115,7 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 		"bad magic":           {'x', 'q', wireVersion, byte(KindDelta)},
 		"future version":      {'g', 'q', wireVersion + 1, byte(KindDelta)},
 		"unknown kind":        {'g', 'q', wireVersion, 9},
-		"digest as delta":     {'g', 'q', wireVersion, byte(KindDigest)},
+		"former digest kind":  {'g', 'q', wireVersion, 2},
 		"overlong varint":     cat(header, str("o"), []byte{0x80, 0x00}, uv(0), uv(0), uv(0)),
 		"trailing bytes":      cat(header, str("o"), uv(0), uv(0), uv(0), uv(0), []byte{0}),
 		"unsorted regions":    cat(header, str("o"), uv(0), uv(0), uv(2), str("b"), str("a"), uv(0)),
@@ -167,19 +145,6 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 	if d, err := DecodeDelta(good); err != nil || d.Entries[1].Key != "ac" {
 		t.Fatalf("control message: %+v, %v", d, err)
 	}
-
-	dheader := []byte{'g', 'q', wireVersion, byte(KindDigest)}
-	for name, b := range map[string][]byte{
-		"zero buckets":       cat(dheader, str(""), uv(0), uv(0)),
-		"bucket beyond":      cat(dheader, str(""), uv(4), uv(1), uv(4), uv(1), make([]byte, 8)),
-		"empty bucket":       cat(dheader, str(""), uv(4), uv(1), uv(0), uv(0), make([]byte, 8)),
-		"hash truncated":     cat(dheader, str(""), uv(4), uv(1), uv(0), uv(1), make([]byte, 7)),
-		"more sums than fit": cat(dheader, str(""), uv(2), uv(3)),
-	} {
-		if _, err := DecodeDigest(b); !errors.Is(err, ErrMalformed) {
-			t.Errorf("%s: DecodeDigest = %v, want ErrMalformed", name, err)
-		}
-	}
 }
 
 // checkDecode is the decoder's contract for arbitrary bytes: no panic; an
@@ -194,17 +159,9 @@ func checkDecode(t testing.TB, b []byte) {
 	} else if !errors.Is(err, ErrMalformed) {
 		t.Fatalf("DecodeDelta error %v does not wrap ErrMalformed", err)
 	}
-	if d, err := DecodeDigest(b); err == nil {
-		again, err := AppendDigest(nil, d)
-		if err != nil || !bytes.Equal(again, b) {
-			t.Fatalf("decoded digest %x does not re-encode to itself: %x, %v", b, again, err)
-		}
-	} else if !errors.Is(err, ErrMalformed) {
-		t.Fatalf("DecodeDigest error %v does not wrap ErrMalformed", err)
-	}
 }
 
-// FuzzDecode feeds arbitrary bytes to both decoders. go test runs the seeds;
+// FuzzDecode feeds arbitrary bytes to the decoder. go test runs the seeds;
 // make fuzz runs the fuzzer.
 func FuzzDecode(f *testing.F) {
 	f.Add(validDelta(f))
@@ -215,9 +172,6 @@ func FuzzDecode(f *testing.F) {
 	c.Merge(Delta{Origin: "eu-west", Entries: []Entry{{ID: ID{Key: "a"}, Slots: []Slot{{Region: "eu-west", P: 1 << 40, N: 3}}}}})
 	full, _ := AppendDelta(nil, c.DeltaSince(0))
 	f.Add(full)
-	dg, _ := c.Digest(16)
-	digest, _ := AppendDigest(nil, dg)
-	f.Add(digest)
 	f.Add([]byte{})
 	f.Add([]byte("gq"))
 	f.Add([]byte{'g', 'q', wireVersion, byte(KindDelta), 0, 0, 0, 0, 0})

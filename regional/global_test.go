@@ -229,7 +229,7 @@ func TestEngineGlobalLimits(t *testing.T) {
 			if got := countAllowed(t, us, "e_1", 60); got != 60 {
 				t.Fatalf("us admitted %d, want all 60 from the slack it sees", got)
 			}
-			d := us.OwnDelta(0)
+			d := us.OwnDeltas(0, 0)[0]
 			rep, err := eu.MergeRemote(t.Context(), d)
 			if err != nil || rep.Applied == 0 {
 				t.Fatalf("merge: %+v, %v", rep, err)
@@ -370,7 +370,7 @@ rules:
 	if got := countAllowed(t, us, "e_7", 600); got != 600 {
 		t.Fatalf("us admitted %d of 600", got)
 	}
-	d := us.OwnDelta(0)
+	d := us.OwnDeltas(0, 0)[0]
 	if _, err := eu.MergeRemote(t.Context(), d); err != nil {
 		t.Fatal(err)
 	}
@@ -435,13 +435,13 @@ func TestMaintainExpiresGlobalCounters(t *testing.T) {
 	if got := countAllowed(t, e, "s_1", 3); got != 3 {
 		t.Fatalf("admitted %d of 3", got)
 	}
-	if n := len(e.OwnDelta(0).Entries); n != 1 {
+	if n := len(e.OwnDeltas(0, 0)[0].Entries); n != 1 {
 		t.Fatalf("the copy holds %d windows, want 1", n)
 	}
 	if err := e.Maintain(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(e.OwnDelta(0).Entries); n != 1 {
+	if n := len(e.OwnDeltas(0, 0)[0].Entries); n != 1 {
 		t.Fatalf("after Maintain in the window the copy holds %d windows, want 1", n)
 	}
 	start := clock.Now().UnixMilli() / 3_600_000 * 3_600_000
@@ -449,7 +449,7 @@ func TestMaintainExpiresGlobalCounters(t *testing.T) {
 	if err := e.Maintain(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(e.OwnDelta(0).Entries); n != 0 {
+	if n := len(e.OwnDeltas(0, 0)[0].Entries); n != 0 {
 		t.Fatalf("after the window's grace, Maintain left %d windows in the copy", n)
 	}
 	// A peer's repair of that window does not bring it back.

@@ -182,31 +182,23 @@ func (u *counters) with(f func(*crdt.Counters)) {
 // one included, sorted: --regions, or this region alone.
 func (e *Engine) GlobalRegions() []string { return slices.Clone(e.global.regions) }
 
-// OwnDelta returns this region's slots of the global counters changed
-// after version since (0: every one), with the version they run to in To:
-// what the region gossips to the others.
-func (e *Engine) OwnDelta(since uint64) crdt.Delta {
+// OwnDeltas returns this region's slots of the global counters changed
+// after version since (0: every one), in deltas of at most max entries,
+// each covering a range of the copy's versions: what the region gossips
+// to the others (crdt.Counters.OwnDeltas).
+func (e *Engine) OwnDeltas(since uint64, max int) []crdt.Delta {
+	var ds []crdt.Delta
+	e.global.usage.with(func(c *crdt.Counters) { ds = c.OwnDeltas(since, max) })
+	return ds
+}
+
+// RegionState returns every slot of one region that the engine's copy of
+// the global counters holds: what is sent back to a region that lost its
+// own.
+func (e *Engine) RegionState(region string) crdt.Delta {
 	var d crdt.Delta
-	e.global.usage.with(func(c *crdt.Counters) { d = c.OwnDeltaSince(since) })
+	e.global.usage.with(func(c *crdt.Counters) { d = c.RegionState(region) })
 	return d
-}
-
-// GlobalDigest summarizes the engine's copy of the global counters, for
-// anti-entropy: a peer answers it with what the copy lacks (GlobalDiff).
-func (e *Engine) GlobalDigest() (crdt.Digest, error) {
-	var dg crdt.Digest
-	var err error
-	e.global.usage.with(func(c *crdt.Counters) { dg, err = c.Digest(crdt.DefaultDigestBuckets) })
-	return dg, err
-}
-
-// GlobalDiff returns the counters of the engine's copy that a peer's
-// digest shows the peer lacks or holds lower, every region's slots.
-func (e *Engine) GlobalDiff(peer crdt.Digest) (crdt.Delta, error) {
-	var d crdt.Delta
-	var err error
-	e.global.usage.with(func(c *crdt.Counters) { d, err = c.Diff(peer) })
-	return d, err
 }
 
 // ObserveOwn takes in this region's own slots as a sibling replica saw its

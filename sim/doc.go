@@ -1,7 +1,7 @@
 // Package sim is a deterministic discrete-event simulator for partition and
 // traffic scenarios. It runs the code the daemons run, in virtual time:
 // every region is a regional.Engine on its own in-memory store and clock
-// with its gossip node (transport/gossip), exchanging deltas, digests,
+// with its gossip node (transport/gossip), exchanging deltas, asks,
 // repairs and heartbeats; globalsync is the coordinator (budget/coord) with
 // its observer node, restoring itself from the documents it published (the
 // simulator's budgets bucket) when it comes back, and closing the books of

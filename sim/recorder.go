@@ -96,7 +96,7 @@ func (rec *recorder) heal(at time.Duration) {
 	w := s.sc.Rule.Window
 	oldest := (at/w*w - w).Milliseconds() + epoch0.UnixMilli()
 	for _, r := range s.regions {
-		for _, e := range r.engine.OwnDelta(0).Entries {
+		for _, e := range r.engine.OwnDeltas(0, 0)[0].Entries {
 			if e.Epoch < oldest {
 				continue
 			}

@@ -111,7 +111,7 @@ func checkGuarantees(t *testing.T, sc *Scenario, rep *Report) {
 		bound := 2*sc.Gossip.Interval + 3*(rep.Latency[1]+sc.Network.Jitter)
 		for _, h := range rep.Heals {
 			if h.Converged < 0 || h.Converged > bound {
-				t.Errorf("heal at %s: converged after %v, want within %v (two gossip intervals, and a message, a digest and a repair on the wire)",
+				t.Errorf("heal at %s: converged after %v, want within %v (two gossip intervals, and a message, an ask and its answer on the wire)",
 					clockString(h.At), h.Converged, bound)
 			}
 		}

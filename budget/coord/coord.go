@@ -17,7 +17,7 @@ import (
 )
 
 // Name is globalsync's name in the gossip: it takes the regions' deltas
-// and asks them for what it misses with its digest, but counts nothing of
+// and asks them for what it misses, but counts nothing of
 // its own.
 const Name = "globalsync"
 
@@ -36,8 +36,8 @@ type Config struct {
 	Regions []string
 	// Rebalance is how often the leader rebalances. 1s.
 	Rebalance time.Duration
-	// AntiEntropy is how often globalsync asks the regions for usage it
-	// missed. 10s.
+	// AntiEntropy is how often the regions say how far their gossip
+	// runs, so that globalsync finds and asks for usage it missed. 10s.
 	AntiEntropy time.Duration
 	// Budget configures the allocator; the zero value means
 	// budget.DefaultConfig().
@@ -671,16 +671,12 @@ func (c *Coordinator) view() *crdt.Counters {
 	return u
 }
 
-// OwnDelta implements gossip.Counters: globalsync counts nothing of its own.
-func (c *Coordinator) OwnDelta(uint64) crdt.Delta { return crdt.Delta{Origin: Name} }
+// OwnDeltas implements gossip.Counters: globalsync counts nothing of its
+// own, and answers no asks.
+func (c *Coordinator) OwnDeltas(uint64, int) []crdt.Delta { return nil }
 
-// GlobalDigest implements gossip.Counters.
-func (c *Coordinator) GlobalDigest() (crdt.Digest, error) {
-	return c.view().Digest(crdt.DefaultDigestBuckets)
-}
-
-// GlobalDiff implements gossip.Counters.
-func (c *Coordinator) GlobalDiff(peer crdt.Digest) (crdt.Delta, error) { return c.view().Diff(peer) }
+// RegionState implements gossip.Counters: globalsync answers no asks.
+func (c *Coordinator) RegionState(string) crdt.Delta { return crdt.Delta{Origin: Name} }
 
 // MergeRemote implements gossip.Counters: a region's slots, into the copy.
 func (c *Coordinator) MergeRemote(_ context.Context, d crdt.Delta) (crdt.MergeReport, error) {

@@ -46,8 +46,8 @@ type Config struct {
 	// leader calls it every rebalance and publishes what changed. The
 	// rules it publishes are also those it closes the books with.
 	RulesYAML func() ([]byte, error)
-	// AntiEntropy is how often globalsync asks the regions for usage it
-	// missed. 10s.
+	// AntiEntropy is how often the regions say how far their gossip
+	// runs, so that globalsync finds and asks for usage it missed. 10s.
 	AntiEntropy time.Duration
 	// Registry, if set, gets the service's metrics.
 	Registry *prometheus.Registry
@@ -448,19 +448,14 @@ func newOverAdmittedMetric() *prometheus.CounterVec {
 // the service's lock.
 type locked struct{ s *Service }
 
-func (l locked) OwnDelta(since uint64) (d crdt.Delta) {
-	l.s.with(func(c *coord.Coordinator) { d = c.OwnDelta(since) })
+func (l locked) OwnDeltas(since uint64, max int) (ds []crdt.Delta) {
+	l.s.with(func(c *coord.Coordinator) { ds = c.OwnDeltas(since, max) })
+	return ds
+}
+
+func (l locked) RegionState(region string) (d crdt.Delta) {
+	l.s.with(func(c *coord.Coordinator) { d = c.RegionState(region) })
 	return d
-}
-
-func (l locked) GlobalDigest() (dg crdt.Digest, err error) {
-	l.s.with(func(c *coord.Coordinator) { dg, err = c.GlobalDigest() })
-	return dg, err
-}
-
-func (l locked) GlobalDiff(peer crdt.Digest) (d crdt.Delta, err error) {
-	l.s.with(func(c *coord.Coordinator) { d, err = c.GlobalDiff(peer) })
-	return d, err
 }
 
 func (l locked) MergeRemote(ctx context.Context, d crdt.Delta) (rep crdt.MergeReport, err error) {

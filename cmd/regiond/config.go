@@ -80,7 +80,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.memberlistKey, "memberlist-key", "", "encrypts membership traffic among the region's replicas: 16, 24 or 32 bytes, hex-encoded")
 	fs.StringVar(&c.replicaName, "replica-name", "", "this replica's name among its siblings (default: the host name and a random suffix)")
 	fs.DurationVar(&c.gossipInterval, "gossip-interval", 250*time.Millisecond, "how often this region publishes its global usage")
-	fs.DurationVar(&c.antiEntropy, "anti-entropy", 10*time.Second, "how often this region asks the others for what it missed")
+	fs.DurationVar(&c.antiEntropy, "anti-entropy", 10*time.Second, "how often each replica says how far its gossip has run, so that a region that missed some asks for it")
 
 	if err := daemon.Parse("regiond", fs, args, getenv); err != nil {
 		return c, err

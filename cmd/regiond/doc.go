@@ -34,9 +34,9 @@
 // --memberlist-addr (and --peers, the siblings to join) makes the region's
 // replicas find each other (memberlist, LAN profile; --memberlist-key
 // encrypts it): the first alive replica by name (--replica-name) is
-// elected to trade digests for anti-entropy, another within seconds when
-// it dies, and every replica tells the others of keys it found over their
-// limits, for their denial caches. Every replica sends its own heartbeat:
+// elected to ask the other regions for what the region lacks, another
+// within seconds when it dies, and every replica tells the others of keys
+// it found over their limits, for their denial caches. Every replica sends its own heartbeat:
 // each enforces the leases itself, so globalsync needs each one's
 // acknowledgement, and adds their demand up.
 package main

@@ -10,11 +10,12 @@
 //     the documents globalsync also pushes (PushBudget). The rules bucket
 //     (RulesBucket) and WatchRules do the same for published rules, once
 //     per revision; the leader bucket holds the leading globalsync's
-//     claim. Resync remakes the watches when the gossip hears a region
-//     again after a silence: a watch through a NATS gateway that was cut
-//     does not notice by itself.
+//     claim. Resync makes the watches again, beside the ones in place,
+//     when the gossip hears a region again after a silence: a watch
+//     through a NATS gateway that was cut may not notice by itself.
 //   - Members joins a region's replicas with memberlist: the first alive,
-//     by name, is elected to answer the region's digests, and a replica
+//     by name, is elected to ask the other regions for what the region
+//     lacks and to send back a region's lost slots, and a replica
 //     tells its siblings of keys it found over their limits.
 //
 // Every byte that arrives is checked by what it is handed to: the gossip

@@ -2,12 +2,14 @@ package control
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport/gossip"
 	"github.com/nats-io/nats.go"
 )
 
@@ -30,11 +32,12 @@ rules:
 		t.Fatal(err)
 	}
 	r := &replicaOf{}
-	r.engine = regional.New(regional.Config{Region: "eu", Logger: discardLogger(), OnDenied: func(d regional.Denial) {
-		if m := members.Load(); m != nil {
-			m.TellDenial(d)
-		}
-	}}, rules)
+	r.engine = regional.New(regional.Config{Region: "eu", Logger: discardLogger(), Global: regional.GlobalConfig{Regions: []string{"eu", "us"}},
+		OnDenied: func(d regional.Denial) {
+			if m := members.Load(); m != nil {
+				m.TellDenial(d)
+			}
+		}}, rules)
 	m, err := StartMembers(MembersConfig{Name: name, Addr: "127.0.0.1:0", Peers: peers, Profile: "local",
 		SecretKey: []byte("0123456789abcdef"), Logger: discardLogger()}, r.engine)
 	if err != nil {
@@ -60,7 +63,7 @@ rules:
 // an encryption key); the first by name is elected; a key one replica
 // finds over its limit is denied by the others from their denial caches;
 // when the elected replica dies without a word, another is elected, and
-// it is the one that now trades digests for the region.
+// it is the one that now answers for the region.
 func TestMembersElectAndShareDenials(t *testing.T) {
 	ns := harness.NewNATS(t, harness.NATSOptions{})
 	a := startReplica(t, "a", nil, ns.ClientURL())
@@ -97,14 +100,34 @@ func TestMembersElectAndShareDenials(t *testing.T) {
 		return !db.Allowed && db.Limit().Cached && !dc.Allowed && dc.Limit().Cached
 	})
 
-	waitFor(t, 5*time.Second, "a trades digests", func() bool { return a.gossip.Node().Stats().Digests.Load() > 0 })
-	if b.gossip.Node().Stats().Digests.Load() != 0 {
-		t.Fatal("b traded digests while a was elected")
+	// us, which lost its counters, asks eu for them: the elected replica
+	// answers for the region.
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	seq := 0
+	askOwn := func() {
+		seq++
+		m := nats.NewMsg(gossip.NewSubjects("").Ask("eu", "us"))
+		m.Header.Set(gossip.HeaderReplica, "us-1")
+		m.Header.Set(gossip.HeaderInstance, "1")
+		m.Header.Set(gossip.HeaderSeq, fmt.Sprint(seq))
+		m.Data = []byte(`{"own":true}`)
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answered := func(r *replicaOf) bool { return r.gossip.Node().Stats().AsksAnswered.Load() > 0 }
+	waitFor(t, 5*time.Second, "a answers for eu", func() bool { askOwn(); return answered(a) })
+	if answered(b) {
+		t.Fatal("b answered for eu while a was elected")
 	}
 	a.gossip.Close()
 	a.members.Shutdown() // as SIGKILL would: no goodbye
 	waitFor(t, 15*time.Second, "b elected after a died", b.members.Elected)
-	waitFor(t, 5*time.Second, "b trades digests", func() bool { return b.gossip.Node().Stats().Digests.Load() > 0 })
+	waitFor(t, 5*time.Second, "b answers for eu", func() bool { askOwn(); return answered(b) })
 	if c.members.Elected() {
 		t.Fatal("c elected too")
 	}

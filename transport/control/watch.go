@@ -16,7 +16,7 @@ import (
 // handle runs on this goroutine.
 func watchKV(ctx context.Context, js jetstream.JetStream, bucket, keys string, log *slog.Logger, resync *Resync, handle func(jetstream.KeyValueEntry)) {
 	for ctx.Err() == nil {
-		err := watchOnce(ctx, js, bucket, keys, resync.C(), handle)
+		err := watchOnce(ctx, js, bucket, keys, resync, handle)
 		if errors.Is(err, errResync) {
 			log.Debug("watching again from the current values", "bucket", bucket)
 			continue
@@ -33,44 +33,112 @@ func watchKV(ctx context.Context, js jetstream.JetStream, bucket, keys string, l
 
 var errResync = errors.New("resync")
 
-func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, keys string, resync <-chan struct{}, handle func(jetstream.KeyValueEntry)) error {
+func watchOnce(ctx context.Context, js jetstream.JetStream, bucket, keys string, resync *Resync, handle func(jetstream.KeyValueEntry)) error {
 	// A resync while the watch is being made (its request to JetStream
 	// may be lost on a way still cut) abandons it for a new one.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	resynced := make(chan struct{})
+	resynced, madeFirst, watching := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	first := resync.C()
 	go func() {
+		defer close(watching)
 		select {
-		case <-resync:
+		case <-first:
 			close(resynced)
 			cancel()
+		case <-madeFirst:
 		case <-ctx.Done():
 		}
 	}()
-	kv, err := js.KeyValue(ctx, bucket)
+	w, err := makeWatch(ctx, js, bucket, keys)
+	close(madeFirst)
+	<-watching
 	if err != nil {
 		return resyncOr(resynced, err)
 	}
-	w, err := kv.Watch(ctx, keys, jetstream.IgnoreDeletes())
-	if err != nil {
-		return resyncOr(resynced, err)
+	select {
+	case <-resynced:
+		w.Stop()
+		return errResync
+	default:
 	}
-	defer w.Stop()
+	// A resync once the watch is made makes another beside it, and the
+	// first value the new one brings retires the old one: a watch that
+	// came through a cut by itself keeps serving meanwhile (a new one's
+	// requests may take a while to get through a gateway that redialled),
+	// and one that did not is replaced.
+	var next jetstream.KeyWatcher
+	made := make(chan jetstream.KeyWatcher)
+	stopMaking := func() {}
+	defer func() {
+		stopMaking()
+		w.Stop()
+		if next != nil {
+			next.Stop()
+		}
+	}()
+	again := resync.C()
 	for {
+		var nextUpdates <-chan jetstream.KeyValueEntry
+		if next != nil {
+			nextUpdates = next.Updates()
+		}
 		select {
-		case <-resynced:
-			return errResync
 		case <-ctx.Done():
 			return nil
+		case <-again:
+			again = resync.C()
+			stopMaking()
+			if next != nil {
+				next.Stop()
+				next = nil
+			}
+			mctx, stop := context.WithTimeout(ctx, remakeTimeout)
+			stopMaking = stop
+			go func() {
+				nw, err := makeWatch(mctx, js, bucket, keys)
+				if err != nil {
+					return // the watch in place stays; the next resync tries again
+				}
+				select {
+				case made <- nw:
+				case <-mctx.Done():
+					nw.Stop()
+				}
+			}()
+		case nw := <-made:
+			next = nw
+		case en, ok := <-nextUpdates:
+			if !ok {
+				next.Stop()
+				next = nil
+				break
+			}
+			w.Stop()
+			w, next = next, nil
+			if en != nil {
+				handle(en)
+			}
 		case en, ok := <-w.Updates():
 			if !ok {
-				return resyncOr(resynced, errors.New("watch ended"))
+				return errors.New("watch ended")
 			}
 			if en != nil { // nil: the current values are all in
 				handle(en)
 			}
 		}
 	}
+}
+
+// remakeTimeout bounds the making of a watch beside one in place.
+const remakeTimeout = 30 * time.Second
+
+func makeWatch(ctx context.Context, js jetstream.JetStream, bucket, keys string) (jetstream.KeyWatcher, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	return kv.Watch(ctx, keys, jetstream.IgnoreDeletes())
 }
 
 // resyncOr is errResync if a resync came, or else err.
@@ -84,10 +152,11 @@ func resyncOr(resynced <-chan struct{}, err error) error {
 }
 
 // Resync tells KV watchers to watch again from the current values. A
-// watch through a NATS gateway that was cut (a partition) does not
-// notice by itself for as long as its consumer's heartbeats take to be
-// missed, and meanwhile its region runs on a lapsing lease: the gossip
-// fires it when a region silent for a while is heard again. Safe for
+// watch through a NATS gateway that was cut (a partition) may not notice
+// by itself for as long as its consumer's heartbeats take to be missed,
+// and meanwhile its region runs on a lapsing lease: the gossip fires it
+// when a region silent for a while is heard again. A watch in place
+// keeps serving until the one made again brings its first value. Safe for
 // concurrent use; a nil *Resync never fires.
 type Resync struct {
 	mu sync.Mutex

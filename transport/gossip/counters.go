@@ -17,15 +17,14 @@ import (
 // may be called concurrently with each other, and must be safe for that
 // (the engine's are, with its checks too).
 type Counters interface {
-	// OwnDelta returns the region's own slots changed after version since
-	// (0: all), with the version they run to in To.
-	OwnDelta(since uint64) crdt.Delta
-	// GlobalDigest summarizes the copy, for the others to answer with
-	// what it lacks.
-	GlobalDigest() (crdt.Digest, error)
-	// GlobalDiff returns what the copy holds that a peer's digest shows
-	// the peer lacks.
-	GlobalDiff(peer crdt.Digest) (crdt.Delta, error)
+	// OwnDeltas returns the region's own slots changed after version
+	// since (0: all), in deltas of at most max entries, each covering a
+	// range of versions (crdt.Counters.OwnDeltas); with nothing changed,
+	// one delta of no entries that says where the versions stand.
+	OwnDeltas(since uint64, max int) []crdt.Delta
+	// RegionState returns every slot of one region the copy holds: what
+	// is sent back to a region that lost its own.
+	RegionState(region string) crdt.Delta
 	// MergeRemote takes in another region's slots (per-slot maximum), and
 	// says what it made of them.
 	MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeReport, error)

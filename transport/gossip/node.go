@@ -19,44 +19,49 @@ type Config struct {
 	Region string
 	// Replica tells this replica from its region's others, and Instance
 	// this run of it from earlier ones (a restarted replica numbers its
-	// messages afresh): the transport picks them, at random by default.
+	// messages and versions afresh): the transport picks them, at random
+	// by default.
 	Replica, Instance string
 	// Prefix starts every subject (see Subjects). "geoquota".
 	Prefix string
 	// Interval is how often the region's changed slots are sent. 250ms.
 	Interval time.Duration
-	// AntiEntropy is how often the digest is sent, for the others to
-	// answer with what the region lacks. 10s.
+	// AntiEntropy is how often a replica says how far its versions run,
+	// so that a receiver that lost its last deltas finds out and asks for
+	// them. 10s.
 	AntiEntropy time.Duration
 	// Heartbeat is how often a replica reports its demand and the leases
 	// it may acknowledge. 500ms.
 	Heartbeat time.Duration
 	// Rejoin is how long after hearing a region again, following a
-	// silence, the digest goes again, twice (a NATS gateway redials each
-	// way on its own, a second or so apart, so the first may be lost).
-	// 1s.
+	// silence, its replicas are asked again, twice, how far their versions
+	// run (a NATS gateway redials each way on its own, a second or so
+	// apart, so the first ask may be lost); and how long an unanswered ask
+	// for a replica's slots waits before it goes again. 1s.
 	Rejoin time.Duration
 	// MaxEntries bounds the counters in one message, so that a message
 	// stays within NATS's payload limit (1 MB by default). 20,000.
 	MaxEntries int
 	// Observer makes the node listen without counting: it merges the
-	// regions' deltas and the repairs it is sent into Counters, sends its
-	// digest at start and every AntiEntropy, hands heartbeats to
-	// Heartbeats, and neither answers digests nor sends heartbeats. That
-	// is globalsync's part.
+	// regions' deltas and the repairs it asks for into Counters, hands
+	// heartbeats to Heartbeats, and neither answers asks nor sends
+	// heartbeats. That is globalsync's part.
 	Observer bool
 	// Elected, if set, says whether this replica is the one its region
-	// elected to answer digests and send its own; the others leave it to
-	// it. Unset: every replica does.
+	// elected to ask the other regions for what it lacks, and to send a
+	// region that lost its own slots its copy of them; the others leave
+	// it to it. Unset: every replica does.
 	Elected func() bool
 	// Phase, if set, gives the delay before each periodic task (deltas,
 	// heartbeats, anti-entropy, asked in that order) first runs, from its
 	// period; unset, one period, as a ticker. A simulator staggers its
 	// regions with it.
 	Phase func(period time.Duration) time.Duration
-	// OnRejoin, if set, is called (from Step) when a region silent for
-	// longer than StaleAfter is heard again, and when its first digest
-	// since comes: the watches of KV buckets may have been cut with it.
+	// OnRejoin, if set, is called when a region silent for longer than
+	// StaleAfter is heard again and when its first ask or answer since
+	// comes, which shows the way to it up too (from Step), and a second
+	// and two seconds after it was heard again (from Tick): the watches of
+	// KV buckets may have been cut with it.
 	OnRejoin func(region string)
 
 	// Counters is the copy kept in step; required.
@@ -123,16 +128,20 @@ type Node struct {
 	seq       uint64
 	published uint64               // own slots sent up to this version
 	heard     map[string]time.Time // region → last message accepted from it
-	// rejoined are regions heard again after a silence whose digest has
-	// not come since.
+	// rejoined are regions heard again after a silence whose first ask
+	// or answer has not come since.
 	rejoined map[string]bool
 	senders  map[stream]senderSeen
-	// When the next of each periodic task is due; startDigest is set until
-	// the digest a node sends as it starts has gone.
+	// streams are the other replicas' versions as far as this node holds
+	// them; askers, who was answered lately.
+	streams map[streamID]*streamMark
+	askers  map[string]*askerSeen
+	// When the next of each periodic task is due; starting is set until
+	// the asks a node sends as it starts have gone.
 	nextDelta, nextHeartbeat, nextAE time.Time
-	startDigest                      bool
+	starting                         bool
 	start                            time.Time
-	again                            []time.Time // digests to send again after a rejoin
+	again                            []rejoinAsk // asks to send again after a rejoin, in time order
 }
 
 // stream is one sender's messages of one kind: each kind arrives on its
@@ -148,13 +157,49 @@ type senderSeen struct {
 	at     time.Time
 }
 
-// forgetSenders is how long a sender may be silent before its replay
-// record goes.
-const forgetSenders = 10 * time.Minute
+// streamID is one run of one replica, whose versions its deltas number.
+type streamID struct{ replica, instance string }
 
-// New returns a node that starts at start: a replica sends its digest at
-// once, if elected (it may have lost what its region counted: a new
-// process, or a flushed store), an observer always.
+// streamMark is how far a node holds a replica's own slots: every change
+// up to version have, without a gap; top is the furthest version the
+// replica said it reached; asked, when the node last asked for the rest.
+type streamMark struct {
+	region    string
+	have, top uint64
+	asked, at time.Time
+}
+
+// askerSeen paces the answers to one asker: a token bucket.
+type askerSeen struct {
+	tokens float64
+	at     time.Time
+}
+
+type rejoinAsk struct {
+	at     time.Time
+	region string
+}
+
+const (
+	// forgetSenders is how long a sender may be silent before its replay
+	// record, its versions and its pace of asks go.
+	forgetSenders = 10 * time.Minute
+	// maxStreams bounds the replicas' versions a node keeps (the least
+	// lately heard goes first), and maxAskers the askers it paces.
+	maxStreams = 1024
+	maxAskers  = 64
+	// An asker is answered at most askBurst times at once and askRate
+	// times a second after that: an answer may hold a region's every
+	// counter.
+	askBurst = 8
+	askRate  = 4
+)
+
+// New returns a node that starts at start: a replica asks the other
+// regions at once, if elected, how far their replicas' versions run and
+// for its own region's slots (it may have lost what its region counted:
+// a new process, or a flushed store); an observer asks each region as it
+// first hears of it.
 func New(cfg Config, start time.Time) (*Node, error) {
 	cfg = cfg.withDefaults()
 	switch {
@@ -169,7 +214,8 @@ func New(cfg Config, start time.Time) (*Node, error) {
 		return nil, fmt.Errorf("%w: engine: required for a replica", ErrInvalidConfig)
 	}
 	n := &Node{cfg: cfg, subjects: NewSubjects(cfg.Prefix), heard: map[string]time.Time{}, rejoined: map[string]bool{},
-		senders: map[stream]senderSeen{}, start: start, startDigest: true}
+		senders: map[stream]senderSeen{},
+		streams: map[streamID]*streamMark{}, askers: map[string]*askerSeen{}, start: start, starting: !cfg.Observer}
 	if !cfg.Observer {
 		n.regions = cfg.Engine.GlobalRegions()
 	}
@@ -187,7 +233,7 @@ func (n *Node) Subscriptions() []string {
 	s, self := n.subjects, n.cfg.Region
 	subs := []string{s.Delta("*"), s.Repair(self, "*"), s.Heartbeat("*")}
 	if !n.cfg.Observer {
-		subs = append(subs, s.Digest("*"))
+		subs = append(subs, s.Ask(self, "*"))
 	}
 	return subs
 }
@@ -213,14 +259,14 @@ func (n *Node) Next() time.Time {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	next := n.nextAE
-	if n.startDigest {
-		next = n.start
+	if n.starting {
+		next = earliest(next, n.start)
 	}
 	if !n.cfg.Observer {
 		next = earliest(next, n.nextDelta, n.nextHeartbeat)
 	}
 	if len(n.again) > 0 {
-		next = earliest(next, n.again[0])
+		next = earliest(next, n.again[0].at)
 	}
 	return next
 }
@@ -235,8 +281,9 @@ func earliest(t time.Time, ts ...time.Time) time.Time {
 }
 
 // Tick does what is due at now: the region's changed slots, its
-// heartbeat, its digest (anti-entropy, or again after a rejoin); it
-// returns the messages to send, in that order.
+// heartbeat, how far its versions run (every anti-entropy round), and its
+// asks (as it starts, or again after a
+// rejoin); it returns the messages to send, in that order.
 func (n *Node) Tick(now time.Time) []Message {
 	n.mu.Lock()
 	delta := !n.cfg.Observer && !now.Before(n.nextDelta)
@@ -247,18 +294,20 @@ func (n *Node) Tick(now time.Time) []Message {
 	if heartbeat {
 		n.nextHeartbeat = after(n.nextHeartbeat, n.cfg.Heartbeat, now)
 	}
-	digest := n.startDigest && !now.Before(n.start)
-	if digest {
-		n.startDigest = false
-	}
+	mark := false
 	if !now.Before(n.nextAE) {
 		n.nextAE = after(n.nextAE, n.cfg.AntiEntropy, now)
-		n.forgetSenders(now)
-		digest = true
+		n.forget(now)
+		mark = !n.cfg.Observer
 	}
-	for len(n.again) > 0 && !now.Before(n.again[0]) {
+	starting := n.starting && !now.Before(n.start)
+	if starting {
+		n.starting = false
+	}
+	var rejoined []string
+	for len(n.again) > 0 && !now.Before(n.again[0].at) {
+		rejoined = append(rejoined, n.again[0].region)
 		n.again = n.again[1:]
-		digest = true
 	}
 	n.mu.Unlock()
 	var out []Message
@@ -268,8 +317,28 @@ func (n *Node) Tick(now time.Time) []Message {
 	if heartbeat {
 		out = n.appendHeartbeat(out, now)
 	}
-	if digest && n.sendsDigests() {
-		out = n.appendDigest(out)
+	if mark {
+		n.mu.Lock()
+		published := n.published
+		n.mu.Unlock()
+		if published > 0 {
+			out = n.appendMark(out, n.subjects.Delta(n.cfg.Region), published)
+		}
+	}
+	if starting && n.asks() {
+		for _, r := range n.regions {
+			if r != n.cfg.Region {
+				out = n.appendAsk(out, r, Ask{Others: true, Own: true})
+			}
+		}
+	}
+	for _, r := range rejoined {
+		if n.cfg.OnRejoin != nil {
+			n.cfg.OnRejoin(r)
+		}
+		if n.asks() {
+			out = n.appendAsk(out, r, n.askAll(r))
+		}
 	}
 	return out
 }
@@ -304,7 +373,9 @@ func (n *Node) Unsent(m Message) {
 	n.mu.Unlock()
 }
 
-func (n *Node) sendsDigests() bool { return n.cfg.Observer || n.elected() }
+// asks reports whether this node asks others for what it lacks: an
+// observer, or the replica its region elected.
+func (n *Node) asks() bool { return n.cfg.Observer || n.elected() }
 
 func (n *Node) elected() bool { return n.cfg.Elected == nil || n.cfg.Elected() }
 
@@ -319,34 +390,30 @@ func (n *Node) appendDelta(out []Message) []Message {
 	n.mu.Lock()
 	since := n.published
 	n.mu.Unlock()
-	d := n.cfg.Counters.OwnDelta(since)
-	if len(d.Entries) == 0 {
+	parts := n.cfg.Counters.OwnDeltas(since, n.cfg.MaxEntries)
+	if len(parts) == 0 || len(parts[0].Entries) == 0 {
 		return out
 	}
 	n.mu.Lock()
-	n.published = max(n.published, d.To)
+	n.published = max(n.published, parts[len(parts)-1].To)
 	n.mu.Unlock()
-	return n.appendParts(out, n.subjects.Delta(n.cfg.Region), d, true, since)
-}
-
-// appendParts adds d to out in messages of at most MaxEntries counters.
-func (n *Node) appendParts(out []Message, subject string, d crdt.Delta, delta bool, since uint64) []Message {
-	for start := 0; start < len(d.Entries); start += n.cfg.MaxEntries {
-		part := d
-		part.Entries = d.Entries[start:min(len(d.Entries), start+n.cfg.MaxEntries)]
-		out = append(out, Message{Subject: subject, Header: n.header(), Body: part, delta: delta, since: since})
+	for _, d := range parts {
+		out = append(out, Message{Subject: n.subjects.Delta(n.cfg.Region), Header: n.header(), Body: d, delta: true, since: since})
 	}
 	return out
 }
 
-func (n *Node) appendDigest(out []Message) []Message {
-	dg, err := n.cfg.Counters.GlobalDigest()
-	if err != nil {
-		return out // only an impossible bucket count errs
-	}
-	dg.Origin = n.cfg.Region
-	n.stats.Digests.Add(1)
-	return append(out, Message{Subject: n.subjects.Digest(n.cfg.Region), Header: n.header(), Body: dg})
+// appendMark adds a delta of no entries at version v: how far this
+// replica's versions run.
+func (n *Node) appendMark(out []Message, subject string, v uint64) []Message {
+	n.stats.Marks.Add(1)
+	d := crdt.Delta{Origin: n.cfg.Region, From: v, To: v}
+	return append(out, Message{Subject: subject, Header: n.header(), Body: d})
+}
+
+func (n *Node) appendAsk(out []Message, to string, a Ask) []Message {
+	n.stats.Asks.Add(1)
+	return append(out, Message{Subject: n.subjects.Ask(to, n.cfg.Region), Header: n.header(), Body: a})
 }
 
 func (n *Node) appendHeartbeat(out []Message, now time.Time) []Message {
@@ -375,40 +442,37 @@ func (n *Node) appendHeartbeat(out []Message, now time.Time) []Message {
 }
 
 // Step takes in a message that arrived at now, and returns the messages to
-// send in answer: a digest to a region heard again after a silence, a
-// repair to a region whose digest shows it lacks something. A message
-// that is malformed, sent under another region's name, replayed, from
-// this replica itself, or on a subject the node does not listen to is
-// counted (Stats) and changes nothing. ctx bounds a merge into the
-// region's store.
+// send in answer: asks for what a delta shows missing, answers to asks.
+// A message that is malformed, sent under another region's name,
+// replayed, from this replica itself, or on a subject the node does not
+// listen to is counted (Stats) and changes nothing. ctx bounds a merge
+// into the region's store.
 func (n *Node) Step(ctx context.Context, now time.Time, m Message) []Message {
 	k, from, to, ok := n.subjects.parse(m.Subject)
 	if m.Header.Replica == n.cfg.Replica {
 		return nil // our own, as NATS echoes it
 	}
 	n.stats.Received.Add(1)
-	if !ok || (k == kindRepair && to != n.cfg.Region) || (k == kindDigest && n.cfg.Observer) {
+	if !ok || ((k == kindRepair || k == kindAsk) && to != n.cfg.Region) || (k == kindAsk && n.cfg.Observer) {
 		n.stats.Malformed.Add(1)
 		return nil
 	}
-	back, ok := n.accept(now, k, from, m.Header)
+	heard, ok := n.accept(now, k, from, m.Header)
 	if !ok {
 		return nil
 	}
 	var out []Message
-	if back && n.elected() {
-		out = n.appendDigest(out)
-	}
 	body, err := m.decode(k)
 	if err != nil {
 		n.stats.Malformed.Add(1)
-		return out
 	}
 	switch b := body.(type) {
 	case crdt.Delta:
-		n.merge(ctx, k, from, b)
-	case crdt.Digest:
-		out = n.answer(out, from, back, b)
+		if n.merge(ctx, k, from, b) {
+			out = n.follow(out, now, from, m.Header, b, heard)
+		}
+	case Ask:
+		out = n.answer(out, now, from, m.Header, b)
 	case Heartbeat:
 		if b.Region != from || b.Replica != m.Header.Replica {
 			n.stats.Spoofed.Add(1)
@@ -418,13 +482,20 @@ func (n *Node) Step(ctx context.Context, now time.Time, m Message) []Message {
 			n.cfg.Heartbeats.Heartbeat(now, b)
 		}
 	}
+	if heard {
+		out = n.appendAsk(out, from, n.askAll(from))
+	}
 	return out
 }
 
 // accept checks a message's sender: a replica that numbers its messages,
 // under the name of one region only, and not a replay. It notes that the
-// region was heard, and reports whether it is back after a silence.
-func (n *Node) accept(now time.Time, k kind, from string, h Header) (back, ok bool) {
+// region was heard, and reports whether to ask the region's replicas how
+// far their versions run: a region heard again after a silence (a
+// partition healed), which is asked again twice (see Config.Rejoin) and
+// at its first ask or answer since, or, by an observer, one heard for the
+// first time.
+func (n *Node) accept(now time.Time, k kind, from string, h Header) (ask, ok bool) {
 	if h.Replica == "" || h.Seq == 0 {
 		n.stats.Malformed.Add(1)
 		return false, false
@@ -443,36 +514,50 @@ func (n *Node) accept(now time.Time, k kind, from string, h Header) (back, ok bo
 	n.senders[s] = senderSeen{region: from, seq: h.Seq, at: now}
 	last, heard := n.heard[from]
 	n.heard[from] = now
-	// A region (not globalsync, which speaks only once an anti-entropy
-	// round) silent for a while is back: a partition healed. Trade
-	// digests now, and again twice, rather than at the next round.
-	back = heard && !n.cfg.Observer && from != n.cfg.Region && now.Sub(last) > n.StaleAfter() && slices.Contains(n.regions, from)
-	if back {
-		n.rejoined[from] = true
-		n.again = []time.Time{now.Add(n.cfg.Rejoin), now.Add(2 * n.cfg.Rejoin)}
+	counted := from != n.cfg.Region && (n.cfg.Observer || slices.Contains(n.regions, from))
+	back := counted && heard && now.Sub(last) > n.StaleAfter()
+	// The first ask or answer from a region heard again (not the message
+	// that brought it back, which proves nothing of the way there): the
+	// way from it is up, and likely the way back, over which our first ask
+	// and the KV watches may have asked in vain.
+	rejoined := !back && (k == kindAsk || k == kindRepair) && n.rejoined[from]
+	if rejoined {
+		delete(n.rejoined, from)
 	}
+	if back && !n.cfg.Observer {
+		n.rejoined[from] = true
+		n.again = append(n.again, rejoinAsk{now.Add(n.cfg.Rejoin), from}, rejoinAsk{now.Add(2 * n.cfg.Rejoin), from})
+		slices.SortStableFunc(n.again, func(a, b rejoinAsk) int { return a.at.Compare(b.at) })
+	}
+	ask = (back || rejoined || (counted && !heard && n.cfg.Observer)) && n.asks()
 	n.mu.Unlock()
-	if back && n.cfg.OnRejoin != nil {
+	if (back || rejoined) && n.cfg.OnRejoin != nil {
 		n.cfg.OnRejoin(from)
 	}
 	if n.cfg.Engine != nil {
 		n.cfg.Engine.HeardFrom(from)
 	}
-	return back, true
+	return ask, true
 }
 
-// merge takes in a delta or a repair. A delta carries its sender's own
-// slots alone; others' come only in answer to a digest.
-func (n *Node) merge(ctx context.Context, k kind, from string, d crdt.Delta) {
-	if k == kindDelta && (d.Origin != from || !onlyOwnSlots(d)) {
+// merge takes in a delta or a repair, and reports whether it may advance
+// its sender's versions. A delta, and a repair that runs over versions,
+// carries its sender's own slots alone; others' come only as a repair to
+// a region that lost its own (versions 0 to 0).
+func (n *Node) merge(ctx context.Context, k kind, from string, d crdt.Delta) (versions bool) {
+	versions = k == kindDelta || d.To > 0
+	if versions && (d.Origin != from || !onlyOwnSlots(d)) {
 		n.stats.Spoofed.Add(1)
-		return
+		return false
 	}
 	if from == n.cfg.Region {
 		// A sibling replica's view of our own slots: the store has them
-		// already; our copy takes them for anti-entropy.
+		// already; our copy takes them, to send on.
 		n.cfg.Counters.ObserveOwn(d)
-		return
+		return false
+	}
+	if len(d.Entries) == 0 {
+		return versions
 	}
 	rep, err := n.cfg.Counters.MergeRemote(ctx, d)
 	n.stats.Applied.Add(int64(rep.Applied))
@@ -481,66 +566,170 @@ func (n *Node) merge(ctx context.Context, k kind, from string, d crdt.Delta) {
 	}
 	n.stats.UnknownRegion.Add(int64(rep.UnknownRegion))
 	if rep.UnknownRegion > 0 && rep.Applied == 0 && rep.Duplicate == 0 && rep.Stale == 0 {
-		return
+		return false
 	}
 	n.stats.Regressed.Add(int64(rep.Regressed))
 	if err != nil {
 		n.stats.StoreErrors.Add(1)
 	}
+	return versions
 }
 
-// answer handles another region's digest: it sends what the digest shows
-// the region lacks, if this replica answers for its region.
-func (n *Node) answer(out []Message, from string, justBack bool, dg crdt.Digest) []Message {
-	if from == n.cfg.Region {
-		return out // a sibling replica's digest: the same store
-	}
-	if dg.Origin != from {
-		n.stats.Malformed.Add(1)
-		return out
-	}
+// follow notes how far a delta takes its sender's versions, and asks the
+// sender for the rest if it shows some missing: a range skipped (a delta
+// lost), or versions further on than those held (a replica never heard
+// from, or heard again). An ask unanswered goes again after Rejoin. With
+// askingAll, the ask to the sender's whole region about to go asks for it.
+func (n *Node) follow(out []Message, now time.Time, from string, h Header, d crdt.Delta, askingAll bool) []Message {
+	id := streamID{h.Replica, h.Instance}
 	n.mu.Lock()
-	// The first digest from a region heard again after a silence (not
-	// the one that brought it back, which proves nothing of the way
-	// there): the way from it is up, and likely the way back. The digest
-	// sent when it was heard may have been lost on a way still cut: it
-	// goes again, and the KV watches, which may have asked over that way,
-	// ask again.
-	rejoined := n.rejoined[from] && !justBack
-	if rejoined {
-		delete(n.rejoined, from)
+	s := n.streams[id]
+	if s == nil {
+		if len(n.streams) >= maxStreams {
+			n.dropStream()
+		}
+		s = &streamMark{region: from}
+		n.streams[id] = s
 	}
+	s.at = now
+	if d.From <= s.have {
+		s.have = max(s.have, d.To)
+	}
+	s.top = max(s.top, d.To)
+	ask := s.have < s.top && n.asks() && (s.asked.IsZero() || now.Sub(s.asked) >= n.cfg.Rejoin)
+	switch {
+	case s.have >= s.top:
+		s.asked = time.Time{}
+	case ask:
+		s.asked = now
+	}
+	since := s.have
 	n.mu.Unlock()
-	if rejoined {
-		if n.cfg.OnRejoin != nil {
-			n.cfg.OnRejoin(from)
-		}
-		if n.elected() {
-			out = n.appendDigest(out)
-		}
-	}
-	if !n.elected() {
+	if !ask || askingAll {
 		return out
 	}
-	n.stats.DigestsAnswered.Add(1)
-	d, err := n.cfg.Counters.GlobalDiff(dg)
-	if err != nil {
-		n.stats.Malformed.Add(1)
-		return out
-	}
-	if len(d.Entries) == 0 {
-		return out
-	}
-	d.Origin = n.cfg.Region
-	return n.appendParts(out, n.subjects.Repair(from, n.cfg.Region), d, false, 0)
+	return n.appendAsk(out, from, Ask{Streams: []StreamAsk{{Replica: h.Replica, Instance: h.Instance, Since: since}}})
 }
 
-// forgetSenders drops the replay records of senders silent for long. The
+// askAll asks a region's replicas for what this node lacks of their own
+// slots: each known one since the version held, the others since 0.
+func (n *Node) askAll(region string) Ask {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	type known struct {
+		id streamID
+		s  *streamMark
+	}
+	var ks []known
+	for id, s := range n.streams {
+		if s.region == region {
+			ks = append(ks, known{id, s})
+		}
+	}
+	// The replicas heard from last, if more than an ask may name.
+	slices.SortFunc(ks, func(x, y known) int { return y.s.at.Compare(x.s.at) })
+	a := Ask{Others: true}
+	for _, k := range ks[:min(len(ks), MaxAskStreams)] {
+		a.Streams = append(a.Streams, StreamAsk{Replica: k.id.replica, Instance: k.id.instance, Since: k.s.have})
+	}
+	return a
+}
+
+// dropStream forgets the versions of the replica heard least lately. The
 // caller holds n.mu.
-func (n *Node) forgetSenders(now time.Time) {
+func (n *Node) dropStream() {
+	var oldest streamID
+	var at time.Time
+	for id, s := range n.streams {
+		if at.IsZero() || s.at.Before(at) {
+			oldest, at = id, s.at
+		}
+	}
+	delete(n.streams, oldest)
+}
+
+// answer handles another region's ask (or globalsync's): this replica's
+// own slots since the version asked (or since 0 if the asker holds none of
+// its versions), and, if its region elected it, the asker's own region's
+// slots as its copy holds them. Each asker is paced (askBurst, askRate).
+func (n *Node) answer(out []Message, now time.Time, from string, h Header, a Ask) []Message {
+	if from == n.cfg.Region || !n.pace(now, from) {
+		return out
+	}
+	subject := n.subjects.Repair(from, n.cfg.Region)
+	answered := false
+	for _, sa := range a.Streams {
+		if sa.Replica != n.cfg.Replica || sa.Instance != n.cfg.Instance {
+			continue // another replica's, or an earlier run of this one
+		}
+		for _, d := range n.cfg.Counters.OwnDeltas(sa.Since, n.cfg.MaxEntries) {
+			out = append(out, Message{Subject: subject, Header: n.header(), Body: d})
+		}
+		answered = true
+		break
+	}
+	if !answered && a.Others {
+		for _, d := range n.cfg.Counters.OwnDeltas(0, n.cfg.MaxEntries) {
+			out = append(out, Message{Subject: subject, Header: n.header(), Body: d})
+		}
+		answered = true
+	}
+	if a.Own && slices.Contains(n.regions, from) && n.elected() {
+		d := n.cfg.Counters.RegionState(from)
+		d.Origin = n.cfg.Region
+		for start := 0; start < len(d.Entries); start += n.cfg.MaxEntries {
+			part := d
+			part.Entries = d.Entries[start:min(len(d.Entries), start+n.cfg.MaxEntries)]
+			out = append(out, Message{Subject: subject, Header: n.header(), Body: part})
+		}
+		answered = true
+	}
+	if answered {
+		n.stats.AsksAnswered.Add(1)
+	}
+	return out
+}
+
+// pace reports whether an ask from the asker may be answered now, and
+// takes it from the asker's allowance.
+func (n *Node) pace(now time.Time, asker string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a := n.askers[asker]
+	if a == nil {
+		if len(n.askers) >= maxAskers {
+			n.stats.Paced.Add(1)
+			return false
+		}
+		a = &askerSeen{tokens: askBurst, at: now}
+		n.askers[asker] = a
+	}
+	a.tokens = min(askBurst, a.tokens+now.Sub(a.at).Seconds()*askRate)
+	a.at = now
+	if a.tokens < 1 {
+		n.stats.Paced.Add(1)
+		return false
+	}
+	a.tokens--
+	return true
+}
+
+// forget drops the replay records, versions and pace of senders silent
+// for long. The caller holds n.mu.
+func (n *Node) forget(now time.Time) {
 	for s, seen := range n.senders {
 		if now.Sub(seen.at) > forgetSenders {
 			delete(n.senders, s)
+		}
+	}
+	for id, s := range n.streams {
+		if now.Sub(s.at) > forgetSenders {
+			delete(n.streams, id)
+		}
+	}
+	for name, a := range n.askers {
+		if now.Sub(a.at) > forgetSenders {
+			delete(n.askers, name)
 		}
 	}
 }

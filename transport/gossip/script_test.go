@@ -35,7 +35,7 @@ import (
 //	drop                              lose every message in flight
 //	cut from=a to=b | cut a b …       cut links (one way, or between all named)
 //	heal [from=a to=b]                heal links (all, or one way)
-//	send to=a subject=… replica=… seq=… (delta=(origin,region=p,…) [key=] | digest=origin | data=…)
+//	send to=a subject=… replica=… seq=… (delta=(origin,region=p,…) [key=] [versions=(from,to)] | ask=(replica:since,…) | data=…)
 //	counters node=a key=k             the node's copy of a counter
 //	stats node=a                      the node's counters of what it did and refused
 //	heard node=a                      how long ago the node last heard each region
@@ -151,8 +151,8 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		var name string
 		d.ScanArgs(t, "node", &name)
 		s := h.node(t, name).node.Stats()
-		fmt.Fprintf(&b, "received %d applied %d repaired %d digests %d answered %d\n", s.Received.Load(), s.Applied.Load(),
-			s.Repaired.Load(), s.Digests.Load(), s.DigestsAnswered.Load())
+		fmt.Fprintf(&b, "received %d applied %d repaired %d asks %d answered %d paced %d marks %d\n", s.Received.Load(),
+			s.Applied.Load(), s.Repaired.Load(), s.Asks.Load(), s.AsksAnswered.Load(), s.Paced.Load(), s.Marks.Load())
 		fmt.Fprintf(&b, "refused: malformed %d unknown-region %d spoofed %d replayed %d regressed %d\n", s.Malformed.Load(),
 			s.UnknownRegion.Load(), s.Spoofed.Load(), s.Replayed.Load(), s.Regressed.Load())
 	case "heard":
@@ -378,6 +378,11 @@ func (h *harness) send(t *testing.T, d *datadriven.TestData) {
 		key := "k"
 		d.MaybeScanArgs(t, "key", &key)
 		delta := crdt.Delta{Origin: spec[0], To: 1}
+		if d.HasArg("versions") {
+			var v []uint64
+			d.ScanArgs(t, "versions", &v)
+			delta.From, delta.To = v[0], v[1]
+		}
 		e := crdt.Entry{ID: crdt.ID{Key: "gq:{g:" + key + "}", Epoch: h.start.UnixMilli()}}
 		for _, s := range spec[1:] {
 			var sl crdt.Slot
@@ -392,14 +397,18 @@ func (h *harness) send(t *testing.T, d *datadriven.TestData) {
 			t.Fatal(err)
 		}
 		m.Data = b
-	case d.HasArg("digest"):
-		var origin string
-		d.ScanArgs(t, "digest", &origin)
-		b, err := crdt.AppendDigest(nil, crdt.Digest{Origin: origin, Buckets: crdt.DefaultDigestBuckets})
-		if err != nil {
-			t.Fatal(err)
+	case d.HasArg("ask"):
+		var spec []string
+		d.ScanArgs(t, "ask", &spec)
+		var a gossip.Ask
+		for _, s := range spec {
+			var sa gossip.StreamAsk
+			replica, since, _ := strings.Cut(s, ":")
+			fmt.Sscan(since, &sa.Since)
+			sa.Replica, sa.Instance = replica, "1"
+			a.Streams = append(a.Streams, sa)
 		}
-		m.Data = b
+		m.Body = a
 	default:
 		var data string
 		d.ScanArgs(t, "data", &data)
@@ -455,9 +464,19 @@ func describe(m gossip.Message) string {
 		for _, e := range b.Entries {
 			parts = append(parts, keyOf(e.ID)+" "+slotList(e.Slots))
 		}
-		return fmt.Sprintf("#%d {%s}", m.Header.Seq, strings.Join(parts, "; "))
-	case crdt.Digest:
-		return fmt.Sprintf("#%d digest of %d buckets", m.Header.Seq, len(b.Sums))
+		return fmt.Sprintf("#%d (%d,%d] {%s}", m.Header.Seq, b.From, b.To, strings.Join(parts, "; "))
+	case gossip.Ask:
+		var parts []string
+		if b.Others {
+			parts = append(parts, "others")
+		}
+		if b.Own {
+			parts = append(parts, "own")
+		}
+		for _, s := range b.Streams {
+			parts = append(parts, fmt.Sprintf("%s since %d", s.Replica, s.Since))
+		}
+		return fmt.Sprintf("#%d ask %s", m.Header.Seq, strings.Join(parts, ", "))
 	case gossip.Heartbeat:
 		return fmt.Sprintf("#%d heartbeat", m.Header.Seq)
 	}
@@ -537,19 +556,9 @@ func (o *observerCounters) get(id crdt.ID) crdt.PNCounter {
 	return o.c.Get(id)
 }
 
-func (o *observerCounters) OwnDelta(uint64) crdt.Delta { return crdt.Delta{} }
+func (o *observerCounters) OwnDeltas(uint64, int) []crdt.Delta { return nil }
 
-func (o *observerCounters) GlobalDigest() (crdt.Digest, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.c.Digest(crdt.DefaultDigestBuckets)
-}
-
-func (o *observerCounters) GlobalDiff(peer crdt.Digest) (crdt.Delta, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.c.Diff(peer)
-}
+func (o *observerCounters) RegionState(string) crdt.Delta { return crdt.Delta{} }
 
 func (o *observerCounters) MergeRemote(_ context.Context, d crdt.Delta) (crdt.MergeReport, error) {
 	o.mu.Lock()

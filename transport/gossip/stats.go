@@ -9,7 +9,7 @@ type Stats struct {
 	// Sent, those the transport sent of what Step and Tick returned.
 	Received, Sent atomic.Int64
 	// Applied slots raised the copy; Repaired is the part of them that
-	// came by anti-entropy.
+	// came in answer to asks.
 	Applied, Repaired atomic.Int64
 	// Refused messages: malformed, from an unknown region, sent under
 	// another region's name, or replayed.
@@ -20,8 +20,12 @@ type Stats struct {
 	// overtook its own older delta. A lasting rise is the sign to heed.
 	Regressed   atomic.Int64
 	StoreErrors atomic.Int64
-	// Digests sent, and other regions' digests answered.
-	Digests, DigestsAnswered atomic.Int64
+	// Asks sent, asks answered, and asks left unanswered because their
+	// asker asked too often (or too many asked).
+	Asks, AsksAnswered, Paced atomic.Int64
+	// Marks sent: how far this replica's versions run, every
+	// anti-entropy round and when asked.
+	Marks atomic.Int64
 }
 
 // Refused returns the messages and slots refused as bad.

@@ -15,8 +15,8 @@ const DefaultPrefix = "geoquota"
 // Subjects names the NATS subjects of a deployment, under its prefix:
 //
 //	<prefix>.delta.<region>        a region's changed slots, from any of its replicas
-//	<prefix>.digest.<region>       a region's digest, for anti-entropy
-//	<prefix>.repair.<to>.<from>    what a digest showed <to> lacks, from <from>
+//	<prefix>.ask.<to>.<from>       what <from> asks of <to>'s replicas (anti-entropy)
+//	<prefix>.repair.<to>.<from>    what <from> answers <to>
 //	<prefix>.heartbeat.<region>    a replica's demand and leases, for globalsync
 //	<prefix>.push.budgets          budget documents, pushed beside the KV bucket
 //	<prefix>.push.rules            the published rules, pushed beside the KV bucket
@@ -41,13 +41,14 @@ func (s Subjects) Delta(region string) string {
 	return s.prefix + "." + kindDelta.String() + "." + region
 }
 
-// Digest is the subject of a region's digests.
-func (s Subjects) Digest(region string) string {
-	return s.prefix + "." + kindDigest.String() + "." + region
+// Ask is the subject of what from (a region or globalsync) asks of the
+// region to's replicas.
+func (s Subjects) Ask(to, from string) string {
+	return s.prefix + "." + kindAsk.String() + "." + to + "." + from
 }
 
 // Repair is the subject of what from sends to (a region or globalsync) in
-// answer to its digest.
+// answer to its asks.
 func (s Subjects) Repair(to, from string) string {
 	return s.prefix + "." + kindRepair.String() + "." + to + "." + from
 }
@@ -80,10 +81,11 @@ func (s Subjects) parse(subject string) (k kind, from, to string, ok bool) {
 	if k > kindHeartbeat {
 		return 0, "", "", false
 	}
-	if k == kindRepair {
+	addressed := k == kindRepair || k == kindAsk
+	if addressed {
 		to, rest, _ = strings.Cut(rest, ".")
 	}
-	if !validName(rest) || (k == kindRepair && !validName(to)) {
+	if !validName(rest) || (addressed && !validName(to)) {
 		return 0, "", "", false
 	}
 	return k, rest, to, true
@@ -94,12 +96,12 @@ type kind uint8
 
 const (
 	kindDelta kind = iota
-	kindDigest
+	kindAsk
 	kindRepair
 	kindHeartbeat
 )
 
-var kindNames = [...]string{"delta", "digest", "repair", "heartbeat"}
+var kindNames = [...]string{"delta", "ask", "repair", "heartbeat"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -127,8 +129,7 @@ type Header struct {
 }
 
 // Message is one gossip message. A node makes messages with their Body
-// decoded (a crdt.Delta for deltas and repairs, a crdt.Digest, or a
-// Heartbeat); Encode gives the bytes that travel. A message that comes off
+// decoded (a crdt.Delta for deltas and repairs, an Ask, or a Heartbeat); Encode gives the bytes that travel. A message that comes off
 // the wire has Data alone, and Step decodes it, refusing what does not
 // decode. An in-memory transport may hand a node's messages to the others
 // as they are.
@@ -151,8 +152,8 @@ func (m *Message) Encode() ([]byte, error) {
 	switch b := m.Body.(type) {
 	case crdt.Delta:
 		m.Data, err = crdt.AppendDelta(nil, b)
-	case crdt.Digest:
-		m.Data, err = crdt.AppendDigest(nil, b)
+	case Ask:
+		m.Data, err = json.Marshal(b)
 	case Heartbeat:
 		m.Data, err = json.Marshal(b)
 	default:
@@ -213,6 +214,53 @@ type CounterReport struct {
 	PrevUsed  *float64 `json:"prev_used,omitempty"`
 }
 
+// Ask is what a node asks of a region's replicas, for anti-entropy. Every
+// replica numbers the versions of its copy of the counters, and each of
+// its deltas says which range of them it covers (crdt.Delta's From and
+// To): a receiver that finds a range missing, or a replica's versions
+// further on than it holds, asks that replica for its own slots changed
+// since the last version it holds without a gap.
+type Ask struct {
+	// Streams asks the replicas named for their own slots changed since a
+	// version; each replica answers its own.
+	Streams []StreamAsk `json:"streams,omitempty"`
+	// Others asks every replica not named in Streams for its own slots
+	// since version 0: the asker holds none of its versions.
+	Others bool `json:"others,omitempty"`
+	// Own asks the replica its region elected for the asker's own region's
+	// slots, as its copy holds them: the asker may have lost them (a new
+	// process, a flushed store).
+	Own bool `json:"own,omitempty"`
+}
+
+// StreamAsk asks one replica (one run of it) for its own slots changed
+// after version Since: it answers with crdt.Counters.OwnDeltas, which says
+// how far its versions run even when nothing changed.
+type StreamAsk struct {
+	Replica  string `json:"replica"`
+	Instance string `json:"instance,omitempty"`
+	Since    uint64 `json:"since"`
+}
+
+// MaxAskStreams bounds the replicas one ask names.
+const MaxAskStreams = 64
+
+func decodeAsk(b []byte) (Ask, error) {
+	var a Ask
+	if err := json.Unmarshal(b, &a); err != nil {
+		return Ask{}, err
+	}
+	if len(a.Streams) > MaxAskStreams {
+		return Ask{}, fmt.Errorf("%w: ask names %d replicas, at most %d", errMalformed, len(a.Streams), MaxAskStreams)
+	}
+	for _, s := range a.Streams {
+		if s.Replica == "" {
+			return Ask{}, fmt.Errorf("%w: ask names a replica without a name", errMalformed)
+		}
+	}
+	return a, nil
+}
+
 // errMalformed is a body that does not decode as its subject says.
 var errMalformed = errors.New("gossip: malformed message")
 
@@ -224,8 +272,8 @@ func (m *Message) decode(k kind) (any, error) {
 			if k == kindDelta || k == kindRepair {
 				return m.Body, nil
 			}
-		case crdt.Digest:
-			if k == kindDigest {
+		case Ask:
+			if k == kindAsk {
 				return m.Body, nil
 			}
 		case Heartbeat:
@@ -242,12 +290,8 @@ func (m *Message) decode(k kind) (any, error) {
 			return nil, err
 		}
 		return d, nil
-	case kindDigest:
-		dg, err := crdt.DecodeDigest(m.Data)
-		if err != nil {
-			return nil, err
-		}
-		return dg, nil
+	case kindAsk:
+		return decodeAsk(m.Data)
 	default:
 		var hb Heartbeat
 		if err := json.Unmarshal(m.Data, &hb); err != nil {
