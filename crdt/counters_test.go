@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -565,4 +566,33 @@ func TestOwnDeltasCoverTheirRanges(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestMemoryPerCounter holds what a counter costs in a collection: with
+// five regions' slots and a 33-byte key, about 340 bytes (the entry, its
+// slots, the map's slot and the key); the test allows 400.
+func TestMemoryPerCounter(t *testing.T) {
+	regions := []string{"af", "ap", "eu", "sa", "us"}
+	const n = 50_000
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	c, err := NewCounters("eu", regions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		id := ID{Key: fmt.Sprintf("gq:{tenants-global:tenant-%06d}", i), Epoch: 1}
+		for _, r := range regions {
+			c.Merge(Delta{Origin: r, Entries: []Entry{{ID: id, Slots: []Slot{{Region: r, P: 5}}}}})
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := float64(after.HeapAlloc-before.HeapAlloc) / n
+	t.Logf("%.0f bytes per counter", per)
+	if per > 400 {
+		t.Fatalf("a counter of five regions costs %.0f bytes, want at most 400", per)
+	}
+	runtime.KeepAlive(c)
 }
