@@ -50,9 +50,5 @@
 //
 // The encoding sends each region name once per message and prefix-compresses
 // the sorted keys, so a change costs a few bytes: see BenchmarkEncodeSize for
-// the figures per (key, epoch, slot) change. A keyed delta
-// (AppendDeltaKeyed) sends a key its sender numbered (KeyNumbers) by that
-// number alone once it went in full with it, and a receiver reads it with
-// what it learned of the sender's numbers (KeyNames, DecodeDeltaKeyed),
-// leaving out what it cannot name.
+// the figures per (key, epoch, slot) change.
 package crdt

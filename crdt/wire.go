@@ -1,6 +1,7 @@
 package crdt
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
@@ -39,9 +40,6 @@ type MessageKind byte
 // Message kinds.
 const (
 	KindDelta MessageKind = 1
-	// KindDeltaKeyed is a delta whose keys may go by number (see
-	// KeyNumbers).
-	KindDeltaKeyed MessageKind = 3
 )
 
 const (
@@ -64,7 +62,7 @@ func Kind(b []byte) (MessageKind, error) {
 		return 0, fmt.Errorf("%w: format version %d, want %d", ErrMalformed, b[2], wireVersion)
 	}
 	switch k := MessageKind(b[3]); k {
-	case KindDelta, KindDeltaKeyed:
+	case KindDelta:
 		return k, nil
 	default:
 		return 0, fmt.Errorf("%w: unknown message kind %d", ErrMalformed, k)
@@ -73,18 +71,7 @@ func Kind(b []byte) (MessageKind, error) {
 
 // AppendDelta appends the encoding of d to dst. d must be canonical (see
 // Delta.Validate); Normalize makes it so.
-func AppendDelta(dst []byte, d Delta) ([]byte, error) { return appendDelta(dst, d, nil, false) }
-
-// AppendDeltaKeyed appends the encoding of d to dst as a keyed delta: the
-// keys t numbered go by number, each key with a number it did not have
-// yet is given one (while t has room) and sent with it, and the others go
-// in full. With byNumber false every key goes in full, with its number if
-// it has one: what a receiver that may have missed the numbers is sent.
-func AppendDeltaKeyed(dst []byte, d Delta, t *KeyNumbers, byNumber bool) ([]byte, error) {
-	return appendDelta(dst, d, t, byNumber)
-}
-
-func appendDelta(dst []byte, d Delta, t *KeyNumbers, byNumber bool) ([]byte, error) {
+func AppendDelta(dst []byte, d Delta) ([]byte, error) {
 	if err := d.Validate(); err != nil {
 		return dst, err
 	}
@@ -99,14 +86,8 @@ func appendDelta(dst []byte, d Delta, t *KeyNumbers, byNumber bool) ([]byte, err
 	if len(table) > MaxRegions {
 		return dst, fmt.Errorf("%w: %d regions, at most %d", ErrInvalidDelta, len(table), MaxRegions)
 	}
-	kind := KindDelta
-	if t != nil {
-		kind = KindDeltaKeyed
-		t.mu.Lock()
-		defer t.mu.Unlock()
-	}
 	start := len(dst)
-	dst = append(dst, 'g', 'q', wireVersion, byte(kind))
+	dst = append(dst, 'g', 'q', wireVersion, byte(KindDelta))
 	dst = appendString(dst, d.Origin)
 	dst = binary.AppendUvarint(dst, d.From)
 	dst = binary.AppendUvarint(dst, d.To-d.From)
@@ -115,38 +96,13 @@ func appendDelta(dst []byte, d Delta, t *KeyNumbers, byNumber bool) ([]byte, err
 		dst = appendString(dst, r)
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(d.Entries)))
-	var prevKey string // the last key that went in full
-	var prevEpoch int64
+	var prev ID
 	keyBytes := 0
 	for _, e := range d.Entries {
-		full := true
-		if t != nil {
-			n, known := t.numbers[e.Key]
-			if !known && len(t.numbers) < t.max {
-				n, known = uint32(len(t.numbers)), true
-				t.numbers[e.Key] = n
-				t.sent = append(t.sent, false)
-			}
-			switch {
-			case !known:
-				dst = binary.AppendUvarint(dst, keyInFull)
-			case byNumber && t.sent[n]:
-				dst = binary.AppendUvarint(dst, uint64(n)<<2|keyNumbered)
-				full = false
-			default:
-				dst = binary.AppendUvarint(dst, uint64(n)<<2|keyNumbered|keyInFull)
-				t.sent[n] = true
-			}
-		}
-		if full {
-			shared := commonPrefix(prevKey, e.Key)
-			dst = binary.AppendUvarint(dst, uint64(shared))
-			dst = appendString(dst, e.Key[shared:])
-			keyBytes += len(e.Key)
-			prevKey = e.Key
-		}
-		dst = binary.AppendVarint(dst, int64(uint64(e.Epoch)-uint64(prevEpoch)))
-		prevEpoch = e.Epoch
+		shared := commonPrefix(prev.Key, e.Key)
+		dst = binary.AppendUvarint(dst, uint64(shared))
+		dst = appendString(dst, e.Key[shared:])
+		dst = binary.AppendVarint(dst, int64(uint64(e.Epoch)-uint64(prev.Epoch)))
 		dst = binary.AppendUvarint(dst, uint64(len(e.Slots)))
 		for _, s := range e.Slots {
 			r, _ := slices.BinarySearch(table, s.Region)
@@ -160,6 +116,8 @@ func appendDelta(dst []byte, d Delta, t *KeyNumbers, byNumber bool) ([]byte, err
 				dst = binary.AppendUvarint(dst, s.N)
 			}
 		}
+		keyBytes += len(e.Key)
+		prev = e.ID
 	}
 	if keyBytes > maxKeyBytes(len(dst)-start) {
 		return dst[:start], fmt.Errorf("%w: %d key bytes in a %d-byte message, more than %d times its size", ErrInvalidDelta, keyBytes, len(dst)-start, maxKeyExpansion)
@@ -167,269 +125,151 @@ func appendDelta(dst []byte, d Delta, t *KeyNumbers, byNumber bool) ([]byte, err
 	return dst, nil
 }
 
-// A keyed delta's entry starts with a tag: its key's number << 2, and
-// these flags.
-const (
-	keyInFull   = 1 // the key follows, prefix-compressed against the last key in full
-	keyNumbered = 2 // the entry's key has the number in the tag
-)
-
 // DecodeDelta decodes a delta message. It returns an error wrapping
 // ErrMalformed for anything AppendDelta would not have written.
 func DecodeDelta(b []byte) (Delta, error) {
-	if err := expectKind(b, KindDelta); err != nil {
-		return Delta{}, err
-	}
-	d, _, err := decodeDelta(b, nil)
+	d, err := decodeDelta(b)
 	if err != nil {
 		return Delta{}, err
 	}
 	return d, nil
 }
 
-// DecodeDeltaKeyed decodes a delta message of either kind: a keyed one
-// with the numbers of its sender's keys that names holds, and learns the
-// numbers it brings (if it decodes). An entry whose key goes by a number
-// names does not hold is left out, and counted in unknown: the receiver
-// missed the message that numbered it. It returns an error wrapping
-// ErrMalformed for anything AppendDeltaKeyed would not have written, or
-// that gives a number another key than names holds for it.
-func DecodeDeltaKeyed(b []byte, names *KeyNames) (d Delta, unknown int, err error) {
-	d, unknown, err = decodeDelta(b, names)
-	if err != nil {
-		return Delta{}, 0, err
-	}
-	return d, unknown, nil
-}
-
-func decodeDelta(b []byte, names *KeyNames) (Delta, int, error) {
+func decodeDelta(b []byte) (Delta, error) {
 	var d Delta
-	kind, err := Kind(b)
-	if err != nil {
-		return d, 0, err
-	}
-	keyed := kind == KindDeltaKeyed
-	if keyed && names == nil {
-		return d, 0, fmt.Errorf("%w: a keyed delta, decoded without its sender's key numbers", ErrMalformed)
+	if err := expectKind(b, KindDelta); err != nil {
+		return d, err
 	}
 	r := reader{b: b, off: headerLen}
 	var span uint64
+	var err error
 	if d.Origin, err = r.string("origin", 1, MaxRegionNameLen); err != nil {
-		return d, 0, err
+		return d, err
 	}
 	if d.From, err = r.uvarint("from"); err != nil {
-		return d, 0, err
+		return d, err
 	}
 	if span, err = r.uvarint("to"); err != nil {
-		return d, 0, err
+		return d, err
 	}
 	if d.To = d.From + span; d.To < d.From {
-		return d, 0, r.errorf("to: %d + %d overflows", d.From, span)
+		return d, r.errorf("to: %d + %d overflows", d.From, span)
 	}
 	nregions, err := r.count("regions", MaxRegions, 2)
 	if err != nil {
-		return d, 0, err
+		return d, err
 	}
 	table := make([]string, nregions)
 	for i := range table {
 		if table[i], err = r.string("region", 1, MaxRegionNameLen); err != nil {
-			return d, 0, err
+			return d, err
 		}
 		if i > 0 && table[i-1] >= table[i] {
-			return d, 0, r.errorf("region %d: %q not after %q", i, table[i], table[i-1])
+			return d, r.errorf("region %d: %q not after %q", i, table[i], table[i-1])
 		}
 	}
 	used := make([]bool, nregions)
-	minEntry := 6 // a key's prefix and suffix, an epoch, a slot
-	if keyed {
-		minEntry = 5 // a number, an epoch, a slot
-	}
-	nentries, err := r.count("entries", len(b), minEntry)
+	nentries, err := r.count("entries", len(b), 6)
 	if err != nil {
-		return d, 0, err
+		return d, err
 	}
 	if nentries > 0 {
 		d.Entries = make([]Entry, nentries)
 	}
-	// An entry's key is keys[keyStart[i]:keyEnds[i]] if it came in full,
-	// or named[i] if by number; "" and -1 if by a number not known.
-	keyStart, keyEnds := make([]int, nentries), make([]int, nentries)
-	named := make([]string, nentries)
-	var learned []numberedKey
+	keyEnds := make([]int, nentries)
 	keys := make([]byte, 0, nentries*32)
 	// Each entry has at most nregions slots, and each slot takes 2 bytes.
 	slots := make([]Slot, 0, min(nentries*nregions, (len(b)-r.off)/2))
-	prevStart, prevEnd := 0, 0 // the last key in full
-	prevEpoch := int64(0)
-	// entryKey is entry i's key as far as known: in full (bytes) or by
-	// number (a string).
-	entryKey := func(i int) (full []byte, byNumber string, ok bool) {
-		switch {
-		case keyEnds[i] < 0:
-			return nil, "", false
-		case named[i] != "":
-			return nil, named[i], true
-		}
-		return keys[keyStart[i]:keyEnds[i]], "", true
-	}
-	unknown := 0
+	prevStart, prevEpoch := 0, int64(0)
 	for i := range d.Entries {
 		e := &d.Entries[i]
-		full, number, numbered := true, uint64(0), false
-		if keyed {
-			tag, err := r.uvarint("key tag")
-			if err != nil {
-				return d, 0, err
-			}
-			full, numbered, number = tag&keyInFull != 0, tag&keyNumbered != 0, tag>>2
-			switch {
-			case tag&^3 != 0 && !numbered:
-				return d, 0, r.errorf("entry %d: a number without its flag", i)
-			case !full && !numbered:
-				return d, 0, r.errorf("entry %d: no key", i)
-			case numbered && number >= maxKeyNumber:
-				return d, 0, r.errorf("entry %d: key number %d, at most %d", i, number, maxKeyNumber-1)
-			}
+		prevKey := keys[prevStart:]
+		shared, err := r.uvarint("shared prefix")
+		if err != nil {
+			return d, err
 		}
-		if full {
-			last := keys[prevStart:prevEnd]
-			shared, err := r.uvarint("shared prefix")
-			if err != nil {
-				return d, 0, err
-			}
-			if shared > uint64(len(last)) {
-				return d, 0, r.errorf("entry %d: shared prefix %d longer than the previous key (%d)", i, shared, len(last))
-			}
-			suffix, err := r.bytes("key suffix", 0, MaxKeyLen)
-			if err != nil {
-				return d, 0, err
-			}
-			keyLen := int(shared) + len(suffix)
-			switch {
-			case keyLen == 0 || keyLen > MaxKeyLen:
-				return d, 0, r.errorf("entry %d: key length %d not in 1..%d", i, keyLen, MaxKeyLen)
-			case len(keys)+keyLen > maxKeyBytes(len(b)):
-				return d, 0, r.errorf("entry %d: keys expand to more than %d times the message size", i, maxKeyExpansion)
-			case len(suffix) > 0 && int(shared) < len(last) && suffix[0] == last[shared]:
-				return d, 0, r.errorf("entry %d: shared prefix %d is not the longest", i, shared)
-			}
-			start := len(keys)
-			keys = append(keys, keys[prevStart:prevStart+int(shared)]...)
-			keys = append(keys, suffix...)
-			keyStart[i], keyEnds[i] = start, len(keys)
-			prevStart, prevEnd = start, len(keys)
-			if numbered {
-				learned = append(learned, numberedKey{uint32(number), i})
-			}
-		} else if named[i] = names.keys[uint32(number)]; named[i] == "" {
-			keyEnds[i] = -1
+		if shared > uint64(len(prevKey)) {
+			return d, r.errorf("entry %d: shared prefix %d longer than the previous key (%d)", i, shared, len(prevKey))
 		}
+		suffix, err := r.bytes("key suffix", 0, MaxKeyLen)
+		if err != nil {
+			return d, err
+		}
+		keyLen := int(shared) + len(suffix)
+		switch {
+		case keyLen == 0 || keyLen > MaxKeyLen:
+			return d, r.errorf("entry %d: key length %d not in 1..%d", i, keyLen, MaxKeyLen)
+		case len(keys)+keyLen > maxKeyBytes(len(b)):
+			return d, r.errorf("entry %d: keys expand to more than %d times the message size", i, maxKeyExpansion)
+		case len(suffix) > 0 && int(shared) < len(prevKey) && suffix[0] == prevKey[shared]:
+			return d, r.errorf("entry %d: shared prefix %d is not the longest", i, shared)
+		}
+		start := len(keys)
+		keys = append(keys, keys[prevStart:prevStart+int(shared)]...)
+		keys = append(keys, suffix...)
+		keyEnds[i] = len(keys)
 		epochDelta, err := r.varint("epoch")
 		if err != nil {
-			return d, 0, err
+			return d, err
 		}
 		e.Epoch = int64(uint64(prevEpoch) + uint64(epochDelta))
 		if i > 0 {
-			pf, pn, pok := entryKey(i - 1)
-			cf, cn, cok := entryKey(i)
-			if pok && cok {
-				var c int
-				switch {
-				case cn == "" && pn == "":
-					c = compareKeyEpoch(cf, e.Epoch, pf, prevEpoch)
-				case cn == "":
-					c = compareKeyEpoch(cf, e.Epoch, pn, prevEpoch)
-				case pn == "":
-					c = compareKeyEpoch(cn, e.Epoch, pf, prevEpoch)
-				default:
-					c = compareKeyEpoch(cn, e.Epoch, pn, prevEpoch)
-				}
-				if c <= 0 {
-					return d, 0, r.errorf("entry %d: not after the entry before", i)
-				}
+			if c := compareKeyEpoch(keys[start:], e.Epoch, keys[prevStart:start], prevEpoch); c <= 0 {
+				return d, r.errorf("entry %d: not after the entry before", i)
 			}
 		}
-		prevEpoch = e.Epoch
+		prevStart, prevEpoch = start, e.Epoch
 		nslots, err := r.count("slots", nregions, 2)
 		if err != nil {
-			return d, 0, err
+			return d, err
 		}
 		if nslots == 0 {
-			return d, 0, r.errorf("entry %d: no slots", i)
+			return d, r.errorf("entry %d: no slots", i)
 		}
 		first := len(slots)
 		last := -1
 		for range nslots {
 			tag, err := r.uvarint("slot region")
 			if err != nil {
-				return d, 0, err
+				return d, err
 			}
 			ri := tag >> 1
 			if ri >= uint64(nregions) || int(ri) <= last {
-				return d, 0, r.errorf("entry %d: slot region index %d out of order or range", i, ri)
+				return d, r.errorf("entry %d: slot region index %d out of order or range", i, ri)
 			}
 			last = int(ri)
 			used[ri] = true
 			s := Slot{Region: table[ri]}
 			if s.P, err = r.uvarint("slot p"); err != nil {
-				return d, 0, err
+				return d, err
 			}
 			if tag&1 != 0 {
 				if s.N, err = r.uvarint("slot n"); err != nil {
-					return d, 0, err
+					return d, err
 				}
 				if s.N == 0 {
-					return d, 0, r.errorf("entry %d: slot %q flagged with decrements but has none", i, s.Region)
+					return d, r.errorf("entry %d: slot %q flagged with decrements but has none", i, s.Region)
 				}
 			} else if s.P == 0 {
-				return d, 0, r.errorf("entry %d: slot %q is zero", i, s.Region)
+				return d, r.errorf("entry %d: slot %q is zero", i, s.Region)
 			}
 			slots = append(slots, s)
 		}
 		e.Slots = slots[first:len(slots):len(slots)]
 	}
 	if r.off != len(b) {
-		return d, 0, r.errorf("%d trailing bytes", len(b)-r.off)
+		return d, r.errorf("%d trailing bytes", len(b)-r.off)
 	}
 	if i := slices.Index(used, false); i >= 0 {
-		return d, 0, r.errorf("region %q listed but unused", table[i])
+		return d, r.errorf("region %q listed but unused", table[i])
 	}
-	// One string for all keys that came in full; each such entry's key is a
-	// slice of it.
-	all := string(keys)
-	out := d.Entries[:0]
+	// One string for all keys; each entry's key is a slice of it.
+	all, start := string(keys), 0
 	for i := range d.Entries {
-		e := d.Entries[i]
-		switch {
-		case keyEnds[i] < 0:
-			unknown++
-			continue
-		case named[i] != "":
-			e.Key = named[i]
-		default:
-			e.Key = all[keyStart[i]:keyEnds[i]]
-		}
-		out = append(out, e)
+		d.Entries[i].Key = all[start:keyEnds[i]]
+		start = keyEnds[i]
 	}
-	for _, l := range learned {
-		key := all[keyStart[l.entry]:keyEnds[l.entry]]
-		if had := names.keys[l.number]; had != "" && had != key {
-			return Delta{}, 0, fmt.Errorf("%w: key number %d names %q, and %q before", ErrMalformed, l.number, key, had)
-		}
-	}
-	for _, l := range learned {
-		names.learn(l.number, all[keyStart[l.entry]:keyEnds[l.entry]])
-	}
-	if len(out) == 0 {
-		out = nil
-	}
-	d.Entries = out
-	return d, unknown, nil
-}
-
-type numberedKey struct {
-	number uint32
-	entry  int
+	return d, nil
 }
 
 func expectKind(b []byte, want MessageKind) error {
@@ -458,13 +298,8 @@ func commonPrefix(a, b string) int {
 	return n
 }
 
-func compareKeyEpoch[K, P ~string | ~[]byte](key K, epoch int64, prevKey P, prevEpoch int64) int {
-	for i := range min(len(key), len(prevKey)) {
-		if key[i] != prevKey[i] {
-			return cmp.Compare(key[i], prevKey[i])
-		}
-	}
-	if c := cmp.Compare(len(key), len(prevKey)); c != 0 {
+func compareKeyEpoch(key []byte, epoch int64, prevKey []byte, prevEpoch int64) int {
+	if c := bytes.Compare(key, prevKey); c != 0 {
 		return c
 	}
 	return cmp.Compare(epoch, prevEpoch)

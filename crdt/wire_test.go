@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"fmt"
-	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -161,9 +159,6 @@ func checkDecode(t testing.TB, b []byte) {
 	} else if !errors.Is(err, ErrMalformed) {
 		t.Fatalf("DecodeDelta error %v does not wrap ErrMalformed", err)
 	}
-	if _, _, err := DecodeDeltaKeyed(b, NewKeyNames(NewKeyBudget(1<<20))); err != nil && !errors.Is(err, ErrMalformed) {
-		t.Fatalf("DecodeDeltaKeyed error %v does not wrap ErrMalformed", err)
-	}
 }
 
 // FuzzDecode feeds arbitrary bytes to the decoder. go test runs the seeds;
@@ -180,87 +175,5 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("gq"))
 	f.Add([]byte{'g', 'q', wireVersion, byte(KindDelta), 0, 0, 0, 0, 0})
-	keyed := NewKeyNumbers(100)
-	for _, byNumber := range []bool{false, true} {
-		msg, _ := AppendDeltaKeyed(nil, c.DeltaSince(0), keyed, byNumber)
-		f.Add(msg)
-	}
 	f.Fuzz(func(t *testing.T, b []byte) { checkDecode(t, b) })
-}
-
-// TestKeyedDeltas: a sender's deltas, some lost, keys by number once sent
-// with it: the receiver reads every entry whose key it can name, as sent,
-// leaves out and counts the others, and an answer (every key in full)
-// teaches it the numbers it missed.
-func TestKeyedDeltas(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		numbers := NewKeyNumbers(rapid.IntRange(0, 12).Draw(t, "numbered at most"))
-		names := NewKeyNames(NewKeyBudget(1 << 20))
-		learned := map[string]bool{} // keys the receiver can name by number
-		numbered := map[string]bool{}
-		for range rapid.IntRange(1, 30).Draw(t, "messages") {
-			d := Delta{Origin: "us-east", From: 1, To: 2}
-			for _, k := range rapid.SliceOfDistinct(rapid.IntRange(0, 15), func(i int) int { return i }).Draw(t, "keys") {
-				d.Entries = append(d.Entries, Entry{ID: ID{Key: fmt.Sprintf("tenant/sk_%02d", k), Epoch: int64(k % 3)},
-					Slots: []Slot{{Region: "us-east", P: uint64(k) + 1}}})
-			}
-			d.Normalize()
-			byNumber := rapid.Bool().Draw(t, "by number")
-			before := maps.Clone(numbered)
-			msg, err := AppendDeltaKeyed(nil, d, numbers, byNumber)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range d.Entries {
-				numbered[e.Key] = numbered[e.Key] || len(numbered) < numbers.max
-			}
-			if rapid.Bool().Draw(t, "lost") {
-				continue
-			}
-			got, unknown, err := DecodeDeltaKeyed(msg, names)
-			if err != nil {
-				t.Fatalf("decode: %v", err)
-			}
-			var want []Entry
-			wantUnknown := 0
-			for _, e := range d.Entries {
-				if byNumber && before[e.Key] && numbers.sent[numbers.numbers[e.Key]] && !learned[e.Key] {
-					wantUnknown++
-					continue
-				}
-				want = append(want, e)
-			}
-			if unknown != wantUnknown || !reflect.DeepEqual(got.Entries, want) {
-				t.Fatalf("decoded %v with %d unknown, want %v with %d", got.Entries, unknown, want, wantUnknown)
-			}
-			for _, e := range got.Entries {
-				if _, ok := numbers.numbers[e.Key]; ok {
-					learned[e.Key] = true
-				}
-			}
-		}
-	})
-}
-
-func TestKeyedDeltaRefusesAnotherKeyForANumber(t *testing.T) {
-	names := NewKeyNames(NewKeyBudget(1 << 20))
-	entry := func(key string) Delta {
-		return Delta{Origin: "o", Entries: []Entry{{ID: ID{Key: key}, Slots: []Slot{{Region: "o", P: 1}}}}}
-	}
-	a, _ := AppendDeltaKeyed(nil, entry("a"), NewKeyNumbers(10), true)
-	if _, _, err := DecodeDeltaKeyed(a, names); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := AppendDeltaKeyed(nil, entry("b"), NewKeyNumbers(10), true) // number 0 again, for b
-	if _, _, err := DecodeDeltaKeyed(b, names); !errors.Is(err, ErrMalformed) {
-		t.Fatalf("a number given to another key: %v, want ErrMalformed", err)
-	}
-	if _, err := DecodeDelta(a); !errors.Is(err, ErrMalformed) {
-		t.Fatalf("a keyed delta decoded without key numbers: %v, want ErrMalformed", err)
-	}
-	// A budget too small learns nothing, and the key goes unnamed.
-	poor := NewKeyNames(NewKeyBudget(10))
-	if _, _, err := DecodeDeltaKeyed(a, poor); err != nil || poor.Len() != 0 {
-		t.Fatalf("over budget: learned %d, %v", poor.Len(), err)
-	}
 }

@@ -19,10 +19,7 @@
 // the version it holds (<prefix>.ask.<to>.<from>), and the sender answers
 // with them (<prefix>.repair.<to>.<from>): anti-entropy costs what
 // differs, whatever the number of counters held — with every counter in
-// sync, a mark of a few dozen bytes a replica every 10s. A replica sends a
-// key in full with a number once, and by its number after that; a receiver
-// that cannot name a number (it lost the message that gave it) leaves the
-// entry out and asks, as for a lost delta.
+// sync, a mark of a few dozen bytes a replica every 10s.
 //
 // A replica that starts asks every other region for all it holds, and
 // for its own region's slots as their copies hold them (a new process, or

@@ -42,12 +42,6 @@ type Config struct {
 	// MaxEntries bounds the counters in one message, so that a message
 	// stays within NATS's payload limit (1 MB by default). 20,000.
 	MaxEntries int
-	// MaxKeyNumbers bounds the keys a replica numbers for the wire (a key
-	// sent once with its number goes by its number after that; those
-	// beyond go in full), and KeyBytes the memory the numbers a node
-	// learns of the other replicas' keys may take (see
-	// crdt.AppendDeltaKeyed). 1,048,576 and 128 MiB.
-	MaxKeyNumbers, KeyBytes int
 	// Observer makes the node listen without counting: it merges the
 	// regions' deltas and the repairs it asks for into Counters, hands
 	// heartbeats to Heartbeats, and neither answers asks nor sends
@@ -82,7 +76,7 @@ type Config struct {
 // regions a WAN apart.
 func DefaultConfig() Config {
 	return Config{Prefix: DefaultPrefix, Interval: 250 * time.Millisecond, AntiEntropy: 10 * time.Second,
-		Heartbeat: 500 * time.Millisecond, Rejoin: time.Second, MaxEntries: 20_000, MaxKeyNumbers: 1 << 20, KeyBytes: 128 << 20}
+		Heartbeat: 500 * time.Millisecond, Rejoin: time.Second, MaxEntries: 20_000}
 }
 
 func (c Config) withDefaults() Config {
@@ -104,12 +98,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxEntries <= 0 {
 		c.MaxEntries = d.MaxEntries
-	}
-	if c.MaxKeyNumbers <= 0 {
-		c.MaxKeyNumbers = d.MaxKeyNumbers
-	}
-	if c.KeyBytes <= 0 {
-		c.KeyBytes = d.KeyBytes
 	}
 	if c.Phase == nil {
 		c.Phase = func(p time.Duration) time.Duration { return p }
@@ -135,10 +123,6 @@ type Node struct {
 	subjects Subjects
 	regions  []string // the regions counted, for telling one back after a silence
 	stats    Stats
-	// keys numbers this replica's keys on the wire; keyBudget bounds what
-	// the numbers of the others' take.
-	keys      *crdt.KeyNumbers
-	keyBudget *crdt.KeyBudget
 
 	mu        sync.Mutex
 	seq       uint64
@@ -183,10 +167,6 @@ type streamMark struct {
 	region    string
 	have, top uint64
 	asked, at time.Time
-	// names are the numbers of the replica's keys, learned from its
-	// messages: decoding them is serialized on namesMu.
-	namesMu sync.Mutex
-	names   *crdt.KeyNames
 }
 
 // askerSeen paces the answers to one asker: a token bucket.
@@ -235,8 +215,7 @@ func New(cfg Config, start time.Time) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, subjects: NewSubjects(cfg.Prefix), heard: map[string]time.Time{}, rejoined: map[string]bool{},
 		senders: map[stream]senderSeen{},
-		streams: map[streamID]*streamMark{}, askers: map[string]*askerSeen{}, start: start, starting: !cfg.Observer,
-		keys: crdt.NewKeyNumbers(cfg.MaxKeyNumbers), keyBudget: crdt.NewKeyBudget(cfg.KeyBytes)}
+		streams: map[streamID]*streamMark{}, askers: map[string]*askerSeen{}, start: start, starting: !cfg.Observer}
 	if !cfg.Observer {
 		n.regions = cfg.Engine.GlobalRegions()
 	}
@@ -303,8 +282,8 @@ func earliest(t time.Time, ts ...time.Time) time.Time {
 
 // Tick does what is due at now: the region's changed slots, its
 // heartbeat, how far its versions run (every anti-entropy round), and its
-// asks (as it starts, or again after a rejoin); it returns the messages to
-// send, in that order.
+// asks (as it starts, or again after a
+// rejoin); it returns the messages to send, in that order.
 func (n *Node) Tick(now time.Time) []Message {
 	n.mu.Lock()
 	delta := !n.cfg.Observer && !now.Before(n.nextDelta)
@@ -419,15 +398,9 @@ func (n *Node) appendDelta(out []Message) []Message {
 	n.published = max(n.published, parts[len(parts)-1].To)
 	n.mu.Unlock()
 	for _, d := range parts {
-		out = append(out, Message{Subject: n.subjects.Delta(n.cfg.Region), Header: n.header(), Body: d, delta: true, since: since,
-			keys: n.keys, byNumber: true})
+		out = append(out, Message{Subject: n.subjects.Delta(n.cfg.Region), Header: n.header(), Body: d, delta: true, since: since})
 	}
 	return out
-}
-
-// answerWith makes an answer of d: every key in full, with its number.
-func (n *Node) answerWith(subject string, d crdt.Delta) Message {
-	return Message{Subject: subject, Header: n.header(), Body: d, keys: n.keys}
 }
 
 // appendMark adds a delta of no entries at version v: how far this
@@ -435,7 +408,7 @@ func (n *Node) answerWith(subject string, d crdt.Delta) Message {
 func (n *Node) appendMark(out []Message, subject string, v uint64) []Message {
 	n.stats.Marks.Add(1)
 	d := crdt.Delta{Origin: n.cfg.Region, From: v, To: v}
-	return append(out, Message{Subject: subject, Header: n.header(), Body: d, keys: n.keys})
+	return append(out, Message{Subject: subject, Header: n.header(), Body: d})
 }
 
 func (n *Node) appendAsk(out []Message, to string, a Ask) []Message {
@@ -489,15 +462,14 @@ func (n *Node) Step(ctx context.Context, now time.Time, m Message) []Message {
 		return nil
 	}
 	var out []Message
-	body, unknown, err := m.decode(k, func() (*crdt.KeyNames, func()) { return n.namesOf(now, from, m.Header) })
+	body, err := m.decode(k)
 	if err != nil {
 		n.stats.Malformed.Add(1)
 	}
-	n.stats.UnknownKeys.Add(int64(unknown))
 	switch b := body.(type) {
 	case crdt.Delta:
 		if n.merge(ctx, k, from, b) {
-			out = n.follow(out, now, from, m.Header, b, unknown == 0, heard)
+			out = n.follow(out, now, from, m.Header, b, heard)
 		}
 	case Ask:
 		out = n.answer(out, now, from, m.Header, b)
@@ -605,19 +577,22 @@ func (n *Node) merge(ctx context.Context, k kind, from string, d crdt.Delta) (ve
 
 // follow notes how far a delta takes its sender's versions, and asks the
 // sender for the rest if it shows some missing: a range skipped (a delta
-// lost), entries left out (complete false: keys by numbers not learned,
-// their message lost), or versions further on than those held (a replica
-// never heard from, or heard again). An ask unanswered goes again after
-// Rejoin. With askingAll, the ask to the sender's whole region about to
-// go asks for it.
-func (n *Node) follow(out []Message, now time.Time, from string, h Header, d crdt.Delta, complete, askingAll bool) []Message {
+// lost), or versions further on than those held (a replica never heard
+// from, or heard again). An ask unanswered goes again after Rejoin. With
+// askingAll, the ask to the sender's whole region about to go asks for it.
+func (n *Node) follow(out []Message, now time.Time, from string, h Header, d crdt.Delta, askingAll bool) []Message {
+	id := streamID{h.Replica, h.Instance}
 	n.mu.Lock()
-	s := n.stream(now, from, h)
+	s := n.streams[id]
 	if s == nil {
-		n.mu.Unlock()
-		return out
+		if len(n.streams) >= maxStreams {
+			n.dropStream()
+		}
+		s = &streamMark{region: from}
+		n.streams[id] = s
 	}
-	if d.From <= s.have && complete {
+	s.at = now
+	if d.From <= s.have {
 		s.have = max(s.have, d.To)
 	}
 	s.top = max(s.top, d.To)
@@ -660,39 +635,6 @@ func (n *Node) askAll(region string) Ask {
 	return a
 }
 
-// stream returns what the node holds of a replica's versions, made anew
-// if need be, or nil if the replica spoke for another region before. The
-// caller holds n.mu.
-func (n *Node) stream(now time.Time, from string, h Header) *streamMark {
-	id := streamID{h.Replica, h.Instance}
-	s := n.streams[id]
-	if s == nil {
-		if len(n.streams) >= maxStreams {
-			n.dropStream()
-		}
-		s = &streamMark{region: from, names: crdt.NewKeyNames(n.keyBudget)}
-		n.streams[id] = s
-	}
-	if s.region != from {
-		return nil
-	}
-	s.at = now
-	return s
-}
-
-// namesOf returns the numbers of a replica's keys the node learned, and
-// the function to call once done with them.
-func (n *Node) namesOf(now time.Time, from string, h Header) (*crdt.KeyNames, func()) {
-	n.mu.Lock()
-	s := n.stream(now, from, h)
-	n.mu.Unlock()
-	if s == nil {
-		return crdt.NewKeyNames(crdt.NewKeyBudget(0)), func() {}
-	}
-	s.namesMu.Lock()
-	return s.names, s.namesMu.Unlock
-}
-
 // dropStream forgets the versions of the replica heard least lately. The
 // caller holds n.mu.
 func (n *Node) dropStream() {
@@ -703,18 +645,7 @@ func (n *Node) dropStream() {
 			oldest, at = id, s.at
 		}
 	}
-	n.forgetStream(oldest)
-}
-
-// forgetStream forgets a replica's versions and the numbers of its keys.
-// The caller holds n.mu.
-func (n *Node) forgetStream(id streamID) {
-	if s := n.streams[id]; s != nil {
-		s.namesMu.Lock()
-		s.names.Release()
-		s.namesMu.Unlock()
-		delete(n.streams, id)
-	}
+	delete(n.streams, oldest)
 }
 
 // answer handles another region's ask (or globalsync's): this replica's
@@ -732,14 +663,14 @@ func (n *Node) answer(out []Message, now time.Time, from string, h Header, a Ask
 			continue // another replica's, or an earlier run of this one
 		}
 		for _, d := range n.cfg.Counters.OwnDeltas(sa.Since, n.cfg.MaxEntries) {
-			out = append(out, n.answerWith(subject, d))
+			out = append(out, Message{Subject: subject, Header: n.header(), Body: d})
 		}
 		answered = true
 		break
 	}
 	if !answered && a.Others {
 		for _, d := range n.cfg.Counters.OwnDeltas(0, n.cfg.MaxEntries) {
-			out = append(out, n.answerWith(subject, d))
+			out = append(out, Message{Subject: subject, Header: n.header(), Body: d})
 		}
 		answered = true
 	}
@@ -749,7 +680,7 @@ func (n *Node) answer(out []Message, now time.Time, from string, h Header, a Ask
 		for start := 0; start < len(d.Entries); start += n.cfg.MaxEntries {
 			part := d
 			part.Entries = d.Entries[start:min(len(d.Entries), start+n.cfg.MaxEntries)]
-			out = append(out, n.answerWith(subject, part))
+			out = append(out, Message{Subject: subject, Header: n.header(), Body: part})
 		}
 		answered = true
 	}
@@ -793,7 +724,7 @@ func (n *Node) forget(now time.Time) {
 	}
 	for id, s := range n.streams {
 		if now.Sub(s.at) > forgetSenders {
-			n.forgetStream(id)
+			delete(n.streams, id)
 		}
 	}
 	for name, a := range n.askers {

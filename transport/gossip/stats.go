@@ -18,10 +18,7 @@ type Stats struct {
 	// holds: a region replaying old state, or one that lost its own
 	// counters — or, now and then, only a repair that relayed its slot and
 	// overtook its own older delta. A lasting rise is the sign to heed.
-	Regressed atomic.Int64
-	// UnknownKeys are entries left out of deltas for keys by numbers not
-	// learned (the message that numbered them was lost): asked for again.
-	UnknownKeys atomic.Int64
+	Regressed   atomic.Int64
 	StoreErrors atomic.Int64
 	// Asks sent, asks answered, and asks left unanswered because their
 	// asker asked too often (or too many asked).

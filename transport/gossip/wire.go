@@ -141,10 +141,6 @@ type Message struct {
 	// since is, for a delta, the version it runs from (see Node.Unsent).
 	since uint64
 	delta bool
-	// keys numbers the keys of a delta the node sent, on the wire (see
-	// crdt.AppendDeltaKeyed): by number once numbered, if byNumber.
-	keys     *crdt.KeyNumbers
-	byNumber bool
 }
 
 // Encode returns the message's body as it travels, encoding it once.
@@ -155,11 +151,7 @@ func (m *Message) Encode() ([]byte, error) {
 	var err error
 	switch b := m.Body.(type) {
 	case crdt.Delta:
-		if m.keys != nil {
-			m.Data, err = crdt.AppendDeltaKeyed(nil, b, m.keys, m.byNumber)
-		} else {
-			m.Data, err = crdt.AppendDelta(nil, b)
-		}
+		m.Data, err = crdt.AppendDelta(nil, b)
 	case Ask:
 		m.Data, err = json.Marshal(b)
 	case Heartbeat:
@@ -272,44 +264,39 @@ func decodeAsk(b []byte) (Ask, error) {
 // errMalformed is a body that does not decode as its subject says.
 var errMalformed = errors.New("gossip: malformed message")
 
-// decode returns a message's body, decoding Data if it has none; a delta
-// with names, the numbers of its sender's keys, and with how many of its
-// entries were left out for keys whose numbers names lacks.
-func (m *Message) decode(k kind, names func() (*crdt.KeyNames, func())) (body any, unknown int, err error) {
+// decode returns a message's body, decoding Data if it has none.
+func (m *Message) decode(k kind) (any, error) {
 	if m.Body != nil {
 		switch m.Body.(type) {
 		case crdt.Delta:
 			if k == kindDelta || k == kindRepair {
-				return m.Body, 0, nil
+				return m.Body, nil
 			}
 		case Ask:
 			if k == kindAsk {
-				return m.Body, 0, nil
+				return m.Body, nil
 			}
 		case Heartbeat:
 			if k == kindHeartbeat {
-				return m.Body, 0, nil
+				return m.Body, nil
 			}
 		}
-		return nil, 0, errMalformed
+		return nil, errMalformed
 	}
 	switch k {
 	case kindDelta, kindRepair:
-		t, done := names()
-		defer done()
-		d, unknown, err := crdt.DecodeDeltaKeyed(m.Data, t)
+		d, err := crdt.DecodeDelta(m.Data)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
-		return d, unknown, nil
+		return d, nil
 	case kindAsk:
-		a, err := decodeAsk(m.Data)
-		return a, 0, err
+		return decodeAsk(m.Data)
 	default:
 		var hb Heartbeat
 		if err := json.Unmarshal(m.Data, &hb); err != nil {
-			return nil, 0, err
+			return nil, err
 		}
-		return hb, 0, nil
+		return hb, nil
 	}
 }
