@@ -322,7 +322,7 @@ func (n *Node) Tick(now time.Time) []Message {
 		published := n.published
 		n.mu.Unlock()
 		if published > 0 {
-			out = n.appendMark(out, n.subjects.Delta(n.cfg.Region), published)
+			out = n.appendMark(out, published)
 		}
 	}
 	if starting && n.asks() {
@@ -405,10 +405,10 @@ func (n *Node) appendDelta(out []Message) []Message {
 
 // appendMark adds a delta of no entries at version v: how far this
 // replica's versions run.
-func (n *Node) appendMark(out []Message, subject string, v uint64) []Message {
+func (n *Node) appendMark(out []Message, v uint64) []Message {
 	n.stats.Marks.Add(1)
 	d := crdt.Delta{Origin: n.cfg.Region, From: v, To: v}
-	return append(out, Message{Subject: subject, Header: n.header(), Body: d})
+	return append(out, Message{Subject: n.subjects.Delta(n.cfg.Region), Header: n.header(), Body: d})
 }
 
 func (n *Node) appendAsk(out []Message, to string, a Ask) []Message {

@@ -24,7 +24,7 @@ type Stats struct {
 	// asker asked too often (or too many asked).
 	Asks, AsksAnswered, Paced atomic.Int64
 	// Marks sent: how far this replica's versions run, every
-	// anti-entropy round and when asked.
+	// anti-entropy round.
 	Marks atomic.Int64
 }
 

@@ -127,14 +127,13 @@ func (m *mesh) account(tb testing.TB, msg gossip.Message) {
 }
 
 // antiEntropy is what goes but deltas and heartbeats: what it costs to
-// find and repair what was lost.
+// find and repair what was lost (marks travel as deltas of no entries).
 func (m *mesh) antiEntropy() (messages, bytes int) {
 	for kind, w := range m.sent {
 		if kind != "delta" && kind != "heartbeat" {
 			messages, bytes = messages+w.messages, bytes+w.bytes
 		}
 	}
-	// Marks travel as deltas of no entries.
 	return messages, bytes
 }
 
