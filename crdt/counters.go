@@ -3,6 +3,7 @@ package crdt
 import (
 	"cmp"
 	"fmt"
+	"iter"
 	"slices"
 )
 
@@ -29,14 +30,14 @@ type Counters struct {
 type entry struct {
 	id         ID
 	slots      []slot // sorted by region index
-	ver        uint64 // the newest slot version
+	ver        uint64 // the version of its last change
+	own        uint64 // the version of its own slot's last change
 	prev, next *entry
 }
 
 type slot struct {
 	region uint32
 	p, n   uint64
-	ver    uint64 // version of the slot's last change
 }
 
 // NewCounters returns an empty collection for the region self, which must be
@@ -157,13 +158,20 @@ func (c *Counters) Merge(d Delta) MergeReport {
 		r.UnknownRegion = d.Slots()
 		return r
 	}
+	// A delta's slots are mostly its origin's: the last region looked up
+	// is kept.
+	lastName, lastIndex := d.Origin, origin
 	for _, de := range d.Entries {
 		e := c.entries[de.ID]
 		for _, ds := range de.Slots {
-			ri, ok := c.index[ds.Region]
-			if !ok {
-				r.UnknownRegion++
-				continue
+			ri := lastIndex
+			if ds.Region != lastName {
+				var ok bool
+				if ri, ok = c.index[ds.Region]; !ok {
+					r.UnknownRegion++
+					continue
+				}
+				lastName, lastIndex = ds.Region, ri
 			}
 			var cur slot
 			if e != nil {
@@ -197,9 +205,24 @@ func (c *Counters) Merge(d Delta) MergeReport {
 	return r
 }
 
-// DeltaSince returns every slot, of any region, changed after version v, as
-// a canonical delta from the local region. DeltaSince(0) is the full state.
+// DeltaSince returns every slot, of any region, of the counters changed
+// after version v (their slots changed before it too: only a counter's own
+// slot keeps its version), as a canonical delta from the local region.
+// DeltaSince(0) is the full state.
 func (c *Counters) DeltaSince(v uint64) Delta { return c.deltaSince(v, -1) }
+
+// IDs yields the ID of every counter held, in no set order, without
+// copying their slots: for a pass over the whole collection that reads
+// few of them (Get). The collection must not change during the pass.
+func (c *Counters) IDs() iter.Seq[ID] {
+	return func(yield func(ID) bool) {
+		for e := c.head; e != nil; e = e.next {
+			if !yield(e.id) {
+				return
+			}
+		}
+	}
+}
 
 // OwnDeltaSince returns the local region's slots changed after version v:
 // what a region gossips to the others.
@@ -210,12 +233,14 @@ func (c *Counters) deltaSince(v uint64, only int) Delta {
 	var changed []*entry
 	nslots := 0
 	for e := c.tail; e != nil && e.ver > v; e = e.prev {
-		changed = append(changed, e)
-		nslots += len(e.slots)
+		if only < 0 || e.own > v {
+			changed = append(changed, e)
+			nslots += len(e.slots)
+		}
 	}
 	slices.SortFunc(changed, func(a, b *entry) int { return a.id.Compare(b.id) })
 	return c.appendEntries(d, changed, nslots, func(s *slot) bool {
-		return s.ver > v && (only < 0 || int(s.region) == only)
+		return only < 0 || int(s.region) == only
 	})
 }
 
@@ -237,9 +262,9 @@ func (c *Counters) OwnDeltas(v uint64, max int) []Delta {
 	}
 	var changed []change
 	for e := c.tail; e != nil && e.ver > v; e = e.prev {
-		if i, ok := e.find(uint32(c.self)); ok && e.slots[i].ver > v {
+		if i, ok := e.find(uint32(c.self)); ok && e.own > v {
 			if s := &e.slots[i]; s.p != 0 || s.n != 0 {
-				changed = append(changed, change{e, s, s.ver})
+				changed = append(changed, change{e, s, e.own})
 			}
 		}
 	}
@@ -350,7 +375,10 @@ func (c *Counters) insert(id ID) *entry {
 // e moves to the end of the change list.
 func (c *Counters) touch(e *entry, s *slot) {
 	c.version++
-	s.ver, e.ver = c.version, c.version
+	e.ver = c.version
+	if s.region == uint32(c.self) {
+		e.own = c.version
+	}
 	if c.tail != e {
 		c.unlink(e)
 		c.pushBack(e)

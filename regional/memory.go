@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,11 +43,11 @@ type memShard struct {
 }
 
 // memGlobal is one window of a global counter: the fields of global.go,
-// this region's apart (p, n) and the others' in fields, with the sum of
+// this region's apart (p, n) and the others' in slots, with the sum of
 // the others' P less their N kept as they change.
 type memGlobal struct {
 	p, n    uint64
-	fields  map[string]uint64 // other regions' fields ("region", "-region")
+	slots   []crdt.Slot // other regions', in region order
 	others  float64
 	expires int64 // µs
 }
@@ -59,39 +60,49 @@ func (g *memGlobal) view() globalView {
 	return globalView{p: float64(g.p), n: float64(g.n), total: g.others + float64(g.p) - float64(g.n)}
 }
 
-// raise raises another region's field f (its N if neg) to v, if lower;
-// it reports whether it did.
-func (g *memGlobal) raise(f string, neg bool, v uint64) bool {
-	old := g.fields[f]
-	if v <= old {
-		return false
+// raise raises another region's slot to s, where lower; it returns how
+// many of its two fields it raised.
+func (g *memGlobal) raise(s crdt.Slot) int {
+	i, ok := slices.BinarySearchFunc(g.slots, s.Region, slotRegion)
+	if !ok {
+		if s.P == 0 && s.N == 0 {
+			return 0
+		}
+		g.slots = slices.Insert(g.slots, i, crdt.Slot{Region: s.Region})
 	}
-	if g.fields == nil {
-		g.fields = map[string]uint64{}
+	old := &g.slots[i]
+	raised := 0
+	if s.P > old.P {
+		g.others += float64(s.P - old.P)
+		old.P = s.P
+		raised++
 	}
-	g.fields[f] = v
-	if d := float64(v - old); neg {
-		g.others -= d
-	} else {
-		g.others += d
+	if s.N > old.N {
+		g.others -= float64(s.N - old.N)
+		old.N = s.N
+		raised++
 	}
-	return true
+	return raised
 }
 
-// fieldsAll returns every region's fields, this one's included.
-func (g *memGlobal) fieldsAll(region string) map[string]uint64 {
-	out := make(map[string]uint64, len(g.fields)+2)
-	for f, v := range g.fields {
-		out[f] = v
+// all returns every region's slot, this one's (region) included, in
+// region order.
+func (g *memGlobal) all(region string) []crdt.Slot {
+	out := make([]crdt.Slot, 0, len(g.slots)+1)
+	for _, s := range g.slots {
+		if s.P != 0 || s.N != 0 {
+			out = append(out, s)
+		}
 	}
-	if g.p > 0 {
-		out[region] = g.p
-	}
-	if g.n > 0 {
-		out["-"+region] = g.n
+	if g.p > 0 || g.n > 0 {
+		i, _ := slices.BinarySearchFunc(out, region, slotRegion)
+		out = slices.Insert(out, i, crdt.Slot{Region: region, P: g.p, N: g.n})
 	}
 	return out
 }
+
+// slotRegion orders slots by region, for a search by region's name.
+func slotRegion(s crdt.Slot, region string) int { return strings.Compare(s.Region, region) }
 
 type memEntry struct {
 	s       State
@@ -430,12 +441,14 @@ func giveBack(p Params, s State, now, n, at int64) (State, int64) {
 func (m *MemoryStore) MergeGlobal(_ context.Context, windows []GlobalWindow) (int, error) {
 	now := m.now()
 	raised := 0
+	var buf [160]byte
 	for _, w := range windows {
 		sh := &m.shards[m.shard(w.Key)]
-		k := string(GlobalKey(w.Key, w.StartMillis))
+		k := appendGlobalKey(buf[:0], w.Key, w.StartMillis)
 		sh.mu.Lock()
-		g := sh.globals[k]
-		if g == nil || g.expires <= now {
+		g := sh.globals[string(k)]
+		stored := g != nil && g.expires > now
+		if !stored {
 			g = &memGlobal{expires: now + max(1, w.TTL.Microseconds())}
 		}
 		for _, s := range w.Slots {
@@ -448,15 +461,10 @@ func (m *MemoryStore) MergeGlobal(_ context.Context, windows []GlobalWindow) (in
 				}
 				continue
 			}
-			if g.raise(s.Region, false, s.P) {
-				raised++
-			}
-			if g.raise("-"+s.Region, true, s.N) {
-				raised++
-			}
+			raised += g.raise(s)
 		}
-		if len(g.fields) > 0 || g.p > 0 || g.n > 0 {
-			sh.globals[k] = g
+		if !stored && (len(g.slots) > 0 || g.p > 0 || g.n > 0) {
+			sh.globals[string(k)] = g
 		}
 		sh.mu.Unlock()
 	}
@@ -472,5 +480,5 @@ func (m *MemoryStore) ReadGlobal(_ context.Context, key []byte, startMillis int6
 	if g == nil || g.expires <= m.now() {
 		return nil, nil
 	}
-	return slotsOf(g.fieldsAll(m.region)), nil
+	return g.all(m.region), nil
 }

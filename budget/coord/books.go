@@ -116,38 +116,50 @@ func (c *Coordinator) closeBooks(now time.Time) []OverAdmission {
 	settle := c.settleAfter()
 	b.closedBy = now.Add(-settle)
 	usage := c.view()
-	var found []OverAdmission
-	for _, e := range usage.DeltaSince(0).Entries {
-		if b.reconciled[e.ID] {
+	// The windows settled, judged in the order of their IDs (debts add up
+	// the same to the last bit).
+	type window struct {
+		id    crdt.ID
+		rule  *regional.Rule
+		limit int64
+		end   time.Time
+	}
+	var settled []window
+	for id := range usage.IDs() {
+		if b.reconciled[id] {
 			continue
 		}
-		rule, limit, ok := b.rules.GlobalLimitOf(e.Key)
+		rule, limit, ok := b.rules.GlobalLimitOf(id.Key)
 		if !ok {
-			b.reconciled[e.ID] = true
+			b.reconciled[id] = true
 			continue
 		}
-		window := time.Duration(rule.Base.Window) * time.Microsecond
-		start := time.UnixMilli(e.Epoch)
-		end := start.Add(window)
-		if now.Before(end.Add(settle)) {
-			continue
+		end := time.UnixMilli(id.Epoch).Add(time.Duration(rule.Base.Window) * time.Microsecond)
+		if !now.Before(end.Add(settle)) {
+			settled = append(settled, window{id, rule, limit, end})
 		}
-		b.reconciled[e.ID] = true
+	}
+	slices.SortFunc(settled, func(a, b window) int { return a.id.Compare(b.id) })
+	var found []OverAdmission
+	for _, w := range settled {
+		id, rule, limit, end := w.id, w.rule, w.limit, w.end
+		start := time.UnixMilli(id.Epoch)
+		b.reconciled[id] = true
 		b.through = later(b.through, end)
 		if !end.After(b.inherited) {
 			continue // an earlier leader closed these books
 		}
-		limit = b.limitDuring(e.Key, limit, start)
-		pn := usage.Get(e.ID)
+		limit = b.limitDuring(id.Key, limit, start)
+		pn := usage.Get(id)
 		total := pn.Value()
 		if total <= limit {
 			continue
 		}
 		used := pn.ByRegion()
-		granted := c.alloc.Granted(rule.ID, e.Epoch*1000/rule.Base.Window)
+		granted := c.alloc.Granted(rule.ID, id.Epoch*1000/rule.Base.Window)
 		parts := budget.Attribute(total-limit, limit, used, granted)
 		for _, r := range slices.Sorted(maps.Keys(parts)) {
-			found = append(found, OverAdmission{Rule: rule.ID, Key: e.Key, Region: r, WindowStart: start, Amount: parts[r],
+			found = append(found, OverAdmission{Rule: rule.ID, Key: id.Key, Region: r, WindowStart: start, Amount: parts[r],
 				Admitted: used[r], CarryDebt: rule.CarryDebt})
 			if rule.CarryDebt {
 				c.alloc.Charge(rule.ID, r, float64(parts[r])/float64(limit))
