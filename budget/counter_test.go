@@ -25,6 +25,10 @@ type counterRegion struct {
 	kAcked   uint64
 	used     map[int64]float64 // the rule's other counters
 	kUsed    map[int64]float64
+	// kRule is what k may have used while on the rule's lease: the
+	// rule's report counts k only then (a region reports a counter with
+	// a budget of its own apart).
+	kRule map[int64]float64
 }
 
 // take puts a budget document (one rebalance's leases for this region) in
@@ -81,7 +85,8 @@ func TestCounterBudgetsNeverOverCommit(t *testing.T) {
 		n := len(names)
 		regions := make([]*counterRegion, n)
 		for i := range regions {
-			regions[i] = &counterRegion{name: names[i], offset: offsets[i], used: map[int64]float64{}, kUsed: map[int64]float64{}}
+			regions[i] = &counterRegion{name: names[i], offset: offsets[i], used: map[int64]float64{}, kUsed: map[int64]float64{},
+				kRule: map[int64]float64{}}
 		}
 		floor := cfg.Floor(n)
 		type pending struct {
@@ -108,10 +113,11 @@ func TestCounterBudgetsNeverOverCommit(t *testing.T) {
 				}
 				if rep.Acked > m.acked {
 					m.acked = rep.Acked
-					// The most any counter of the rule used: k's too.
-					rep.Used, rep.UsedEpoch, rep.HasUsed = max(m.used[e], m.kUsed[e]), e, true
+					// The most any counter on the rule's lease used: k's
+					// too while it was.
+					rep.Used, rep.UsedEpoch, rep.HasUsed = max(m.used[e], m.kRule[e]), e, true
 					if rule.Sliding && rapid.Bool().Draw(t, "prev") {
-						rep.PrevUsed, rep.HasPrev = max(m.used[e-1], m.kUsed[e-1]), true
+						rep.PrevUsed, rep.HasPrev = max(m.used[e-1], m.kRule[e-1]), true
 					}
 				} else {
 					rep.Acked = m.acked
@@ -196,7 +202,11 @@ func TestCounterBudgetsNeverOverCommit(t *testing.T) {
 				// use as it enters.
 				windowsMet(rule.Window, now, dt, m.offset, func(e int64, enter time.Time) {
 					m.used[e] = max(m.used[e], Allowance(newestOf(m.rule), floor, enter.Add(m.offset)))
-					m.kUsed[e] = max(m.kUsed[e], m.kEnforced(enter, floor))
+					k := m.kEnforced(enter, floor)
+					m.kUsed[e] = max(m.kUsed[e], k)
+					if m.counter == nil && m.released.IsZero() {
+						m.kRule[e] = max(m.kRule[e], k)
+					}
 				})
 			}
 			now = now.Add(dt)

@@ -417,7 +417,7 @@ func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Par
 	for _, name := range e.global.regions {
 		ru := RegionUsage{Region: name, Used: used[name], Share: -1}
 		if name == e.cfg.Region {
-			ru.Share, _ = e.allowance(r, key.store, now)
+			ru.Share, _, _ = e.allowance(r, key.store, now)
 		} else {
 			ru.Share = e.otherAllowance(r.ID, name, now)
 		}

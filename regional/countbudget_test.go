@@ -9,7 +9,8 @@ import (
 
 // TestCounterBudgets: a region enforces a counter's own lease on that
 // counter and the rule's on the others; a tenant denied under the rule's
-// lease is reported on its own; a released counter runs on its lease's
+// lease is reported on its own, and what it uses under its own lease is
+// not the rule's; a released counter runs on its lease's
 // floor (or the rule's) until it goes back to the rule; a counter a newer
 // document leaves out goes back at once; an older document changes
 // nothing.
@@ -80,6 +81,12 @@ func TestCounterBudgets(t *testing.T) {
 	if len(rule.Counters) == 0 || rule.Counters[0].Key != "s_acme" || rule.Counters[0].Acked != 2 || rule.Counters[0].Used != 0.9 {
 		t.Fatalf("counters reported: %+v, want s_acme acknowledging 2, having used 0.9", rule.Counters)
 	}
+	// The rule's lease bounds the counters on it: the most used of those
+	// is s_other's 0.2 (and s_acme's 0.2 before its own lease), not
+	// s_acme's 0.9 under its own.
+	if rule.Used != 0.2 {
+		t.Fatalf("the rule's report says %v used, want 0.2: the most of a counter on the rule's lease", rule.Used)
+	}
 
 	// Released: the lease it holds until then (lapsed: its floor), then
 	// the rule's.
@@ -135,5 +142,29 @@ func TestGlobalDenialSaysTheWindowEnd(t *testing.T) {
 	p := Params{Algorithm: FixedWindow, Limit: 10, Window: time.Minute.Microseconds()}
 	if got := p.resetAt(time.Unix(100, 0).UnixMicro()); got != time.Unix(120, 0).UnixMicro() {
 		t.Fatalf("resetAt = %v, want the window's end", time.UnixMicro(got))
+	}
+}
+
+// TestElasticCounterWithItsOwnBudgetDoesNotBorrow: in elastic mode a
+// counter on the rule's lease borrows the slack it sees; one with a
+// budget of its own keeps to its own lease, which follows its demand
+// (the slack it would see a gossip round late, every region wanting more
+// of it would take too).
+func TestElasticCounterWithItsOwnBudgetDoesNotBorrow(t *testing.T) {
+	clock := newVirtualClock()
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	eu.HeardFrom("us")
+	expires := clock.Now().Add(10 * time.Second)
+	if !eu.SetBudget(budget.Document{Rule: "g-elastic", Seq: 1, Issued: clock.Now(),
+		Leases:         map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: expires}},
+		Counters:       map[string]map[string]budget.CounterLeaseDoc{"e_acme": {"eu": {Floor: 0.02, Share: 0.28}, "us": {Floor: 0.02, Share: 0.68}}},
+		CounterExpires: expires}) {
+		t.Fatal("the document was not taken")
+	}
+	if got := countAllowed(t, eu, "e_other", 1000); got != 990 {
+		t.Fatalf("e_other, on the rule's lease of 20%%, admitted %d: want 990, borrowing up to the ceiling (1%% headroom)", got)
+	}
+	if got := countAllowed(t, eu, "e_acme", 1000); got != 300 {
+		t.Fatalf("e_acme, with its own lease of 30%%, admitted %d: want 300, borrowing nothing", got)
 	}
 }

@@ -370,22 +370,22 @@ func (e *Engine) GlobalAllowance(rule string) (float64, bool) {
 		return 0, false
 	}
 	now := e.now()
-	frac, _ := e.allowance(r, nil, now)
+	frac, _, _ := e.allowance(r, nil, now)
 	h := (*e.global.leases.Load())[rule]
 	return frac, h != nil && h.lease.Holds(now)
 }
 
 // allowance is the fraction of a global rule's limit the region may admit
-// of a counter (key; nil: one with no budget of its own) at now, and the
-// part of it withheld as debt.
-func (e *Engine) allowance(r *Rule, key []byte, now time.Time) (float64, float64) {
+// of a counter (key; nil: one with no budget of its own) at now, the part
+// of it withheld as debt, and whether it is the counter's own budget's.
+func (e *Engine) allowance(r *Rule, key []byte, now time.Time) (frac, debt float64, own bool) {
 	g := e.global
 	if g.alone {
-		return 1, 0
+		return 1, 0, false
 	}
 	if key != nil {
 		if h := g.counter(key, now); h != nil {
-			return e.counterAllowance(h, r, now), 0
+			return e.counterAllowance(h, r, now), 0, true
 		}
 	}
 	var l *budget.Lease
@@ -393,14 +393,14 @@ func (e *Engine) allowance(r *Rule, key []byte, now time.Time) (float64, float64
 		l = &h.lease
 	}
 	if l != nil && l.Holds(now) {
-		return l.Allowance(), l.Debt
+		return l.Allowance(), l.Debt, false
 	}
 	if l != nil {
 		// The floor globalsync last set, if lower than ours: it counts
 		// the regions it knows, which may be more than we were told.
-		return min(g.floor, l.Floor), 0
+		return min(g.floor, l.Floor), 0, false
 	}
-	return g.floor, 0
+	return g.floor, 0, false
 }
 
 // globalOp fills in a global limit's op: its allowance, and for elastic
@@ -410,11 +410,16 @@ func (e *Engine) allowance(r *Rule, key []byte, now time.Time) (float64, float64
 // allowance, as in strict mode.
 func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	limit := float64(op.Params.Limit)
-	frac, debt := e.allowance(r, op.Key, now)
+	frac, debt, own := e.allowance(r, op.Key, now)
 	op.Global = true
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
-	if r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() &&
+	// A counter with a budget of its own borrows nothing: its leases
+	// follow its own demand, and room moves to it inside the window. It
+	// got one because it asked for more than its share: every region
+	// wants more of it, and the slack one sees, a gossip round late, the
+	// others are taking too.
+	if r.Mode == ModeElastic && !own && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() &&
 		e.breaker.State() == BreakerClosed && e.breaker.recoveries.Load() == e.reseeded.Load() {
 		// (A store coming back after an outage, the breaker's probe
 		// included, may have lost the others' slots: no borrowing until
@@ -447,7 +452,8 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	d := e.ruleDemand(it.rule.ID)
 	units := it.cost * 1e6 / max(1, it.params.Limit)
 	admitted, denied := r.Allowed && allowed, !r.Allowed
-	if e.global.counter(it.key, time.UnixMicro(now)) != nil {
+	held := e.global.counter(it.key, time.UnixMicro(now)) != nil
+	if held {
 		// A budget of its own: its demand is its own, not the rule's.
 		e.trackCounter(it, admitted, denied, now)
 	} else {
@@ -462,7 +468,6 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	if it.cached || it.storeNow == 0 {
 		return // answered without the store: no slot, no window
 	}
-	own := int64(float64(int64(r.OwnP)-int64(r.OwnN)) * 1e6 / float64(max(1, it.params.Limit)))
 	ep := start / window
 	if old := d.usedEpoch.Load(); old != ep && d.usedEpoch.CompareAndSwap(old, ep) {
 		prev := int64(-1)
@@ -472,6 +477,14 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 		d.prevUsed.Store(prev)
 		d.used.Store(0)
 	}
+	if held {
+		// What the rule's lease bounds is the most used of a counter on
+		// it: a counter with a budget of its own is reported apart (it
+		// went over to its own lease inside a window, having used no
+		// more than the rule's lease; it goes back at a window's start).
+		return
+	}
+	own := int64(float64(int64(r.OwnP)-int64(r.OwnN)) * 1e6 / float64(max(1, it.params.Limit)))
 	for {
 		cur := d.used.Load()
 		if own <= cur || d.used.CompareAndSwap(cur, own) {
@@ -494,9 +507,10 @@ func (e *Engine) ruleDemand(id string) *ruleDemand {
 // engine started, in limits (1: once the limit of the counter asked).
 type Demand struct {
 	Admitted, Denied float64
-	// Used is the most the region used of any counter of the rule in
-	// window UsedEpoch (window start / window length), as a fraction of
-	// its limit; PrevUsed, with HasPrev, in the window before.
+	// Used is the most the region used of any counter of the rule on the
+	// rule's lease (not of one with a budget of its own) in window
+	// UsedEpoch (window start / window length), as a fraction of its
+	// limit; PrevUsed, with HasPrev, in the window before.
 	Used      float64
 	UsedEpoch int64
 	PrevUsed  float64
