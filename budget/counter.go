@@ -371,7 +371,13 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 	base := 0.0 // what the regions may use whatever the shares: floors, or what they used
 	for i, r := range regions {
 		floors[i] = 0
-		if total > 0 {
+		if _, ok := c.heard[r]; !ok {
+			// Not heard of the counter yet: it keeps the rule's floor
+			// until it says what it asks of the counter (a region
+			// that holds a lease of it reports it), so that a
+			// tenant's spill there is not denied meanwhile.
+			floors[i] = floorCap
+		} else if total > 0 {
 			// No higher than the rule's: a region that never hears the
 			// counter was released stays on it.
 			floors[i] = min(floorCap, a.cfg.Reserve*c.demand[r]/total)

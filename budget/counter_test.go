@@ -299,6 +299,63 @@ func TestCounterFollowsItsOwnDemand(t *testing.T) {
 	}
 }
 
+// TestUnheardRegionKeepsTheRuleFloor: a counter gets a budget of its own
+// from one region's report; a region that has not yet said what it asks
+// of the counter keeps the rule's floor of it meanwhile (a tenant's spill
+// there is not denied while its report comes), and once it says it asks
+// nothing, its floor goes to the regions that do.
+func TestUnheardRegionKeepsTheRuleFloor(t *testing.T) {
+	cfg := DefaultConfig()
+	a, err := NewAllocator(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{ID: "per-tenant", Window: time.Minute}
+	names := []string{"ap", "eu", "us"}
+	floorOf := func(leases []Lease, region string) float64 {
+		for _, l := range leases {
+			if l.Key == "acme" && l.Region == region {
+				return l.Floor
+			}
+		}
+		t.Fatalf("no lease of acme for %s in %+v", region, leases)
+		return 0
+	}
+	for _, r := range names {
+		a.Report(rule.ID, Report{Region: r, Demand: 0.5})
+	}
+	a.ReportCounter(rule.ID, "acme", Report{Region: "us", Demand: 2})
+	leases, err := a.Rebalance(t0, rule, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{"ap", "eu"} {
+		if got := floorOf(leases, r); got != cfg.Floor(len(names)) {
+			t.Errorf("%s, not heard of acme yet: floor %v, want the rule's %v", r, got, cfg.Floor(len(names)))
+		}
+	}
+	now := t0.Add(time.Second)
+	for _, r := range names {
+		a.Report(rule.ID, Report{Region: r, Demand: 0.5})
+		rep := Report{Region: r}
+		if r == "us" {
+			rep.Demand = 2
+		}
+		a.ReportCounter(rule.ID, "acme", rep)
+	}
+	if leases, err = a.Rebalance(now, rule, names); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{"ap", "eu"} {
+		if got := floorOf(leases, r); got != 0 {
+			t.Errorf("%s, asking nothing of acme: floor %v, want 0", r, got)
+		}
+	}
+	if got := floorOf(leases, "us"); got <= 0 {
+		t.Errorf("us, asking all of acme: floor %v, want above 0", got)
+	}
+}
+
 // TestCounterRoomMovesInsideAWindow: a tenant's demand moves from us to eu
 // inside an hour window; once us acknowledges its lower lease and says
 // what it used, eu gets the rest of the limit within three rebalances.

@@ -27,11 +27,22 @@ type demandSample struct {
 	at    time.Time
 }
 
+// minCounted is the least time a replica must have counted a total for
+// its first report to give a rate: a few checks over a few milliseconds
+// say little of a pace.
+const minCounted = 100 * time.Millisecond
+
 // Add records a report of total demand so far, made at now, for a rule
-// whose window is window.
-func (d *DemandRate) Add(total float64, window time.Duration, now time.Time) {
+// whose window is window; counted is how long the replica has counted
+// the total (0: it does not say). The first report, or the first after
+// the replica restarted, gives a rate from counted: a region's demand is
+// known one report sooner.
+func (d *DemandRate) Add(total float64, counted, window time.Duration, now time.Time) {
 	if n := len(d.samples); n > 0 && total < d.samples[n-1].total {
 		d.samples = d.samples[:0] // the replica restarted: its totals began again
+	}
+	if len(d.samples) == 0 && counted >= minCounted && total >= 0 {
+		d.rate = total / counted.Seconds() * window.Seconds()
 	}
 	d.samples = append(d.samples, demandSample{total, now})
 	d.last = now

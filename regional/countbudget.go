@@ -13,8 +13,8 @@ import (
 )
 
 // Counters with budgets of their own (budget.ReportCounter): a global
-// counter whose region was denied for want of budget is reported on its
-// own, globalsync may give it leases of its own, and the region then
+// counter whose region was denied for want of budget, or is on course to
+// be before the window ends (pressed), is reported on its own, globalsync may give it leases of its own, and the region then
 // enforces those on it, and its rule's lease on the rule's other counters.
 // A region takes a rule's document whole (SetBudget): the counters' leases
 // before the rule's, so that no check sees the rule's newer lease on a
@@ -46,9 +46,10 @@ type heldCounter struct {
 // ruleDemand does for a rule.
 type counterDemand struct {
 	rule, values     string
+	since            int64 // µs: when the region began counting
 	admitted, denied atomic.Int64
 	touched          atomic.Int64 // µs of the last check
-	reported         atomic.Int64 // denied, as last reported
+	reported         atomic.Int64 // admitted and denied, as last reported
 }
 
 // maxTrackedCounters bounds the counters a region tracks on their own:
@@ -57,7 +58,7 @@ type counterDemand struct {
 const maxTrackedCounters = 2 * budget.MaxCounters
 
 // maxCandidates bounds the counters without a budget of their own that a
-// report names: those denied most since they were last reported.
+// report names: those asked for most since they were last reported.
 const maxCandidates = 200
 
 // trackIdle is how long a counter tracked on its own, with no lease, may go
@@ -172,7 +173,7 @@ func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
 		if !ok {
 			return
 		}
-		v, loaded := g.budgets.demand.LoadOrStore(string(it.key), &counterDemand{rule: rule, values: values})
+		v, loaded := g.budgets.demand.LoadOrStore(string(it.key), &counterDemand{rule: rule, values: values, since: now})
 		if !loaded {
 			g.budgets.tracked.Add(1)
 		}
@@ -192,8 +193,10 @@ func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
 type CounterReport struct {
 	// Key is the counter's key within its rule.
 	Key string
-	// Admitted and Denied are cumulative, in limits, as a rule's are.
+	// Admitted and Denied are cumulative, in limits, as a rule's are,
+	// counted for Counted (0 for a counter held but not asked for).
 	Admitted, Denied float64
+	Counted          time.Duration
 	// Acked is the Seq of the counter's lease the replica may
 	// acknowledge, 0 for none.
 	Acked uint64
@@ -239,9 +242,11 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 			}
 		}
 	}
-	// Held first, then those denied most since they were last reported;
-	// in key order for equal ones.
-	recent := func(d *counterDemand) int64 { return d.denied.Load() - d.reported.Load() }
+	// Held first, then those asked for most since they were last
+	// reported (a candidate counts what it was denied, and what it was
+	// admitted while pressed); in key order for equal ones.
+	total := func(d *counterDemand) int64 { return d.admitted.Load() + d.denied.Load() }
+	recent := func(d *counterDemand) int64 { return total(d) - d.reported.Load() }
 	slices.SortFunc(cands, func(a, b cand) int {
 		if (a.held != nil) != (b.held != nil) {
 			if a.held != nil {
@@ -266,7 +271,7 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 	}
 	cands = cands[:min(n, budget.MaxCounters)]
 	for _, c := range cands {
-		c.d.reported.Store(c.d.denied.Load())
+		c.d.reported.Store(total(c.d))
 	}
 	window := r.Base.Window
 	ep := us / max(1, window)
@@ -274,6 +279,9 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 	rs := e.rules.Load()
 	for _, c := range cands {
 		rep := CounterReport{Key: c.d.values, Admitted: float64(c.d.admitted.Load()) / 1e6, Denied: float64(c.d.denied.Load()) / 1e6, UsedEpoch: ep}
+		if c.d.since != 0 {
+			rep.Counted = counted(c.d.since, now)
+		}
 		if c.held != nil && c.held.has {
 			rep.Acked = c.held.recent.ackable(now, e.cfg.Timeout)
 		}

@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -166,5 +167,49 @@ func TestElasticCounterWithItsOwnBudgetDoesNotBorrow(t *testing.T) {
 	}
 	if got := countAllowed(t, eu, "e_acme", 1000); got != 300 {
 		t.Fatalf("e_acme, with its own lease of 30%%, admitted %d: want 300, borrowing nothing", got)
+	}
+}
+
+// TestPressedCounterReportedBeforeDenied: in strict mode a counter on the
+// rule's lease that has used half the region's allowance, at a pace that
+// would use all of it before the window ends, is reported on its own
+// before it is denied, with how long the region has counted it; one that
+// has used less, or goes slower, is not.
+func TestPressedCounterReportedBeforeDenied(t *testing.T) {
+	clock := newVirtualClock() // the start of an hour: g-strict's window
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	if !eu.SetBudget(budget.Document{Rule: "g-strict", Seq: 1, Issued: clock.Now(),
+		Leases: map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: clock.Now().Add(time.Hour)}}}) {
+		t.Fatal("the document was not taken")
+	}
+	counters := func() []CounterReport {
+		for _, r := range eu.GlobalReport() {
+			if r.Rule == "g-strict" {
+				return r.Counters
+			}
+		}
+		return nil
+	}
+	// A tenth of the way into the window: 150 of the 200 allowed is on
+	// course for 1,500. It is pressed from the 100th check on.
+	clock.AdvanceBy(6 * time.Minute)
+	if got := countAllowed(t, eu, "s_fast", 150); got != 150 {
+		t.Fatalf("s_fast admitted %d of 150", got)
+	}
+	if got := countAllowed(t, eu, "s_small", 90); got != 90 {
+		t.Fatalf("s_small admitted %d of 90", got)
+	}
+	clock.AdvanceBy(time.Second)
+	reps := counters()
+	if len(reps) != 1 || reps[0].Key != "s_fast" || reps[0].Denied != 0 || math.Abs(reps[0].Admitted-0.051) > 1e-9 || reps[0].Counted != time.Second {
+		t.Fatalf("counters reported: %+v; want s_fast alone, 51 admitted while pressed, counted for 1s", reps)
+	}
+	// Nine tenths of the way: 150 is on course for 167, within the 200.
+	clock.AdvanceBy(48 * time.Minute)
+	if got := countAllowed(t, eu, "s_late", 150); got != 150 {
+		t.Fatalf("s_late admitted %d of 150", got)
+	}
+	if reps := counters(); len(reps) != 0 {
+		t.Fatalf("counters reported: %+v; want none (s_fast asked nothing since, s_late is on course to fit)", reps)
 	}
 }

@@ -278,6 +278,7 @@ type item struct {
 	batched     bool // served from a batch: given back if the request is denied
 	refused     bool
 	storeNow    int64
+	allowance   int64 // a global limit's: what the region may admit of it
 }
 
 // Check decides whether the request may go through and fills d (reusing
@@ -433,6 +434,7 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Batch: it.rule.Batch})
 		if it.rule.Scope == ScopeGlobal {
 			e.globalOp(&sc.ops[len(sc.ops)-1], it.rule, time.UnixMicro(now))
+			it.allowance = sc.ops[len(sc.ops)-1].Allowance
 		}
 		sc.opItem = append(sc.opItem, i)
 	}

@@ -107,6 +107,7 @@ type adoption struct {
 // ruleDemand counts what a region was asked for under one global rule, in
 // millionths of the limit of each request's counter.
 type ruleDemand struct {
+	since            int64 // µs: when the region began counting
 	admitted, denied atomic.Int64
 	usedEpoch        atomic.Int64 // the window used is about, µs since the epoch / window
 	used             atomic.Int64 // the most any counter used in it, millionths
@@ -460,6 +461,9 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 		switch {
 		case admitted:
 			d.admitted.Add(units)
+			if it.rule.Mode == ModeStrict && pressed(it, start) {
+				e.trackCounter(it, true, false, now) // a candidate, before it is denied
+			}
 		case denied:
 			d.denied.Add(units)
 			e.trackCounter(it, false, true, now) // a candidate
@@ -493,11 +497,29 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	}
 }
 
+// pressed says whether a counter on its rule's lease, admitted by the
+// store in the window that began at start (µs), is on course to use up
+// the region's allowance before the window ends: it has used half of it
+// at least, at a pace that reaches all of it. Such a counter is reported
+// on its own before it is denied, so that a budget of its own, from its
+// own demand, comes while it still has room. (In elastic mode a counter
+// borrows what the others leave, and is reported once it is denied.)
+func pressed(it *item, start int64) bool {
+	r := &it.result
+	if it.cached || it.storeNow == 0 || it.allowance <= 0 || r.OwnP <= r.OwnN {
+		return false
+	}
+	own := float64(r.OwnP - r.OwnN)
+	a := float64(it.allowance)
+	elapsed := float64(it.storeNow - start)
+	return 2*own >= a && own*float64(it.params.Window) >= a*elapsed
+}
+
 func (e *Engine) ruleDemand(id string) *ruleDemand {
 	if d, ok := e.global.demand.Load(id); ok {
 		return d.(*ruleDemand)
 	}
-	nd := new(ruleDemand)
+	nd := &ruleDemand{since: e.now().UnixMicro()}
 	nd.prevUsed.Store(-1)
 	d, _ := e.global.demand.LoadOrStore(id, nd)
 	return d.(*ruleDemand)
@@ -507,6 +529,8 @@ func (e *Engine) ruleDemand(id string) *ruleDemand {
 // engine started, in limits (1: once the limit of the counter asked).
 type Demand struct {
 	Admitted, Denied float64
+	// Counted is how long the region has counted them.
+	Counted time.Duration
 	// Used is the most the region used of any counter of the rule on the
 	// rule's lease (not of one with a budget of its own) in window
 	// UsedEpoch (window start / window length), as a fraction of its
@@ -559,11 +583,16 @@ func (e *Engine) GlobalReport() []RuleReport {
 func (e *Engine) Demand(rule string) Demand {
 	d := e.ruleDemand(rule)
 	out := Demand{Admitted: float64(d.admitted.Load()) / 1e6, Denied: float64(d.denied.Load()) / 1e6,
-		Used: float64(d.used.Load()) / 1e6, UsedEpoch: d.usedEpoch.Load()}
+		Counted: counted(d.since, e.now()), Used: float64(d.used.Load()) / 1e6, UsedEpoch: d.usedEpoch.Load()}
 	if p := d.prevUsed.Load(); p >= 0 {
 		out.PrevUsed, out.HasPrev = float64(p)/1e6, true
 	}
 	return out
+}
+
+// counted is how long a count begun at since (µs) has run at now.
+func counted(since int64, now time.Time) time.Duration {
+	return max(0, time.Duration(now.UnixMicro()-since)*time.Microsecond)
 }
 
 // MergeRemote takes in another region's delta: into the engine's copy of

@@ -65,6 +65,7 @@ func Scale(sc *Scenario, factor float64) (*Scenario, error) {
 		f.At, f.For = d(f.At), d(f.For)
 	}
 	c.Expect.UtilizationFrom, c.Expect.UtilizationUntil = d(c.Expect.UtilizationFrom), d(c.Expect.UtilizationUntil)
+	c.Expect.SettledFrom = d(c.Expect.SettledFrom)
 	if factor != 1 {
 		c.Description = fmt.Sprintf("%s\n(time scaled down %gx: window %v, limit %d)", c.Description, factor, c.Rule.Window, c.Rule.Limit)
 	}

@@ -156,9 +156,10 @@ type ExpectSpec struct {
 	// the limit. 2.
 	MaxElasticOver *float64 `yaml:"max_elastic_over"`
 	// SettledElasticOver, if set, is elastic mode's worst over-admission
-	// from UtilizationFrom on, percent of the limit: once the counters
-	// that ask for more than their limit have budgets of their own.
-	SettledElasticOver *float64 `yaml:"settled_elastic_over"`
+	// from SettledFrom on, percent of the limit: once the counters that
+	// ask for more than their limit have budgets of their own.
+	SettledElasticOver *float64      `yaml:"settled_elastic_over"`
+	SettledFrom        time.Duration `yaml:"settled_from"`
 	// Converge: after every heal, all regions and globalsync hold what
 	// every region counted before it within two gossip intervals plus the
 	// time on the wire (see Report.Heals).

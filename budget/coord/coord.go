@@ -188,8 +188,9 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 			r.rules[id] = t
 		}
 		t.last = rep
-		t.rate.Add(rep.Admitted+rep.Denied, window, now)
-		t.admitted.Add(rep.Admitted, window, now)
+		counted := countedOf(rep.CountedMillis)
+		t.rate.Add(rep.Admitted+rep.Denied, counted, window, now)
+		t.admitted.Add(rep.Admitted, counted, window, now)
 		c.trackCounters(t, rep.Counters, window, now)
 	}
 }
@@ -212,7 +213,7 @@ func (c *Coordinator) trackCounters(t *demandTrack, reps map[string]gossip.Count
 			ct = &counterTrack{rate: budget.DemandRate{Span: CounterDemandSpan}}
 		}
 		ct.last, ct.seen = rep, now
-		ct.rate.Add(rep.Admitted+rep.Denied, window, now)
+		ct.rate.Add(rep.Admitted+rep.Denied, countedOf(rep.CountedMillis), window, now)
 		next[key] = ct
 	}
 	// A replica names a counter without a budget of its own only while
@@ -226,6 +227,14 @@ func (c *Coordinator) trackCounters(t *demandTrack, reps map[string]gossip.Count
 		}
 	}
 	t.counters = next
+}
+
+// countedOf is a report's CountedMillis as a duration, 0 if out of range.
+func countedOf(ms int64) time.Duration {
+	if ms <= 0 || ms > maxWindow.Milliseconds() {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // Leading reports whether the coordinator leads.

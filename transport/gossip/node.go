@@ -422,14 +422,15 @@ func (n *Node) appendHeartbeat(out []Message, now time.Time) []Message {
 		Rules: map[string]RuleReport{}}
 	for _, r := range e.GlobalReport() {
 		rep := RuleReport{Admitted: r.Admitted, Denied: r.Denied, Acked: r.Acked, Used: r.Used, UsedEpoch: r.UsedEpoch,
-			WindowMillis: r.Window.Milliseconds(), Algorithm: r.Algorithm.String(), Limit: r.Limit}
+			CountedMillis: r.Counted.Milliseconds(), WindowMillis: r.Window.Milliseconds(), Algorithm: r.Algorithm.String(), Limit: r.Limit}
 		if r.HasPrev {
 			rep.PrevUsed = &r.PrevUsed
 		}
 		if len(r.Counters) > 0 {
 			rep.Counters = make(map[string]CounterReport, len(r.Counters))
 			for _, c := range r.Counters {
-				cr := CounterReport{Admitted: c.Admitted, Denied: c.Denied, Acked: c.Acked, Used: c.Used, UsedEpoch: c.UsedEpoch}
+				cr := CounterReport{Admitted: c.Admitted, Denied: c.Denied, Acked: c.Acked, Used: c.Used, UsedEpoch: c.UsedEpoch,
+					CountedMillis: c.Counted.Milliseconds()}
 				if c.HasPrev {
 					cr.PrevUsed = &c.PrevUsed
 				}

@@ -185,6 +185,9 @@ type RuleReport struct {
 	Acked     uint64  `json:"acked,omitempty"`
 	Used      float64 `json:"used"`
 	UsedEpoch int64   `json:"used_epoch"`
+	// CountedMillis is how long the replica has counted Admitted and
+	// Denied, by its own clock: a first report gives a rate.
+	CountedMillis int64 `json:"counted_ms,omitempty"`
 	// WindowMillis is the rule's window, which UsedEpoch counts in, and
 	// Algorithm its algorithm.
 	WindowMillis int64  `json:"window_ms"`
@@ -206,12 +209,13 @@ type RuleReport struct {
 // demand so far (in limits, cumulative), the counter's lease it may
 // acknowledge, and what it used of the counter in the current window.
 type CounterReport struct {
-	Admitted  float64  `json:"admitted"`
-	Denied    float64  `json:"denied"`
-	Acked     uint64   `json:"acked,omitempty"`
-	Used      float64  `json:"used"`
-	UsedEpoch int64    `json:"used_epoch"`
-	PrevUsed  *float64 `json:"prev_used,omitempty"`
+	Admitted      float64  `json:"admitted"`
+	Denied        float64  `json:"denied"`
+	Acked         uint64   `json:"acked,omitempty"`
+	Used          float64  `json:"used"`
+	UsedEpoch     int64    `json:"used_epoch"`
+	PrevUsed      *float64 `json:"prev_used,omitempty"`
+	CountedMillis int64    `json:"counted_ms,omitempty"` // as RuleReport's
 }
 
 // Ask is what a node asks of a region's replicas, for anti-entropy. Every
