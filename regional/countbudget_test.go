@@ -213,3 +213,89 @@ func TestPressedCounterReportedBeforeDenied(t *testing.T) {
 		t.Fatalf("counters reported: %+v; want none (s_fast asked nothing since, s_late is on course to fit)", reps)
 	}
 }
+
+// TestElasticHoldsBackWhatOthersMayHaveAdmitted: in elastic mode a region
+// borrows the slack it sees less what the other regions may have admitted
+// of the counter over the copy's lag, each at the pace this region admits
+// it: a counter that goes fast borrows less, a slow one all of it.
+func TestElasticHoldsBackWhatOthersMayHaveAdmitted(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		elapsed time.Duration // into the hour's window when the checks come
+		want    int
+	}{
+		// 1,000 checks one second into the window: at n admitted,
+		// us may have admitted n/2 meanwhile (500ms of lag); the
+		// region stops at n + n/2 >= 990: 660.
+		{"fast", time.Second, 660},
+		// Half an hour in: n/3600 in flight, nothing.
+		{"slow", 30 * time.Minute, 990},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newVirtualClock()
+			eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}, Lag: 500 * time.Millisecond}},
+				mustParse(t, globalRules))
+			clock.AdvanceBy(tc.elapsed)
+			eu.HeardFrom("us")
+			if !eu.SetBudget(budget.Document{Rule: "g-elastic", Seq: 1, Issued: clock.Now(),
+				Leases: map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: clock.Now().Add(10 * time.Second)}}}) {
+				t.Fatal("the document was not taken")
+			}
+			if got := countAllowed(t, eu, "e_acme", 1000); got != tc.want {
+				t.Fatalf("admitted %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestElasticCounterWithItsOwnBudgetKeepsWithinTheLimit: a counter that
+// got a budget of its own after the other regions borrowed (their use is
+// not in its leases) keeps to its allowance only while the global count
+// the region sees is within the limit.
+func TestElasticCounterWithItsOwnBudgetKeepsWithinTheLimit(t *testing.T) {
+	clock := newVirtualClock()
+	regions := []string{"eu", "us"}
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: regions, Lag: noLag}}, mustParse(t, globalRules))
+	us := New(Config{Region: "us", Clock: clock.Now, Global: GlobalConfig{Regions: regions, Lag: noLag}}, mustParse(t, globalRules))
+	eu.HeardFrom("us")
+	us.HeardFrom("eu")
+	// us borrows 700 of e_acme before it has a budget of its own.
+	if got := countAllowed(t, us, "e_acme", 700); got != 700 {
+		t.Fatalf("us admitted %d of 700, borrowing", got)
+	}
+	if _, err := eu.MergeRemote(t.Context(), us.OwnDeltas(0, 0)[0]); err != nil {
+		t.Fatal(err)
+	}
+	expires := clock.Now().Add(10 * time.Second)
+	if !eu.SetBudget(budget.Document{Rule: "g-elastic", Seq: 1, Issued: clock.Now(),
+		Leases:         map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: expires}},
+		Counters:       map[string]map[string]budget.CounterLeaseDoc{"e_acme": {"eu": {Floor: 0.02, Share: 0.58}, "us": {Floor: 0.02, Share: 0.38}}},
+		CounterExpires: expires}) {
+		t.Fatal("the document was not taken")
+	}
+	if got := countAllowed(t, eu, "e_acme", 1000); got != 300 {
+		t.Fatalf("e_acme in eu, with its own lease of 60%% and us's 700 seen, admitted %d: want 300, up to the limit", got)
+	}
+}
+
+// TestElasticPaceCountsWhatWasDenied: a region denied a counter for a
+// while admitted less than it was asked for; the pace it holds back for is
+// what it was asked for since it first denied it.
+func TestElasticPaceCountsWhatWasDenied(t *testing.T) {
+	clock := newVirtualClock()
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}, Lag: 500 * time.Millisecond}},
+		mustParse(t, globalRules))
+	clock.AdvanceBy(time.Second)
+	// Not heard from us: its floor of 50, 950 denied.
+	if got := countAllowed(t, eu, "e_acme", 1000); got != 50 {
+		t.Fatalf("before hearing from us eu admitted %d, want its floor of 50", got)
+	}
+	clock.AdvanceBy(time.Second)
+	eu.HeardFrom("us")
+	// Asked for 950 over the second since it was first denied: 475 may
+	// be in flight from us; it borrows up to 990 - 475 = 515 (its own
+	// pace alone, 50 in two seconds, would have held back 12).
+	if got := countAllowed(t, eu, "e_acme", 1000); got != 515-50 {
+		t.Fatalf("eu admitted %d more, want %d", got, 515-50)
+	}
+}

@@ -34,15 +34,28 @@ type GlobalConfig struct {
 	// a region cut off would otherwise borrow the whole limit by itself.
 	// 0 means 1.5s: three of the transport's heartbeats.
 	StaleAfter time.Duration
+	// Lag is how far behind the others' usage this region's copy runs: a
+	// gossip round and the time on the wire. In elastic mode a region
+	// does not borrow what the other regions may have admitted of a
+	// counter in that time (at the pace it admits the counter itself,
+	// each): a counter that takes its whole limit within a gossip round
+	// borrows nothing. 0 means 500ms.
+	Lag time.Duration
 }
 
-// DefaultStaleAfter is GlobalConfig.StaleAfter's default.
-const DefaultStaleAfter = 1500 * time.Millisecond
+// DefaultStaleAfter and DefaultLag are GlobalConfig's defaults.
+const (
+	DefaultStaleAfter = 1500 * time.Millisecond
+	DefaultLag        = 500 * time.Millisecond
+)
 
 // Validate reports whether the configuration is usable for region.
 func (c GlobalConfig) Validate(region string) error {
 	if c.StaleAfter < 0 {
 		return fmt.Errorf("regional: global stale_after %v: want 0 or more", c.StaleAfter)
+	}
+	if c.Lag < 0 {
+		return fmt.Errorf("regional: global lag %v: want 0 or more", c.Lag)
 	}
 	if c.Budget != (budget.Config{}) {
 		if err := c.Budget.Validate(); err != nil {
@@ -81,6 +94,7 @@ type globalState struct {
 	// within staleAfter: freshUntil (µs) is when the first of them goes
 	// stale, 0 while one was never heard.
 	staleAfter time.Duration
+	lag        int64    // µs: GlobalConfig.Lag
 	peers      []string // the other regions
 	heardMu    sync.Mutex
 	heard      map[string]time.Time
@@ -115,9 +129,12 @@ type ruleDemand struct {
 }
 
 func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
-	g := &globalState{budget: cfg.Budget, staleAfter: cfg.StaleAfter, heard: map[string]time.Time{}}
+	g := &globalState{budget: cfg.Budget, staleAfter: cfg.StaleAfter, lag: cfg.Lag.Microseconds(), heard: map[string]time.Time{}}
 	if g.staleAfter <= 0 {
 		g.staleAfter = DefaultStaleAfter
+	}
+	if g.lag <= 0 {
+		g.lag = DefaultLag.Microseconds()
 	}
 	if g.budget == (budget.Config{}) {
 		g.budget = budget.DefaultConfig()
@@ -415,28 +432,71 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	op.Global = true
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
-	// A counter with a budget of its own borrows nothing: its leases
-	// follow its own demand, and room moves to it inside the window. It
-	// got one because it asked for more than its share: every region
-	// wants more of it, and the slack one sees, a gossip round late, the
-	// others are taking too.
-	if r.Mode == ModeElastic && !own && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() &&
-		e.breaker.State() == BreakerClosed && e.breaker.recoveries.Load() == e.reseeded.Load() {
-		// (A store coming back after an outage, the breaker's probe
-		// included, may have lost the others' slots: no borrowing until
-		// Maintain has given them back.)
-		op.Ceiling = max(0, op.Params.Limit-int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9)))
-	}
-	// What this replica knows the region counted in the window, in case
-	// a shared store lost it (the engine's own memory cannot).
 	op.KnownStart, op.KnownP, op.KnownN = 0, 0, 0
-	if !e.shared {
+	// Elastic mode borrows while the region has heard from every other
+	// lately, and its store has every region's slots (one coming back
+	// after an outage, the breaker's probe included, may have lost the
+	// others': no borrowing until Maintain has given them back).
+	elastic := r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() &&
+		e.breaker.State() == BreakerClosed && e.breaker.recoveries.Load() == e.reseeded.Load()
+	if elastic && own {
+		// A counter with a budget of its own borrows nothing: its
+		// leases follow its own demand, and room moves to it inside the
+		// window. It got one because it asked for more than its share:
+		// every region wants more of it, and the slack one sees, a
+		// gossip round late, the others are taking too. It keeps to
+		// its allowance within the limit as the region sees it (a
+		// ceiling of 0): what the others borrowed before it had a
+		// budget of its own is not in its leases.
+		op.Ceiling = 0
+	}
+	borrows := elastic && !own
+	if !borrows && !e.shared {
 		return
 	}
-	window := op.Params.Window
-	op.KnownStart = now.UnixMicro() / window * window / 1000
-	id := crdt.ID{Key: string(op.Key), Epoch: op.KnownStart}
-	e.global.usage.with(func(c *crdt.Counters) { op.KnownP, op.KnownN = c.Own(id) })
+	// What this replica knows the region counted in the window: in case
+	// a shared store lost it (the engine's own memory cannot), and the
+	// pace at which the region admits the counter.
+	us, window := now.UnixMicro(), op.Params.Window
+	start := us / window * window
+	id := crdt.ID{Key: string(op.Key), Epoch: start / 1000}
+	var p, n uint64
+	e.global.usage.with(func(c *crdt.Counters) { p, n = c.Own(id) })
+	if e.shared {
+		op.KnownStart, op.KnownP, op.KnownN = id.Epoch, p, n
+	}
+	if borrows {
+		ceiling := op.Params.Limit - int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9))
+		op.Ceiling = max(0, ceiling)
+		if p-min(p, n)+uint64(op.Cost) > uint64(max(0, op.Allowance)) {
+			// It would borrow.
+			op.Ceiling = max(0, ceiling-e.inFlight(op, p, n, us, start))
+		}
+	}
+}
+
+// inFlight is what the other regions may have admitted of an op's counter
+// that this region's copy does not show yet: over the copy's lag, each as
+// much as this region is asked for at its pace. The pace is what the
+// region admitted in the window so far (p - n since start, µs), or, for a
+// counter it tracks since it was first denied, what it was asked for
+// since, if more: a region denied for a while admitted less than it was
+// asked for. The busier the counter, the less is borrowed: one that takes
+// its whole limit within a gossip round borrows nothing.
+func (e *Engine) inFlight(op *Op, p, n uint64, now, start int64) int64 {
+	pace := 0.0 // per µs
+	if p > n && now > start {
+		pace = float64(p-n) / float64(now-start)
+	}
+	if v, ok := e.global.budgets.demand.Load(string(op.Key)); ok {
+		d := v.(*counterDemand)
+		if el := now - d.since; el > 0 && d.since != 0 {
+			asked := float64(d.admitted.Load()+d.denied.Load()) / 1e6 * float64(op.Params.Limit)
+			pace = max(pace, asked/float64(el))
+		}
+	}
+	others := float64(len(e.global.regions) - 1)
+	return int64(pace * others * float64(e.global.lag))
 }
 
 // noteGlobal records a global limit's answer, given at now (µs, the

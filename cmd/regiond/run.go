@@ -34,6 +34,11 @@ import (
 
 // run serves until ctx ends, then shuts down gracefully: health reports
 // not serving, in-flight requests finish, the audit log is flushed.
+// wireTime is how long a message between two regions is taken to be on
+// the wire: with a gossip round, how far behind the others' usage a
+// region's copy runs (regional.GlobalConfig.Lag).
+const wireTime = 250 * time.Millisecond
+
 func run(ctx context.Context, c config, logw io.Writer) error {
 	log := daemon.Logger(logw, c.logFormat, c.logLevel)
 	metrics := transport.NewMetrics(nil)
@@ -59,7 +64,8 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 
 	var members atomic.Pointer[control.Members]
 	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log,
-		Global: regional.GlobalConfig{Regions: c.regionList, UnknownPeers: !c.dev && c.nats != ""}, OnDenied: func(d regional.Denial) {
+		Global: regional.GlobalConfig{Regions: c.regionList, UnknownPeers: !c.dev && c.nats != "", Lag: c.gossipInterval + wireTime},
+		OnDenied: func(d regional.Denial) {
 			if m := members.Load(); m != nil {
 				m.TellDenial(d)
 			}
