@@ -175,7 +175,11 @@ func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
 		}
 		v, loaded := g.budgets.demand.LoadOrStore(string(it.key), &counterDemand{rule: rule, values: values, since: now})
 		if !loaded {
+			// Counted from this check on, this one left out: a rate
+			// of the first report is what came in since it (one
+			// check over a few hundred milliseconds is no pace).
 			g.budgets.tracked.Add(1)
+			return
 		}
 		d = v.(*counterDemand)
 	}

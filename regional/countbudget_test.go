@@ -191,7 +191,8 @@ func TestPressedCounterReportedBeforeDenied(t *testing.T) {
 		return nil
 	}
 	// A tenth of the way into the window: 150 of the 200 allowed is on
-	// course for 1,500. It is pressed from the 100th check on.
+	// course for 1,500. It is pressed from the 100th check on, and
+	// counted from the 101st (the first is no pace).
 	clock.AdvanceBy(6 * time.Minute)
 	if got := countAllowed(t, eu, "s_fast", 150); got != 150 {
 		t.Fatalf("s_fast admitted %d of 150", got)
@@ -201,8 +202,8 @@ func TestPressedCounterReportedBeforeDenied(t *testing.T) {
 	}
 	clock.AdvanceBy(time.Second)
 	reps := counters()
-	if len(reps) != 1 || reps[0].Key != "s_fast" || reps[0].Denied != 0 || math.Abs(reps[0].Admitted-0.051) > 1e-9 || reps[0].Counted != time.Second {
-		t.Fatalf("counters reported: %+v; want s_fast alone, 51 admitted while pressed, counted for 1s", reps)
+	if len(reps) != 1 || reps[0].Key != "s_fast" || reps[0].Denied != 0 || math.Abs(reps[0].Admitted-0.05) > 1e-9 || reps[0].Counted != time.Second {
+		t.Fatalf("counters reported: %+v; want s_fast alone, 50 admitted while pressed, counted for 1s", reps)
 	}
 	// Nine tenths of the way: 150 is on course for 167, within the 200.
 	clock.AdvanceBy(48 * time.Minute)
@@ -292,10 +293,11 @@ func TestElasticPaceCountsWhatWasDenied(t *testing.T) {
 	}
 	clock.AdvanceBy(time.Second)
 	eu.HeardFrom("us")
-	// Asked for 950 over the second since it was first denied: 475 may
-	// be in flight from us; it borrows up to 990 - 475 = 515 (its own
-	// pace alone, 50 in two seconds, would have held back 12).
-	if got := countAllowed(t, eu, "e_acme", 1000); got != 515-50 {
-		t.Fatalf("eu admitted %d more, want %d", got, 515-50)
+	// Denied 949 more over the second since it was first denied (the
+	// first denial begins the count): 474 may be in flight from us; it
+	// borrows up to 990 - 474 = 516 (its own pace alone, 50 in two
+	// seconds, would have held back 12).
+	if got := countAllowed(t, eu, "e_acme", 1000); got != 516-50 {
+		t.Fatalf("eu admitted %d more, want %d", got, 516-50)
 	}
 }

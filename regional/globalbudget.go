@@ -437,7 +437,8 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	// lately, and its store has every region's slots (one coming back
 	// after an outage, the breaker's probe included, may have lost the
 	// others': no borrowing until Maintain has given them back).
-	elastic := r.Mode == ModeElastic && !e.global.alone && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() &&
+	elastic := r.Mode == ModeElastic && !e.global.alone
+	borrows := elastic && !own && !e.global.unknownPeers && now.UnixMicro() < e.global.freshUntil.Load() &&
 		e.breaker.State() == BreakerClosed && e.breaker.recoveries.Load() == e.reseeded.Load()
 	if elastic && own {
 		// A counter with a budget of its own borrows nothing: its
@@ -450,7 +451,6 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 		// budget of its own is not in its leases.
 		op.Ceiling = 0
 	}
-	borrows := elastic && !own
 	if !borrows && !e.shared {
 		return
 	}
@@ -468,8 +468,10 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	if borrows {
 		ceiling := op.Params.Limit - int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9))
 		op.Ceiling = max(0, ceiling)
-		if p-min(p, n)+uint64(op.Cost) > uint64(max(0, op.Allowance)) {
-			// It would borrow.
+		if op.Params.Algorithm == SlidingWindowCounter || p-min(p, n)+uint64(op.Cost) > uint64(max(0, op.Allowance)) {
+			// It would borrow (a sliding window's estimate carries the
+			// window before: it may borrow on it, whatever it counted
+			// in this one).
 			op.Ceiling = max(0, ceiling-e.inFlight(op, p, n, us, start))
 		}
 	}
@@ -479,8 +481,9 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 // that this region's copy does not show yet: over the copy's lag, each as
 // much as this region is asked for at its pace. The pace is what the
 // region admitted in the window so far (p - n since start, µs), or, for a
-// counter it tracks since it was first denied, what it was asked for
-// since, if more: a region denied for a while admitted less than it was
+// counter it tracks since it first denied it, what it counted of it since
+// (its denials, and what it admitted while pressed or on a budget of its
+// own), if more: a region denied for a while admitted less than it was
 // asked for. The busier the counter, the less is borrowed: one that takes
 // its whole limit within a gossip round borrows nothing.
 func (e *Engine) inFlight(op *Op, p, n uint64, now, start int64) int64 {
@@ -496,7 +499,7 @@ func (e *Engine) inFlight(op *Op, p, n uint64, now, start int64) int64 {
 		}
 	}
 	others := float64(len(e.global.regions) - 1)
-	return int64(pace * others * float64(e.global.lag))
+	return int64(min(pace*others*float64(e.global.lag), math.MaxInt64/2))
 }
 
 // noteGlobal records a global limit's answer, given at now (µs, the
@@ -557,16 +560,21 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	}
 }
 
+// minPressed is the least a region must have admitted of a counter in a
+// window for it to be pressed: a few checks say little of a pace.
+const minPressed = 10
+
 // pressed says whether a counter on its rule's lease, admitted by the
 // store in the window that began at start (µs), is on course to use up
 // the region's allowance before the window ends: it has used half of it
 // at least, at a pace that reaches all of it. Such a counter is reported
 // on its own before it is denied, so that a budget of its own, from its
 // own demand, comes while it still has room. (In elastic mode a counter
-// borrows what the others leave, and is reported once it is denied.)
+// borrows what the others leave, and is reported once it is denied; so is
+// a sliding window's, whose estimate carries the window before.)
 func pressed(it *item, start int64) bool {
 	r := &it.result
-	if it.cached || it.storeNow == 0 || it.allowance <= 0 || r.OwnP <= r.OwnN {
+	if it.cached || it.storeNow == 0 || it.params.Algorithm != FixedWindow || r.OwnP < r.OwnN+minPressed {
 		return false
 	}
 	own := float64(r.OwnP - r.OwnN)

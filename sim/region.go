@@ -40,7 +40,9 @@ func newRegion(s *sim, idx int, name string, faulty bool, bcfg budget.Config) (*
 	cfg.Region = name
 	cfg.Clock = func() time.Time { return s.clock(r.now, r.skew) }
 	cfg.Logger = discard
-	cfg.Global = regional.GlobalConfig{Regions: s.sc.Regions, Budget: bcfg, StaleAfter: s.staleAfter()}
+	// The lag: a gossip round and the slowest link, as regiond takes it.
+	cfg.Global = regional.GlobalConfig{Regions: s.sc.Regions, Budget: bcfg, StaleAfter: s.staleAfter(),
+		Lag: s.sc.Gossip.Interval + s.sc.Network.Latency.Max + s.sc.Network.Jitter}
 	if err := cfg.Global.Validate(name); err != nil {
 		return nil, err
 	}
