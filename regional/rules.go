@@ -140,7 +140,7 @@ func Parse(name string, src []byte) (*RuleSet, error) {
 	var spec fileSpec
 	dec := yaml.NewDecoder(bytes.NewReader(src))
 	dec.KnownFields(true)
-	// An empty file is an empty rule set.
+	// An empty file has no rules: refused below.
 	if err := dec.Decode(&spec); err != nil && !errors.Is(err, io.EOF) {
 		return nil, yamlError(name, src, err)
 	}
@@ -250,6 +250,9 @@ func compile(name string, spec fileSpec, src []byte) (*RuleSet, error) {
 		if err != nil {
 			return nil, &RuleError{File: name, Field: fmt.Sprintf("block[%d]", i), Msg: err.Error()}
 		}
+		if strings.Trim(glob, "*") == "" {
+			return nil, &RuleError{File: name, Field: fmt.Sprintf("block[%d]", i), Msg: fmt.Sprintf("%q blocks every API key: every request would be denied", glob)}
+		}
 		rs.block = append(rs.block, g)
 	}
 	for i, t := range spec.TierOf {
@@ -261,6 +264,11 @@ func compile(name string, spec fileSpec, src []byte) (*RuleSet, error) {
 			return nil, &RuleError{File: name, Field: fmt.Sprintf("tier_of[%d].tier", i), Msg: "required"}
 		}
 		rs.tierOf = append(rs.tierOf, tierOf{apiKey: g, tier: t.Tier})
+	}
+	if len(spec.Rules) == 0 {
+		// A set emptied by mistake (a truncated file, a bad template)
+		// would lift every limit at once.
+		return nil, &RuleError{File: name, Field: "rules", Msg: "no rules: every request would go through unlimited; give at least one (a rule with shadow: true counts without denying)"}
 	}
 	for i, s := range spec.Rules {
 		r, err := compileRule(s)

@@ -222,10 +222,31 @@ func TestRuleErrorsNameFileRuleAndField(t *testing.T) {
 	}
 }
 
-func TestEmptyRulesFile(t *testing.T) {
-	rs, err := Parse("empty.yaml", nil)
-	if err != nil || len(rs.Rules()) != 0 {
-		t.Fatalf("empty file: %v, %v", rs, err)
+// TestRuleSetsThatLiftOrBlockEverythingAreRefused: a set with no rules
+// (an empty or truncated file) would let every request through, a block
+// pattern of stars alone would deny every one: both are refused, naming
+// the field.
+func TestRuleSetsThatLiftOrBlockEverythingAreRefused(t *testing.T) {
+	const rule = "rules:\n  - { id: r, by: [api_key], capacity: 5, refill_per_second: 1 }\n"
+	for _, tc := range []struct {
+		name, src, field string
+	}{
+		{"empty file", "", "rules"},
+		{"no rules", "rules: []\n", "rules"},
+		{"only an allow list", "allow: [\"k*\"]\n", "rules"},
+		{"blocks every key", "block: [\"*\"]\n" + rule, "block[0]"},
+		{"blocks every key, twice the star", "block: [\"x\", \"**\"]\n" + rule, "block[1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := Parse("rules.yaml", []byte(tc.src))
+			var re *RuleError
+			if !errors.As(err, &re) || re.Field != tc.field {
+				t.Fatalf("Parse: %v, %v; want a RuleError on %s", rs, err, tc.field)
+			}
+		})
+	}
+	if _, err := Parse("rules.yaml", []byte("block: [\"bad_*\"]\n"+rule)); err != nil {
+		t.Fatalf("a set that blocks some keys: %v", err)
 	}
 }
 
@@ -237,7 +258,7 @@ func TestIndexMatchesScan(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		var b strings.Builder
 		b.WriteString("rules:\n")
-		n := rapid.IntRange(0, 12).Draw(t, "rules")
+		n := rapid.IntRange(1, 12).Draw(t, "rules") // a set has one at least
 		for i := range n {
 			fmt.Fprintf(&b, "  - id: r%d\n    capacity: 5\n    refill_per_second: 1\n", i)
 			switch rapid.IntRange(0, 3).Draw(t, "kind") {
