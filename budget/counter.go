@@ -190,6 +190,23 @@ func (a *Allocator) ReportCounter(rule, key string, r Report) {
 	}
 }
 
+// CounterUseSeen records what a region is known to have used of a counter
+// with a budget of its own in window epoch (a fraction of its limit, as
+// the gossip shows it), after the region's reports (ReportCounter): in
+// elastic mode it may have borrowed more than any lease of the counter's
+// or the rule's, and the counter's room must leave it that; the most of
+// what it said and what was seen counts.
+func (a *Allocator) CounterUseSeen(rule, key, region string, epoch int64, used float64) {
+	p := a.rules[rule]
+	if p == nil || p.counters[key] == nil || !(used > 0) || used > 1+eps {
+		return
+	}
+	c := p.counters[key]
+	if u, ok := c.counter.usedNow[region]; !ok || u.epoch < epoch || (u.epoch == epoch && u.used < used) {
+		c.counter.usedNow[region] = usedIn{epoch, used}
+	}
+}
+
 // Full reports whether a rule has as many counters with budgets of their
 // own as it may (Config.Counters, besides those released and not yet gone
 // back to the rule, of which it may have as many again).

@@ -356,6 +356,41 @@ func TestUnheardRegionKeepsTheRuleFloor(t *testing.T) {
 	}
 }
 
+// TestCounterLeavesWhatRegionsWereSeenToUse: in elastic mode a region may
+// have borrowed of a counter before it had a budget of its own, more than
+// any lease; what the gossip shows it used stays its (whether or not it
+// reported the counter, the most of what it said and what was seen), and
+// the others get only the rest.
+func TestCounterLeavesWhatRegionsWereSeenToUse(t *testing.T) {
+	a, err := NewAllocator(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{ID: "per-tenant", Window: time.Minute}
+	names := []string{"eu", "us"}
+	now := t0.Add(10 * time.Second)
+	e := epochOf(now, rule.Window)
+	for _, r := range names {
+		a.Report(rule.ID, Report{Region: r, Demand: 0.5})
+	}
+	a.ReportCounter(rule.ID, "acme", Report{Region: "us", Demand: 5})
+	a.CounterUseSeen(rule.ID, "acme", "eu", e, 0.4)   // borrowed, seen by the gossip
+	a.CounterUseSeen(rule.ID, "acme", "us", e-1, 0.9) // of the window before: nothing now
+	leases, err := a.Rebalance(now, rule, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, l := range leases {
+		if l.Key == "acme" {
+			got[l.Region] = l.Allowance()
+		}
+	}
+	if got["eu"] < 0.4-1e-9 || got["us"] > 0.6+1e-9 || got["us"] <= 0 {
+		t.Fatalf("acme's allowances %v: want eu at least the 0.4 it used, us the rest at most", got)
+	}
+}
+
 // TestCounterRoomMovesInsideAWindow: a tenant's demand moves from us to eu
 // inside an hour window; once us acknowledges its lower lease and says
 // what it used, eu gets the rest of the limit within three rebalances.

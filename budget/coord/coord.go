@@ -291,6 +291,7 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 			}
 		}
 		c.reportCounters(rule.ID, counters, now)
+		c.counterUseSeen(rule, regions, now)
 		if !c.reported(rule, now) {
 			// No replica has reported the rule for long (every lease
 			// lapsed, every window it counted in over): it is no
@@ -426,6 +427,32 @@ func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.R
 		slices.SortStableFunc(reps, func(a, b budget.Report) int { return cmp.Compare(b.Demand, a.Demand) })
 		for _, rep := range reps {
 			c.alloc.ReportCounter(rule, x.key, rep)
+		}
+	}
+}
+
+// counterUseSeen tells the allocator what the gossip shows each region
+// used of a rule's counters with budgets of their own in the window in
+// course (budget.Allocator.CounterUseSeen): a region that borrowed of a
+// counter before it had a budget of its own keeps what it used.
+func (c *Coordinator) counterUseSeen(rule budget.Rule, regions []string, now time.Time) {
+	w := rule.Window.Microseconds()
+	if rule.Sliding || w <= 0 || c.books.rules == nil {
+		return
+	}
+	epoch := now.UnixMicro() / w
+	usage := c.view()
+	for _, key := range c.alloc.Counters(rule.ID) {
+		ck := regional.CounterKey(rule.ID, key)
+		_, limit, ok := c.books.rules.GlobalLimitOf(ck)
+		if !ok || limit <= 0 {
+			continue
+		}
+		by := usage.Get(crdt.ID{Key: ck, Epoch: epoch * w / 1000}).ByRegion()
+		for _, r := range regions {
+			if n := by[r]; n > 0 {
+				c.alloc.CounterUseSeen(rule.ID, key, r, epoch, float64(n)/float64(limit))
+			}
 		}
 	}
 }
