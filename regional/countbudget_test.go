@@ -155,11 +155,7 @@ func TestElasticCounterWithItsOwnBudgetDoesNotBorrow(t *testing.T) {
 	clock := newVirtualClock()
 	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
 	eu.HeardFrom("us")
-	expires := clock.Now().Add(10 * time.Second)
-	if !eu.SetBudget(budget.Document{Rule: "g-elastic", Seq: 1, Issued: clock.Now(),
-		Leases:         map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: expires}},
-		Counters:       map[string]map[string]budget.CounterLeaseDoc{"e_acme": {"eu": {Floor: 0.02, Share: 0.28}, "us": {Floor: 0.02, Share: 0.68}}},
-		CounterExpires: expires}) {
+	if !eu.SetBudget(elasticDoc(clock.Now(), map[string]map[string]budget.CounterLeaseDoc{"e_acme": {"eu": {Floor: 0.02, Share: 0.28}, "us": {Floor: 0.02, Share: 0.68}}})) {
 		t.Fatal("the document was not taken")
 	}
 	if got := countAllowed(t, eu, "e_other", 1000); got != 990 {
@@ -238,8 +234,7 @@ func TestElasticHoldsBackWhatOthersMayHaveAdmitted(t *testing.T) {
 				mustParse(t, globalRules))
 			clock.AdvanceBy(tc.elapsed)
 			eu.HeardFrom("us")
-			if !eu.SetBudget(budget.Document{Rule: "g-elastic", Seq: 1, Issued: clock.Now(),
-				Leases: map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: clock.Now().Add(10 * time.Second)}}}) {
+			if !eu.SetBudget(elasticDoc(clock.Now(), nil)) {
 				t.Fatal("the document was not taken")
 			}
 			if got := countAllowed(t, eu, "e_acme", 1000); got != tc.want {
@@ -267,11 +262,7 @@ func TestElasticCounterWithItsOwnBudgetKeepsWithinTheLimit(t *testing.T) {
 	if _, err := eu.MergeRemote(t.Context(), us.OwnDeltas(0, 0)[0]); err != nil {
 		t.Fatal(err)
 	}
-	expires := clock.Now().Add(10 * time.Second)
-	if !eu.SetBudget(budget.Document{Rule: "g-elastic", Seq: 1, Issued: clock.Now(),
-		Leases:         map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: expires}},
-		Counters:       map[string]map[string]budget.CounterLeaseDoc{"e_acme": {"eu": {Floor: 0.02, Share: 0.58}, "us": {Floor: 0.02, Share: 0.38}}},
-		CounterExpires: expires}) {
+	if !eu.SetBudget(elasticDoc(clock.Now(), map[string]map[string]budget.CounterLeaseDoc{"e_acme": {"eu": {Floor: 0.02, Share: 0.58}, "us": {Floor: 0.02, Share: 0.38}}})) {
 		t.Fatal("the document was not taken")
 	}
 	if got := countAllowed(t, eu, "e_acme", 1000); got != 300 {
@@ -300,4 +291,14 @@ func TestElasticPaceCountsWhatWasDenied(t *testing.T) {
 	if got := countAllowed(t, eu, "e_acme", 1000); got != 516-50 {
 		t.Fatalf("eu admitted %d more, want %d", got, 516-50)
 	}
+}
+
+// elasticDoc is a budget document of g-elastic issued at now, for ten
+// seconds: eu's lease of the rule is 20%, and counters lists the counters'
+// own leases.
+func elasticDoc(now time.Time, counters map[string]map[string]budget.CounterLeaseDoc) budget.Document {
+	expires := now.Add(10 * time.Second)
+	return budget.Document{Rule: "g-elastic", Seq: 1, Issued: now,
+		Leases:   map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: expires}},
+		Counters: counters, CounterExpires: expires}
 }
