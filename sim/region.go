@@ -175,12 +175,9 @@ type source struct {
 	zipf *rand.Zipf
 	hot  float64
 	rng  *rand.Rand
-	// homed: a key drawn is kept with probability keep[0] if the source's
-	// region (home of n) is its home, keep[1] if not.
-	homed      bool
-	home, n    int
-	keepAtHome float64
-	keepAway   float64
+	// table, if set, draws keys homed in regions: each key's weight is its
+	// demand's, times the part of it that comes to this source's region.
+	table *alias
 }
 
 // gap draws the next arrival after t by thinning: candidates come at the
@@ -203,17 +200,8 @@ func (src *source) gap(t time.Duration) time.Duration {
 }
 
 func (src *source) key() int {
-	if src.homed {
-		for {
-			k := src.draw()
-			keep := src.keepAway
-			if k%src.n == src.home {
-				keep = src.keepAtHome
-			}
-			if keep >= 1 || src.rng.Float64() < keep {
-				return k
-			}
-		}
+	if src.table != nil {
+		return src.table.draw(src.rng)
 	}
 	return src.draw()
 }
@@ -268,30 +256,36 @@ func trafficSources(t TrafficSpec, regions []string, end time.Duration, rng func
 		} else {
 			atHome = 1
 		}
-		// Each region's part of the requests: the keys' weights, by
-		// Zipf's law or evenly, at home or away.
-		part := make([]float64, n)
+		// Each key's weight, by Zipf's law or evenly (the hot key's
+		// part first), and each region's part of it: at home or away.
+		weight := make([]float64, t.Keys)
 		total := 0.0
-		for k := range t.Keys {
+		for k := range weight {
 			w := 1.0
 			if t.Zipf > 0 && t.Keys > 1 {
 				w = math.Pow(float64(1+k), -t.Zipf)
 			}
+			weight[k] = w
 			total += w
-			for i := range part {
-				if k%n == i {
-					part[i] += w * atHome
-				} else {
-					part[i] += w * away
-				}
-			}
 		}
-		most := max(atHome, away)
+		for k := range weight {
+			weight[k] *= (1 - t.Hot) / total
+		}
+		weight[0] += t.Hot
 		for i, name := range regions {
-			rate := t.Rate * part[i] / total
+			w := make([]float64, len(weight))
+			part := 0.0
+			for k, x := range weight {
+				if k%n == i {
+					w[k] = x * atHome
+				} else {
+					w[k] = x * away
+				}
+				part += w[k]
+			}
+			rate := t.Rate * part
 			src := newSource(name, rate, func(time.Duration) float64 { return rate })
-			src.homed, src.home, src.n = true, i, n
-			src.keepAtHome, src.keepAway = atHome/most, away/most
+			src.table = newAlias(w)
 			add(name, src)
 		}
 	case "steady":
