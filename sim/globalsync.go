@@ -42,7 +42,9 @@ func newGlobalSync(s *sim, cfg budget.Config) *globalsync {
 }
 
 // now is globalsync's clock: the true time (its skew is the regions').
-func (g *globalsync) now() time.Time { return g.s.clock(g.s.now, 0) }
+func (g *globalsync) now() time.Time {
+	return g.s.clock(g.s.places[g.s.placeOf[g.index()]].now, 0)
+}
 
 func (g *globalsync) index() int { return len(g.s.regions) }
 

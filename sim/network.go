@@ -16,21 +16,12 @@ type network struct {
 	rng     *rand.Rand
 	latency map[[2]string]time.Duration
 	group   map[string]int // endpoints in the same group reach each other
-	lost    int64
+	lost    atomic.Int64
 	cut     atomic.Int64
-	outbox  [][]message // by endpoint: what its events sent while batching
-}
-
-// message is a message waiting in an outbox.
-type message struct {
-	from, to string
-	lossy    bool
-	deliver  func(endpoint)
 }
 
 func newNetwork(s *sim, rng *rand.Rand) *network {
-	n := &network{s: s, rng: rng, latency: map[[2]string]time.Duration{}, group: map[string]int{},
-		outbox: make([][]message, len(s.sc.Regions)+1)}
+	n := &network{s: s, rng: rng, latency: map[[2]string]time.Duration{}, group: map[string]int{}}
 	lat := s.sc.Network.Latency
 	regions := s.sc.Regions
 	for i, a := range regions {
@@ -63,44 +54,31 @@ func (n *network) Latency(a, b string) time.Duration {
 
 // send delivers a message from one endpoint to another after the link's
 // latency, unless the link is cut when it is sent or when it arrives, or
-// (lossy messages) it is lost. While endpoints' events run in parallel, it
-// waits in the sender's outbox.
+// (lossy messages) it is lost. It is sent at the start of the sender's
+// step, with its place's dice.
 func (n *network) send(from, to string, lossy bool, deliver func(endpoint)) {
-	if n.s.batching {
-		i := n.s.index(from)
-		n.outbox[i] = append(n.outbox[i], message{from, to, lossy, deliver})
-		return
-	}
+	src := n.s.places[n.s.placeOf[n.s.index(from)]]
 	if !n.reach(from, to) {
 		n.cut.Add(1)
 		return
 	}
-	if lossy && n.s.sc.Network.Loss > 0 && n.rng.Float64() < n.s.sc.Network.Loss {
-		n.lost++
+	if lossy && n.s.sc.Network.Loss > 0 && src.rng.Float64() < n.s.sc.Network.Loss {
+		n.lost.Add(1)
 		return
 	}
 	d := n.Latency(from, to)
 	if j := n.s.sc.Network.Jitter; j > 0 {
-		d += time.Duration(n.rng.Int64N(int64(j) + 1))
+		d += time.Duration(src.rng.Int64N(int64(j) + 1))
 	}
-	n.s.atFor(n.s.index(to), n.s.now+d, func() {
+	target := n.s.index(to)
+	dst := n.s.places[n.s.placeOf[target]]
+	dst.push(src, &event{at: src.now + d, target: target, fn: func() {
 		if !n.reach(from, to) {
 			n.cut.Add(1)
 			return
 		}
 		deliver(n.s.endpoint(to))
-	})
-}
-
-// flush sends what waits in the outboxes, endpoint by endpoint.
-func (n *network) flush() {
-	for i, box := range n.outbox {
-		for _, m := range box {
-			n.send(m.from, m.to, m.lossy, m.deliver)
-		}
-		clear(box)
-		n.outbox[i] = box[:0]
-	}
+	}})
 }
 
 // post sends a gossip message to every other endpoint that subscribes to

@@ -106,7 +106,7 @@ func (s *sim) report() *Report {
 		Duration: s.duration, Gossip: sc.Gossip.Interval, Samples: s.rec.samples, Notes: s.rec.notes,
 		Heals: s.rec.heals, Expiries: s.rec.expiries, Found: s.gs.found, BooksClosed: s.gs.closedThrough,
 		ElasticBound: *sc.Expect.MaxElasticOver,
-		MessagesCut:  s.net.cut.Load(), MessagesLost: s.net.lost}
+		MessagesCut:  s.net.cut.Load(), MessagesLost: s.net.lost.Load()}
 	rep.Latency = [2]time.Duration{time.Hour, 0}
 	for i, a := range sc.Regions {
 		for _, b := range sc.Regions[i+1:] {

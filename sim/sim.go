@@ -19,8 +19,8 @@ import (
 
 // Options tune a run without changing its outcome.
 type Options struct {
-	// Workers run the regions' requests of one step in parallel; 0 means
-	// GOMAXPROCS. The output is the same whatever the number.
+	// Workers run the regions in parallel; 0 means GOMAXPROCS. The output
+	// is the same whatever the number.
 	Workers int
 	// Duration, if set, cuts the scenario short (faults after it do not
 	// happen).
@@ -41,14 +41,19 @@ type sim struct {
 	seed     uint64
 	duration time.Duration
 	workers  int
-	now      time.Duration // true virtual time
-	seq      uint64
-	events   eventQueue
-	batching bool // endpoints' events run in parallel: sends wait in outboxes
+	now      time.Duration // true virtual time: every place has run until now
+	// places, by index; placeOf is each endpoint's (a region's index, or
+	// len(regions) for globalsync).
+	places  []*place
+	placeOf []int
+	// lookahead is how far a place may run ahead of the others: the
+	// fastest link between places, in whole steps.
+	lookahead time.Duration
+	globals   eventQueue // events that may touch anything
+	gseq      uint64
 	// eventAt is, by endpoint, the time of the event it runs: what its
 	// gossip node is told the time is.
 	eventAt []time.Duration
-	later   [][]*event // by endpoint: what its events scheduled while batching
 
 	regions []*region
 	byName  map[string]*region
@@ -110,7 +115,6 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 	}
 	s.truth = newTruth(len(sc.Regions), s.nkeys)
 	s.eventAt = make([]time.Duration, len(sc.Regions)+1)
-	s.later = make([][]*event, len(sc.Regions)+1)
 	s.rec = newRecorder(s)
 	s.net = newNetwork(s, rand.New(rand.NewPCG(seed, 0x6e6574)))
 	redisFaults := map[string]bool{}
@@ -130,6 +134,7 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 	for _, t := range sc.Traffic {
 		s.addTraffic(t)
 	}
+	s.placeEndpoints()
 	s.gs = newGlobalSync(s, bcfg)
 	for _, f := range sc.Faults {
 		s.scheduleFault(f)
@@ -168,35 +173,37 @@ func KeyName(i int) string { return "k" + strconv.Itoa(i) }
 // global marks an event that may touch anything: it runs alone.
 const global = -1
 
-// at schedules fn at virtual time t (never before now), alone.
-func (s *sim) at(t time.Duration, fn func()) { s.atFor(global, t, fn) }
+// at schedules fn at virtual time t (never before now), alone: the
+// places run up to its step, then the step runs in order, serially.
+func (s *sim) at(t time.Duration, fn func()) {
+	s.gseq++
+	heap.Push(&s.globals, &event{at: max(t, s.now), src: global, seq: s.gseq, fn: fn, target: global})
+}
 
-// atFor schedules fn at virtual time t for one endpoint (a region's index,
-// or len(regions) for globalsync): fn touches that endpoint alone, and
-// what it sends goes out after it (see runEvents).
+// atFor schedules fn at virtual time t (never before the step its place
+// runs) for one endpoint (a region's index, or len(regions) for
+// globalsync): fn touches that endpoint alone. It is called from the
+// endpoint's own place, or while nothing runs in parallel.
 func (s *sim) atFor(target int, t time.Duration, fn func()) {
-	e := &event{at: max(t, s.now), fn: fn, target: target}
-	if s.batching {
-		// Endpoints' events run in parallel: what they schedule waits,
-		// as what they send does, and is scheduled after the run in a
-		// fixed order.
-		s.later[target] = append(s.later[target], e)
-		return
-	}
-	s.seq++
-	e.seq = s.seq
-	heap.Push(&s.events, e)
+	p := s.places[s.placeOf[target]]
+	p.push(p, &event{at: max(t, p.now), fn: fn, target: target})
 }
 
 // every runs fn for target at start and every period after, while the run
 // lasts.
 func (s *sim) every(target int, start, period time.Duration, fn func()) {
-	s.seq++
-	heap.Push(&s.events, &event{at: start, seq: s.seq, fn: fn, target: target, period: period})
+	if target == global {
+		s.gseq++
+		heap.Push(&s.globals, &event{at: start, src: global, seq: s.gseq, fn: fn, target: global, period: period})
+		return
+	}
+	p := s.places[s.placeOf[target]]
+	p.push(p, &event{at: start, fn: fn, target: target, period: period})
 }
 
-// run advances virtual time step by step: the messages and timers due,
-// then every region's requests of the step, regions in parallel.
+// run advances virtual time: the places run in parallel up to the next
+// event that may touch anything (see runPlaces), whose step then runs
+// alone.
 func (s *sim) run() {
 	for _, r := range s.regions {
 		r.start()
@@ -204,108 +211,81 @@ func (s *sim) run() {
 	s.gs.start()
 	s.rec.start()
 	step := s.sc.Step
-	var due []*event
 	for s.now < s.duration {
-		end := min(s.now+step, s.duration)
-		for _, r := range s.regions {
-			r.now = s.now
+		until := s.duration
+		if len(s.globals) > 0 {
+			until = min(until, s.globals[0].at/step*step)
 		}
-		for {
-			due = due[:0]
-			for len(s.events) > 0 && s.events[0].at < end {
-				e := heap.Pop(&s.events).(*event)
-				if e.period > 0 && e.at+e.period <= s.duration {
-					s.seq++
-					heap.Push(&s.events, &event{at: e.at + e.period, seq: s.seq, fn: e.fn, target: e.target, period: e.period})
-				}
-				due = append(due, e)
-			}
-			if len(due) == 0 {
-				break
-			}
-			s.runEvents(due)
-		}
-		s.requests(end)
-		s.truth.fold()
-		// Jump over steps with nothing to do.
-		next := end
-		if c := s.nextArrival(); len(s.events) > 0 {
-			next = max(next, min(c, s.events[0].at)/step*step)
-		} else {
-			next = max(next, c/step*step)
-		}
-		s.now = min(next, s.duration)
-	}
-}
-
-// runEvents runs events in order; a run of events each for one endpoint
-// runs endpoint by endpoint, in parallel, since they touch nothing else,
-// and what they send goes out after the run, endpoint by endpoint (so
-// the output does not depend on how the work was spread).
-func (s *sim) runEvents(due []*event) {
-	var run []*event
-	for _, e := range due {
-		if e.target == global {
-			s.runLocal(run)
-			run = run[:0]
-			e.fn()
+		if until > s.now {
+			s.runPlaces(until)
+			s.truth.fold()
+			s.now = until
 			continue
 		}
-		run = append(run, e)
+		s.globalStep()
 	}
-	s.runLocal(run)
 }
 
-func (s *sim) runLocal(run []*event) {
-	if len(run) == 0 {
-		return
+// globalStep runs one step in order, serially: the events due, global or
+// not, and what they schedule within the step; then the regions'
+// requests.
+func (s *sim) globalStep() {
+	end := min(s.now+s.sc.Step, s.duration)
+	for _, p := range s.places {
+		p.now = s.now
+		for _, r := range p.regions {
+			r.now = s.now
+		}
 	}
-	byTarget := make([][]*event, len(s.regions)+1)
-	busy := 0
-	for _, e := range run {
-		if len(byTarget[e.target]) == 0 {
-			busy++
+	var due []*event
+	for {
+		due = due[:0]
+		for _, p := range s.places {
+			p.drain()
 		}
-		byTarget[e.target] = append(byTarget[e.target], e)
-	}
-	s.batching = true
-	if s.workers <= 1 || busy == 1 {
-		for _, evs := range byTarget {
-			for _, e := range evs {
-				s.eventAt[e.target] = e.at
-				e.fn()
-			}
-		}
-	} else {
-		var wg sync.WaitGroup
-		next := make(chan []*event, len(byTarget))
-		for _, evs := range byTarget {
-			if len(evs) > 0 {
-				next <- evs
-			}
-		}
-		close(next)
-		for range s.workers {
-			wg.Go(func() {
-				for evs := range next {
-					for _, e := range evs {
-						s.eventAt[e.target] = e.at
-						e.fn()
-					}
+		for {
+			q := &s.globals
+			for _, p := range s.places {
+				if len(p.events) > 0 && (len(*q) == 0 || before(p.events[0], (*q)[0])) {
+					q = &p.events
 				}
-			})
+			}
+			if len(*q) == 0 || (*q)[0].at >= end {
+				break
+			}
+			due = append(due, s.pop(q))
 		}
-		wg.Wait()
-	}
-	s.batching = false
-	for i, evs := range s.later {
-		for _, e := range evs {
-			s.atFor(e.target, e.at, e.fn)
+		if len(due) == 0 {
+			break
 		}
-		clear(evs)
-		s.later[i] = evs[:0]
+		for _, e := range due {
+			if e.target != global {
+				s.eventAt[e.target] = e.at
+			}
+			e.fn()
+		}
 	}
-	s.net.flush()
+	s.requests(end)
+	s.truth.fold()
+	s.now = end
+}
+
+// pop takes the first event of a queue, and schedules it again if it
+// repeats.
+func (s *sim) pop(q *eventQueue) *event {
+	e := heap.Pop(q).(*event)
+	if e.period > 0 && e.at+e.period <= s.duration {
+		next := &event{at: e.at + e.period, fn: e.fn, target: e.target, period: e.period}
+		if e.target == global {
+			s.gseq++
+			next.src, next.seq = global, s.gseq
+			heap.Push(q, next)
+		} else {
+			p := s.places[s.placeOf[e.target]]
+			p.push(p, next)
+		}
+	}
+	return e
 }
 
 // nextArrival is the earliest next request of any region.
@@ -396,10 +376,13 @@ var discard = slog.New(slog.DiscardHandler)
 
 var background = context.Background()
 
-// event is something due at a virtual time; seq keeps events due at the
-// same time in the order they were scheduled.
+// event is something due at a virtual time. Events due at the same time
+// run in the order of the place that scheduled them (global first), then
+// of their scheduling there: an order that does not depend on how the
+// places' work was spread.
 type event struct {
 	at     time.Duration
+	src    int // the place that scheduled it, or global
 	seq    uint64
 	fn     func()
 	target int           // global, or the one endpoint fn touches
@@ -408,12 +391,18 @@ type event struct {
 
 type eventQueue []*event
 
-func (q eventQueue) Len() int { return len(q) }
-func (q eventQueue) Less(i, j int) bool {
-	if q[i].at != q[j].at {
-		return q[i].at < q[j].at
+func (q eventQueue) Len() int           { return len(q) }
+func (q eventQueue) Less(i, j int) bool { return before(q[i], q[j]) }
+
+// before orders two events.
+func before(a, b *event) bool {
+	if a.at != b.at {
+		return a.at < b.at
 	}
-	return q[i].seq < q[j].seq
+	if a.src != b.src {
+		return a.src < b.src
+	}
+	return a.seq < b.seq
 }
 func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
 func (q *eventQueue) Push(x any)   { *q = append(*q, x.(*event)) }

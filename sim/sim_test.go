@@ -208,16 +208,23 @@ func TestSameSeedSameOutput(t *testing.T) {
 	if bytes.Equal(a["partition-elastic-windows.csv"], c["partition-elastic-windows.csv"]) {
 		t.Error("seeds 7 and 8 gave the same windows")
 	}
-	// A busy scenario, whose requests run in parallel: the same again.
-	text := func(workers int) string {
-		_, rep := runScenario(t, "million", "elastic", 7, Options{Workers: workers, Duration: 200 * time.Millisecond})
+	// A busy scenario, whose regions run in parallel, and one whose links
+	// jitter and lose messages (each place draws its own dice): the same
+	// again.
+	text := func(name string, d time.Duration, workers int) string {
+		_, rep := runScenario(t, name, "elastic", 7, Options{Workers: workers, Duration: d})
 		var b strings.Builder
 		rep.WriteText(&b)
 		rep.WriteCSV(&b)
 		return b.String()
 	}
-	if one, four := text(1), text(4); one != four {
-		t.Errorf("million with one worker and with four differ:\n%s", firstDiff(one, four))
+	for _, c := range []struct {
+		name string
+		d    time.Duration
+	}{{"million", 200 * time.Millisecond}, {"flash-crowd", 3 * time.Minute}} {
+		if one, four := text(c.name, c.d, 1), text(c.name, c.d, 4); one != four {
+			t.Errorf("%s with one worker and with four differ:\n%s", c.name, firstDiff(one, four))
+		}
 	}
 }
 

@@ -1,0 +1,180 @@
+package sim
+
+import (
+	"container/heap"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// place is the endpoints that run in one region: the region, and
+// globalsync if it runs there. Places hear each other only over links
+// between regions, each at least the lookahead long, so a place can run
+// ahead of the others by up to the lookahead without missing a message:
+// what another place sends at its time t arrives after t+lookahead. The
+// places run in parallel that way (conservative parallel discrete-event
+// simulation), each step by step, and the outcome does not depend on how
+// the work was spread: every step of a place sees the same events.
+type place struct {
+	idx     int
+	regions []*region
+	now     time.Duration // the start of the step it runs
+	done    time.Duration // it has run every step before done
+	events  eventQueue    // touched by its own run alone
+	seq     uint64        // what it scheduled: the order of events due at the same time
+	rng     *rand.Rand    // the loss and jitter of what it sends
+
+	mu    sync.Mutex
+	inbox []*event // what other places scheduled for it
+}
+
+// placeEndpoints puts every region in a place of its own and globalsync
+// in its region's, and takes the lookahead from the links between them.
+func (s *sim) placeEndpoints() {
+	s.placeOf = make([]int, len(s.regions)+1)
+	for i, r := range s.regions {
+		s.places = append(s.places, &place{idx: i, regions: []*region{r},
+			rng: rand.New(rand.NewPCG(s.seed, 0x706c6163<<16|uint64(i)))})
+		s.placeOf[i] = i
+	}
+	s.placeOf[len(s.regions)] = s.byName[s.sc.GlobalSync.Region].idx
+	step := s.sc.Step
+	s.lookahead = s.duration
+	for _, a := range s.regions {
+		for _, b := range s.regions {
+			if a != b {
+				s.lookahead = min(s.lookahead, s.net.Latency(a.name, b.name))
+			}
+		}
+	}
+	s.lookahead = max(step, s.lookahead/step*step)
+}
+
+// push schedules e for p, from the place from: at once if from is p
+// (p's own run, or no run in parallel), else through p's inbox.
+func (p *place) push(from *place, e *event) {
+	from.seq++
+	e.src, e.seq = from.idx, from.seq
+	if from == p {
+		heap.Push(&p.events, e)
+		return
+	}
+	p.mu.Lock()
+	p.inbox = append(p.inbox, e)
+	p.mu.Unlock()
+}
+
+// drain moves what other places scheduled for p into its queue.
+func (p *place) drain() {
+	p.mu.Lock()
+	in := p.inbox
+	p.inbox = nil
+	p.mu.Unlock()
+	for _, e := range in {
+		heap.Push(&p.events, e)
+	}
+}
+
+// runPlaces runs every place from now until until (a step's start, with
+// no global event before it), in parallel: a place runs the steps that
+// end before every other place's done plus the lookahead, the place
+// furthest behind first.
+func (s *sim) runPlaces(until time.Duration) {
+	for _, p := range s.places {
+		p.done = s.now
+	}
+	var (
+		mu      sync.Mutex
+		wake    = sync.NewCond(&mu)
+		running = make([]bool, len(s.places))
+		wg      sync.WaitGroup
+	)
+	// bound is how far p may run: every message another place can still
+	// send it arrives at or after it.
+	bound := func(p *place) time.Duration {
+		b := until
+		for _, q := range s.places {
+			if q != p {
+				b = min(b, q.done+s.lookahead)
+			}
+		}
+		return b
+	}
+	for range min(s.workers, len(s.places)) {
+		wg.Go(func() {
+			mu.Lock()
+			defer mu.Unlock()
+			for {
+				var next *place
+				finished := true
+				for _, p := range s.places {
+					if p.done < until {
+						finished = false
+					}
+					if !running[p.idx] && p.done < until && bound(p) > p.done && (next == nil || p.done < next.done) {
+						next = p
+					}
+				}
+				if finished {
+					wake.Broadcast()
+					return
+				}
+				if next == nil {
+					wake.Wait()
+					continue
+				}
+				b := bound(next)
+				running[next.idx] = true
+				mu.Unlock()
+				s.runPlace(next, b)
+				mu.Lock()
+				next.done = b
+				running[next.idx] = false
+				wake.Broadcast()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// runPlace runs a place's steps from its done until until, each as a
+// step of the whole simulation runs: the events due in it (and what they
+// schedule within it), then the regions' requests; steps with nothing to
+// do are skipped.
+func (s *sim) runPlace(p *place, until time.Duration) {
+	step := s.sc.Step
+	var due []*event
+	for now := p.done; now < until; {
+		end := min(now+step, until)
+		p.now = now
+		for _, r := range p.regions {
+			r.now = now
+		}
+		for {
+			p.drain()
+			due = due[:0]
+			for len(p.events) > 0 && p.events[0].at < end {
+				due = append(due, s.pop(&p.events))
+			}
+			if len(due) == 0 {
+				break
+			}
+			for _, e := range due {
+				s.eventAt[e.target] = e.at
+				e.fn()
+			}
+		}
+		arrival := s.duration
+		for _, r := range p.regions {
+			r.requests(end)
+			arrival = min(arrival, r.nextArrival())
+		}
+		// Skip steps with nothing to do; what other places send arrives
+		// at until or later.
+		next := max(end, arrival/step*step)
+		if len(p.events) > 0 {
+			next = max(end, min(arrival, p.events[0].at)/step*step)
+		}
+		now = min(next, until)
+	}
+}
