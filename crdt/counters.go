@@ -364,8 +364,8 @@ func (c *Counters) ownSlot(id ID) (*entry, *slot) {
 }
 
 func (c *Counters) insert(id ID) *entry {
-	// Room for every region's slot: in a busy window all of them count.
-	e := &entry{id: id, slots: make([]slot, 0, len(c.regions))}
+	e := newEntry(len(c.regions))
+	e.id = id
 	c.entries[id] = e
 	c.pushBack(e)
 	return e
@@ -407,6 +407,41 @@ func (c *Counters) unlink(e *entry) {
 		c.tail = e.prev
 	}
 	e.prev, e.next = nil, nil
+}
+
+// newEntry returns an entry with room for n regions' slots (in a busy
+// window all of them count), in the same allocation as the entry up to 8
+// regions: finding a slot then reads the memory the entry is in.
+func newEntry(n int) *entry {
+	switch n {
+	case 1:
+		return inlineEntry(func(a *[1]slot) []slot { return a[:0] })
+	case 2:
+		return inlineEntry(func(a *[2]slot) []slot { return a[:0] })
+	case 3:
+		return inlineEntry(func(a *[3]slot) []slot { return a[:0] })
+	case 4:
+		return inlineEntry(func(a *[4]slot) []slot { return a[:0] })
+	case 5:
+		return inlineEntry(func(a *[5]slot) []slot { return a[:0] })
+	case 6:
+		return inlineEntry(func(a *[6]slot) []slot { return a[:0] })
+	case 7:
+		return inlineEntry(func(a *[7]slot) []slot { return a[:0] })
+	case 8:
+		return inlineEntry(func(a *[8]slot) []slot { return a[:0] })
+	}
+	return &entry{slots: make([]slot, 0, n)}
+}
+
+// inlineEntry allocates an entry and an array of slots A together.
+func inlineEntry[A any](slots func(*A) []slot) *entry {
+	b := new(struct {
+		e entry
+		s A
+	})
+	b.e.slots = slots(&b.s)
+	return &b.e
 }
 
 func (e *entry) find(region uint32) (int, bool) {
