@@ -12,10 +12,16 @@
 // skewed or jump; a region's store can fail and come back empty.
 //
 // Virtual time advances in steps (1ms by default): the messages and timers
-// due in a step run first, then every region's requests of the step, the
-// regions in parallel (each touches only its own state, and what it sends
-// goes out after, in a fixed order), so that a run gives the same output,
-// byte for byte, for the same seed, however many goroutines run it.
+// due in a step run first, then every region's requests of the step. Each
+// region (with globalsync, in its region) is a place that touches only its
+// own state and hears the others over links at least the lookahead long,
+// so the places run in parallel, each up to the lookahead ahead of the
+// slowest (see runPlaces); an event that may touch anything (a sample, a
+// fault) stops them all at its step, which runs alone. Events due at the
+// same time run in an order that does not depend on how the work was
+// spread, and each place draws its own loss and jitter, so that a run
+// gives the same output, byte for byte, for the same seed, however many
+// goroutines run it.
 //
 // Scenarios are YAML files (sim/scenarios; see Scenario); Run reports
 // each window's admissions against the limit, over-admission, false

@@ -33,7 +33,7 @@ func parseRunFlags(args []string) (runConfig, error) {
 	fs.StringVar(&c.out, "out", "sim-out", "the directory to write the report into: CSV, SVG charts and an HTML page; empty writes none")
 	fs.BoolVar(&c.list, "list", false, "list the built-in scenarios")
 	fs.DurationVar(&c.duration, "duration", 0, "cut the scenario short at this virtual time")
-	fs.IntVar(&c.workers, "workers", 0, "goroutines running the regions' requests; 0: one per CPU (the output is the same)")
+	fs.IntVar(&c.workers, "workers", 0, "goroutines running the regions in parallel; 0: one per CPU (the output is the same)")
 	if err := fs.Parse(args); err != nil {
 		return c, usageError(fs, err)
 	}
