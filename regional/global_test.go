@@ -467,3 +467,50 @@ func TestMaintainExpiresGlobalCounters(t *testing.T) {
 		t.Fatalf("the copy took the window back: %v", pn.ByRegion())
 	}
 }
+
+// TestGlobalWindowsOfADelta: a delta becomes the store's windows with the
+// slots of known regions alone, windows of no known region and windows over
+// and done with left out, each key its own (appending to one does not
+// touch the next).
+func TestGlobalWindowsOfADelta(t *testing.T) {
+	rs := mustParse(t, globalRules)
+	now := time.UnixMilli(1_800_000_000_000)
+	epoch := now.UnixMilli() / 60_000 * 60_000
+	known := map[string]bool{"eu": true, "us": true}
+	a, b, c := CounterKey("s", "k1"), CounterKey("s", "k2"), CounterKey("s", "k3")
+	d := crdt.Delta{Origin: "us", Entries: []crdt.Entry{
+		{ID: crdt.ID{Key: a, Epoch: epoch}, Slots: []crdt.Slot{{Region: "eu", P: 1}, {Region: "us", P: 2}}},
+		{ID: crdt.ID{Key: b, Epoch: epoch}, Slots: []crdt.Slot{{Region: "ap", P: 3}, {Region: "eu", P: 4}, {Region: "xx", P: 5}, {Region: "us", P: 6}}},
+		{ID: crdt.ID{Key: c, Epoch: epoch}, Slots: []crdt.Slot{{Region: "ap", P: 7}}},
+		{ID: crdt.ID{Key: c, Epoch: epoch - 3_600_000}, Slots: []crdt.Slot{{Region: "us", P: 8}}},
+	}}
+	windows, expired := globalWindowsOf(rs, d, known, now)
+	if expired != 1 {
+		t.Errorf("expired %d, want 1 (an hour ago)", expired)
+	}
+	if len(windows) != 2 {
+		t.Fatalf("%d windows, want 2: %+v", len(windows), windows)
+	}
+	want := []struct {
+		key   string
+		slots []crdt.Slot
+	}{
+		{a, []crdt.Slot{{Region: "eu", P: 1}, {Region: "us", P: 2}}},
+		{b, []crdt.Slot{{Region: "eu", P: 4}, {Region: "us", P: 6}}},
+	}
+	for i, w := range want {
+		if string(windows[i].Key) != w.key || windows[i].StartMillis != epoch || !slices.Equal(windows[i].Slots, w.slots) {
+			t.Errorf("window %d: %s@%d %v, want %s@%d %v", i, windows[i].Key, windows[i].StartMillis, windows[i].Slots, w.key, epoch, w.slots)
+		}
+		if windows[i].TTL <= 0 {
+			t.Errorf("window %d: TTL %v, want it kept", i, windows[i].TTL)
+		}
+	}
+	_ = append(windows[0].Key, "xxxx"...)
+	if string(windows[1].Key) != b {
+		t.Errorf("appending to the first key changed the second: %s", windows[1].Key)
+	}
+	if d.Entries[1].Slots[0].Region != "ap" {
+		t.Error("the delta's slots were changed")
+	}
+}

@@ -701,25 +701,40 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 
 // globalWindowsOf turns a delta into the store's windows: the slots of
 // the known regions, of the windows still kept. It also says how many of
-// the delta's windows are over and done with.
+// the delta's windows are over and done with. The windows' keys share one
+// buffer, and their slots are the delta's where every region is known:
+// the store reads them before the delta changes.
 func globalWindowsOf(rs *RuleSet, d crdt.Delta, known map[string]bool, now time.Time) (windows []GlobalWindow, expired int) {
 	windows = make([]GlobalWindow, 0, len(d.Entries))
+	size := 0
+	for _, en := range d.Entries {
+		size += len(en.Key)
+	}
+	keys := make([]byte, 0, size)
 	for _, en := range d.Entries {
 		keep := globalKeep(rs, en.Key, en.Epoch, now)
 		if keep <= 0 {
 			expired++
 			continue
 		}
-		var slots []crdt.Slot
-		for _, s := range en.Slots {
-			if known[s.Region] {
-				slots = append(slots, s)
+		slots := en.Slots
+		for i, s := range en.Slots {
+			if !known[s.Region] {
+				slots = slices.Clone(en.Slots[:i])
+				for _, s := range en.Slots[i+1:] {
+					if known[s.Region] {
+						slots = append(slots, s)
+					}
+				}
+				break
 			}
 		}
 		if len(slots) == 0 {
 			continue
 		}
-		windows = append(windows, GlobalWindow{Key: []byte(en.Key), StartMillis: en.Epoch, TTL: keep, Slots: slots})
+		at := len(keys)
+		keys = append(keys, en.Key...)
+		windows = append(windows, GlobalWindow{Key: keys[at:len(keys):len(keys)], StartMillis: en.Epoch, TTL: keep, Slots: slots})
 	}
 	return windows, expired
 }
