@@ -246,6 +246,9 @@ type Stats struct {
 	Penalties                              atomic.Int64
 	RuleReloads, RuleReloadErrors          atomic.Int64
 	ViolationsDropped                      atomic.Int64
+	// Siblings' denials refused: a key too long, a key of no rule in
+	// force; and those held for less than they asked (see NoteDenial).
+	DenialsTooLong, DenialsUnknownRule, DenialsCapped atomic.Int64
 }
 
 // Stats returns the engine's counters.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -245,7 +246,9 @@ rules:
 		}
 	}
 	// The sibling denies from what it was told, without asking Redis either.
-	b.NoteDenial(told[0])
+	if err := b.NoteDenial(told[0]); err != nil {
+		t.Fatal(err)
+	}
 	if d := mustCheck(t, b, Request{APIKey: "hot"}); d.Allowed || !d.Limit().Cached {
 		t.Fatalf("sibling: %+v", d)
 	}
@@ -543,5 +546,71 @@ block: ["bad*"]
 	}
 	if n, _ := store.Client().XLen(ctx, log.Key()).Result(); n > 300 {
 		t.Fatalf("stream holds %d entries with MAXLEN ~100", n)
+	}
+}
+
+// TestSiblingDenialsAreBounded: a denial told by a sibling (over the
+// network, so perhaps forged) is refused when its key is of no rule in
+// force or too long, and holds a key no longer than one of its rule's
+// could (and a second for the siblings' clocks): a window for a fixed
+// window, two for a sliding one, the longest cooldown of a penalty, a
+// moment for a global limit.
+func TestSiblingDenialsAreBounded(t *testing.T) {
+	clock := newVirtualClock()
+	e := New(Config{Clock: clock.Now}, mustParse(t, `
+rules:
+  - { id: f, match: { api_key: "f*" }, by: [api_key], algorithm: fixed_window, limit: 10, window: 1m }
+  - { id: s, match: { api_key: "s*" }, by: [api_key], algorithm: sliding_window_counter, limit: 10, window: 1m }
+  - { id: p, match: { api_key: "p*" }, by: [api_key], capacity: 10, refill_per_second: 1, penalty: { base: 2s, max: 5m } }
+  - { id: g, match: { api_key: "g*" }, by: [api_key], scope: global, algorithm: fixed_window, limit: 10, window: 1m }
+`))
+	century := clock.Now().Add(100 * 365 * 24 * time.Hour)
+	for _, d := range []Denial{
+		{Key: CounterKey("nope", "f1"), Until: century},
+		{Key: CounterKey("f", strings.Repeat("x", 5000)), Until: century},
+		{Key: "f1", Until: century},
+	} {
+		if err := e.NoteDenial(d); !errors.Is(err, ErrInvalidDenial) {
+			t.Errorf("denial of %.30q: %v, want ErrInvalidDenial", d.Key, err)
+		}
+	}
+	if st := e.Stats(); st.DenialsUnknownRule.Load() != 2 || st.DenialsTooLong.Load() != 1 {
+		t.Errorf("refusals counted: unknown rule %d, too long %d; want 2, 1", st.DenialsUnknownRule.Load(), st.DenialsTooLong.Load())
+	}
+	for _, key := range []string{"f1", "s1", "p1"} {
+		r := key[:1]
+		if err := e.NoteDenial(Denial{Key: CounterKey(r, key), Until: century, Cost: 1, ResetAt: century}); err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+	}
+	if got := e.Stats().DenialsCapped.Load(); got != 3 {
+		t.Errorf("%d denials capped, want 3", got)
+	}
+	cached := func(key string) bool {
+		d := mustCheck(t, e, Request{APIKey: key})
+		return !d.Allowed && d.Limit().Cached
+	}
+	for _, key := range []string{"f1", "s1", "p1"} {
+		if !cached(key) {
+			t.Errorf("%s: not denied from a sibling's denial", key)
+		}
+	}
+	clock.Advance(int64(62 * time.Second / time.Microsecond))
+	if cached("f1") {
+		t.Error("f1 still denied a window later")
+	}
+	if !cached("s1") || !cached("p1") {
+		t.Error("s1 or p1 let through after a window: their denials may last two windows, five minutes")
+	}
+	clock.Advance(int64(60 * time.Second / time.Microsecond))
+	if cached("s1") {
+		t.Error("s1 still denied two windows later")
+	}
+	clock.Advance(int64(180 * time.Second / time.Microsecond))
+	if cached("p1") {
+		t.Error("p1 still denied past its longest cooldown")
+	}
+	if h := denialHold(e.rules.Load().Rule("g")); h != globalDenialHold {
+		t.Errorf("a global limit's denial held %d µs, want %d", h, globalDenialHold)
 	}
 }

@@ -1,6 +1,8 @@
 package regional
 
 import (
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -119,12 +121,44 @@ func (e *Engine) rememberDenial(it *item, now int64) {
 	}
 }
 
+// ErrInvalidDenial is what NoteDenial refuses a sibling's denial with.
+var ErrInvalidDenial = errors.New("regional: invalid denial")
+
+// maxDenialKey bounds the key of a sibling's denial: longer than any
+// counter key of a valid request.
+const maxDenialKey = 4096
+
+// denialSkew is the difference between siblings' clocks a denial's time
+// may carry beyond the longest of its rule's.
+const denialSkew = int64(time.Second / time.Microsecond)
+
 // NoteDenial takes a denial a sibling replica found: this replica denies
-// the counter from memory until then too.
-func (e *Engine) NoteDenial(d Denial) {
+// the counter from memory until then too. What comes from the network is
+// checked: a key of no rule in force, or too long, is refused (an error
+// wrapping ErrInvalidDenial, naming the field), and a denial holds no
+// longer than one of the rule's can (see denialHold; a second more for
+// the siblings' clocks), so a forged one cannot keep a key out for long. A denial already over, or one more than
+// the cache holds (Config.MaxDenials), is dropped without error.
+func (e *Engine) NoteDenial(d Denial) error {
+	if len(d.Key) > maxDenialKey {
+		e.stats.DenialsTooLong.Add(1)
+		return fmt.Errorf("%w: key: %d bytes, at most %d", ErrInvalidDenial, len(d.Key), maxDenialKey)
+	}
+	id, _, ok := ParseCounterKey(d.Key)
+	r := e.rules.Load().Rule(id)
+	if !ok || r == nil {
+		e.stats.DenialsUnknownRule.Add(1)
+		return fmt.Errorf("%w: key %.60q: of no rule in force", ErrInvalidDenial, d.Key)
+	}
+	now := e.now().UnixMicro()
+	hold := now + denialHold(r) + denialSkew
 	until := d.Until.UnixMicro()
-	if until <= e.now().UnixMicro() || e.denialCount.Load() >= int64(e.cfg.MaxDenials) {
-		return
+	if until > hold {
+		e.stats.DenialsCapped.Add(1)
+		until = hold
+	}
+	if until <= now || e.denialCount.Load() >= int64(e.cfg.MaxDenials) {
+		return nil
 	}
 	key := []byte(d.Key)
 	e.denials.with(key, func(m map[string]*denial) {
@@ -135,8 +169,35 @@ func (e *Engine) NoteDenial(d Denial) {
 		if old == nil {
 			e.denialCount.Add(1)
 		}
-		m[d.Key] = &denial{until: until, cost: max(1, d.Cost), resetAt: d.ResetAt.UnixMicro()}
+		m[d.Key] = &denial{until: until, cost: max(1, d.Cost), resetAt: min(d.ResetAt.UnixMicro(), hold)}
 	})
+	return nil
+}
+
+// denialHold is the longest a denial of rule r can last (µs): a denial of
+// a global limit is held globalDenialHold; one of a local limit until its
+// counter has room again, at most a window of its largest limit (a token
+// bucket's time to fill; two windows for a sliding window, whose last one
+// weighs on the next), or its longest cooldown, if it has one.
+func denialHold(r *Rule) int64 {
+	if r.Scope == ScopeGlobal {
+		return globalDenialHold
+	}
+	hold := r.Base.WindowMicros()
+	for _, limits := range []map[string]int64{r.Tiers, r.Overrides} {
+		for _, n := range limits {
+			p := r.Base
+			p.Limit = n
+			hold = max(hold, p.WindowMicros())
+		}
+	}
+	if r.Base.Algorithm == SlidingWindowCounter {
+		hold *= 2
+	}
+	if r.Penalty != nil {
+		hold = max(hold, r.Penalty.Max.Microseconds())
+	}
+	return hold
 }
 
 // batch is a batch of a limit taken from the store at once, served from

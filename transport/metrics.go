@@ -73,6 +73,7 @@ func (m *Metrics) Attach(e *regional.Engine) {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) })
 	}
 	const reloadsHelp = "Rule sets put in force (result=ok, the first included) or rejected (result=error)."
+	const siblingHelp = "Denials told by sibling replicas and refused, by reason."
 	m.Registry.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "geoquota_rule_reloads_total", Help: reloadsHelp,
 			ConstLabels: prometheus.Labels{"result": "ok"}}, func() float64 { return float64(st.RuleReloads.Load()) }),
@@ -92,6 +93,11 @@ func (m *Metrics) Attach(e *regional.Engine) {
 		counter("geoquota_keys_folded_total", "Requests counted in their rule's shared overflow counter.", st.KeysFolded.Load),
 		counter("geoquota_penalties_total", "Cooldowns doubled for clients that kept sending while told to wait.", st.Penalties.Load),
 		counter("geoquota_violations_dropped_total", "Denials left out of the audit log because its buffer was full.", st.ViolationsDropped.Load),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "geoquota_sibling_denials_refused_total", Help: siblingHelp,
+			ConstLabels: prometheus.Labels{"reason": "key_too_long"}}, func() float64 { return float64(st.DenialsTooLong.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "geoquota_sibling_denials_refused_total", Help: siblingHelp,
+			ConstLabels: prometheus.Labels{"reason": "unknown_rule"}}, func() float64 { return float64(st.DenialsUnknownRule.Load()) }),
+		counter("geoquota_sibling_denials_capped_total", "Siblings' denials held for less than they asked: no longer than one of the rule's can last.", st.DenialsCapped.Load),
 	)
 }
 

@@ -190,7 +190,9 @@ func (m *Members) NotifyMsg(b []byte) {
 	if json.Unmarshal(b, &d) != nil || d.Key == "" {
 		return
 	}
-	m.engine.NoteDenial(regional.Denial{Key: d.Key, Until: time.UnixMilli(d.Until), Cost: d.Cost, ResetAt: time.UnixMilli(d.ResetAt)})
+	if err := m.engine.NoteDenial(regional.Denial{Key: d.Key, Until: time.UnixMilli(d.Until), Cost: d.Cost, ResetAt: time.UnixMilli(d.ResetAt)}); err != nil {
+		m.log.Debug("a sibling's denial refused", "err", err)
+	}
 }
 
 // GetBroadcasts implements memberlist.Delegate.
