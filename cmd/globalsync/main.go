@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -120,15 +121,16 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	grpcLis, httpLis := lis[0], lis[1]
-	g := grpc.NewServer()
+	limits := daemon.DefaultLimits()
+	grpcLis, httpLis := limits.Listener(lis[0]), limits.Listener(lis[1])
+	g := grpc.NewServer(limits.GRPCOptions()...)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	pb.RegisterGlobalSyncServer(g, grpcServer{s: svc})
 	reflection.Register(g)
 	go g.Serve(grpcLis)
 	defer g.Stop()
-	srv := &http.Server{Handler: httpHandler(svc, reg, c.id), ReadHeaderTimeout: 10 * time.Second}
+	srv := limits.HTTPServer(httpHandler(svc, reg, c.id), slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	go srv.Serve(httpLis)
 	defer srv.Close()
 	log.Info("globalsync serving", "id", c.id, "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String())

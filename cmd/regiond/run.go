@@ -141,8 +141,9 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	grpcLis, httpLis := lis[0], lis[1]
-	var gopts []grpc.ServerOption
+	limits := daemon.DefaultLimits()
+	grpcLis, httpLis := limits.Listener(lis[0]), limits.Listener(lis[1])
+	gopts := limits.GRPCOptions()
 	if c.tlsCert != "" {
 		creds, err := credentials.NewServerTLSFromFile(c.tlsCert, c.tlsKey)
 		if err != nil {
@@ -169,7 +170,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	gopts = append(gopts, grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
 	g := grpc.NewServer(gopts...)
 	srv.RegisterGRPC(g)
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	hs := limits.HTTPServer(srv.Handler(), slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
