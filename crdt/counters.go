@@ -140,11 +140,16 @@ type MergeReport struct {
 	// UnknownRegion slots named a region outside the collection's set, or
 	// came from an unknown (or unnamed) origin; they were ignored.
 	UnknownRegion int
+	// Ahead slots were of windows that start later than the receiver's
+	// clock allows; they were refused. Merge leaves it 0: a receiver that
+	// knows the time drops them first (Delta.Until) and counts them.
+	Ahead int
 }
 
-// Rejected returns the number of slots refused as bad: regressed or from
-// unknown regions. Stale slots are not bad news and not counted.
-func (r MergeReport) Rejected() int { return r.Regressed + r.UnknownRegion }
+// Rejected returns the number of slots refused as bad: regressed, from
+// unknown regions, or ahead of time. Stale slots are not bad news and not
+// counted.
+func (r MergeReport) Rejected() int { return r.Regressed + r.UnknownRegion + r.Ahead }
 
 // Merge joins a delta into the collection: each slot is raised to the
 // maximum of ours and the delta's. Merge accepts any delta, canonical or

@@ -51,6 +51,29 @@ type Delta struct {
 	Entries  []Entry
 }
 
+// Until returns d without the entries whose epoch is after last, and the
+// number of slots left out; d is not changed (its entries are copied only
+// if some are left out).
+func (d Delta) Until(last int64) (Delta, int) {
+	dropped := 0
+	for _, e := range d.Entries {
+		if e.Epoch > last {
+			dropped += len(e.Slots)
+		}
+	}
+	if dropped == 0 {
+		return d, 0
+	}
+	kept := make([]Entry, 0, len(d.Entries))
+	for _, e := range d.Entries {
+		if e.Epoch <= last {
+			kept = append(kept, e)
+		}
+	}
+	d.Entries = kept
+	return d, dropped
+}
+
 // Slots returns the number of slots in d: the number of (key, epoch, region)
 // changes it carries.
 func (d *Delta) Slots() int {

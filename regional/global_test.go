@@ -514,3 +514,29 @@ func TestGlobalWindowsOfADelta(t *testing.T) {
 		t.Error("the delta's slots were changed")
 	}
 }
+
+// TestWindowsAheadOfTimeAreRefused: a delta's window that starts more than
+// MaxAhead after the engine's clock is refused and counted as ahead: not
+// in the copy, not in the store (whose keys it would keep for decades);
+// the rest of the delta is taken.
+func TestWindowsAheadOfTimeAreRefused(t *testing.T) {
+	clock := newVirtualClock()
+	e := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	key := CounterKey("g-strict", "s_1")
+	now := clock.Now().UnixMilli()
+	later := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	rep, err := e.MergeRemote(t.Context(), crdt.Delta{Origin: "us", To: 2, Entries: []crdt.Entry{
+		{ID: crdt.ID{Key: key, Epoch: now / 60_000 * 60_000}, Slots: []crdt.Slot{{Region: "us", P: 5}}},
+		{ID: crdt.ID{Key: key, Epoch: later}, Slots: []crdt.Slot{{Region: "us", P: 7}}},
+	}})
+	if err != nil || rep.Applied != 1 || rep.Ahead != 1 {
+		t.Fatalf("merge: %+v %v; want one slot applied, one ahead", rep, err)
+	}
+	if got := e.GlobalCounter(crdt.ID{Key: key, Epoch: later}).Value(); got != 0 {
+		t.Errorf("the copy holds %d of the window of 2100", got)
+	}
+	slots, err := e.store.(GlobalStore).ReadGlobal(t.Context(), []byte(key), later)
+	if err != nil || len(slots) != 0 {
+		t.Errorf("the store holds %v of the window of 2100 (%v)", slots, err)
+	}
+}

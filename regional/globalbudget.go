@@ -663,13 +663,23 @@ func counted(since int64, now time.Time) time.Duration {
 	return max(0, time.Duration(now.UnixMicro()-since)*time.Microsecond)
 }
 
+// MaxAhead is how far after a receiver's clock a window of another
+// region's delta may start: no region's clock runs that far ahead of
+// another's (NTP keeps them within milliseconds). A later one is refused
+// (counted as ahead): its keys would be kept until long after its end (a
+// window of the year 2100 for 73 years).
+const MaxAhead = 5 * time.Second
+
 // MergeRemote takes in another region's delta: into the engine's copy of
 // the counters and, for every slot of a known region, into the store, so
 // that the region's checks see it. It returns what the copy made of the
-// delta; a delta from an unknown origin changes nothing, and the windows
-// the store no longer keeps are left out (counted as stale).
+// delta; a delta from an unknown origin changes nothing, the windows the
+// store no longer keeps are left out (counted as stale), and so are those
+// that start more than MaxAhead after the engine's clock (counted as
+// ahead).
 func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeReport, error) {
 	rs, now := e.rules.Load(), e.now()
+	d, ahead := d.Until(now.Add(MaxAhead).UnixMilli())
 	windows, expired := globalWindowsOf(rs, d, e.global.known, now)
 	stale := 0
 	if expired > 0 {
@@ -687,7 +697,7 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	}
 	var rep crdt.MergeReport
 	e.global.usage.with(func(c *crdt.Counters) { rep = c.Merge(d) })
-	rep.Stale += stale
+	rep.Stale, rep.Ahead = rep.Stale+stale, ahead
 	if !e.global.known[d.Origin] {
 		return rep, nil
 	}

@@ -104,6 +104,7 @@ type Coordinator struct {
 	usage      *crdt.Counters
 	newRegions bool // a region was heard of since the copy was made
 	lastExpire time.Time
+	lastTick   time.Time // the time of the last Tick: how far ahead a window may start
 
 	books books
 }
@@ -543,6 +544,7 @@ const forgetReplicas = 10 * time.Minute
 // forgets replicas long silent and, once an anti-entropy round, the
 // windows of its usage copy whose books closed a while ago.
 func (c *Coordinator) Tick(now time.Time) {
+	c.lastTick = now
 	for id, r := range c.replicas {
 		if now.Sub(r.heard) > forgetReplicas {
 			delete(c.replicas, id)
@@ -715,8 +717,16 @@ func (c *Coordinator) OwnDeltas(uint64, int) []crdt.Delta { return nil }
 func (c *Coordinator) RegionState(string) crdt.Delta { return crdt.Delta{Origin: Name} }
 
 // MergeRemote implements gossip.Counters: a region's slots, into the copy.
+// Windows that start more than regional.MaxAhead after the time of the
+// last Tick are refused (counted as ahead); before the first Tick, none is.
 func (c *Coordinator) MergeRemote(_ context.Context, d crdt.Delta) (crdt.MergeReport, error) {
-	return c.view().Merge(d), nil
+	ahead := 0
+	if !c.lastTick.IsZero() {
+		d, ahead = d.Until(c.lastTick.Add(regional.MaxAhead).UnixMilli())
+	}
+	rep := c.view().Merge(d)
+	rep.Ahead = ahead
+	return rep, nil
 }
 
 // ObserveOwn implements gossip.Counters: globalsync has no slots of its own.

@@ -6,6 +6,8 @@ import (
 
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/budget/coord"
+	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport/gossip"
 )
 
@@ -54,5 +56,34 @@ func TestFirstHeartbeatGivesDemand(t *testing.T) {
 				t.Errorf("shares %v: want eu's about 3 times us's", shares)
 			}
 		})
+	}
+}
+
+// TestWindowsAheadOfTimeAreRefused: once ticked, the coordinator refuses a
+// delta's windows that start more than regional.MaxAhead after its clock
+// (a forged window of the year 2100 would be held for good) and takes the
+// rest.
+func TestWindowsAheadOfTimeAreRefused(t *testing.T) {
+	c, err := coord.New(coord.Config{ID: "gs1", Regions: []string{"eu", "us"}, Budget: budget.DefaultConfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC)
+	c.Tick(now)
+	key := regional.CounterKey("g", "k1")
+	soon := now.Add(regional.MaxAhead - time.Second).UnixMilli()
+	later := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	rep, err := c.MergeRemote(t.Context(), crdt.Delta{Origin: "us", From: 0, To: 2, Entries: []crdt.Entry{
+		{ID: crdt.ID{Key: key, Epoch: soon}, Slots: []crdt.Slot{{Region: "us", P: 5}}},
+		{ID: crdt.ID{Key: key, Epoch: later}, Slots: []crdt.Slot{{Region: "us", P: 7}}},
+	}})
+	if err != nil || rep.Applied != 1 || rep.Ahead != 1 || rep.Rejected() != 1 {
+		t.Fatalf("merge: %+v %v; want one slot applied, one ahead", rep, err)
+	}
+	if got := c.GlobalUsage(key, time.UnixMilli(later))["us"]; got != 0 {
+		t.Errorf("the window of 2100 holds %d", got)
+	}
+	if got := c.GlobalUsage(key, time.UnixMilli(soon))["us"]; got != 5 {
+		t.Errorf("the window a few seconds ahead holds %d, want 5 (within the clocks' allowance)", got)
 	}
 }

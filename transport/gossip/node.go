@@ -570,6 +570,7 @@ func (n *Node) merge(ctx context.Context, k kind, from string, d crdt.Delta) (ve
 		return false
 	}
 	n.stats.Regressed.Add(int64(rep.Regressed))
+	n.stats.Ahead.Add(int64(rep.Ahead))
 	if err != nil {
 		n.stats.StoreErrors.Add(1)
 	}

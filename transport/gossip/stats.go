@@ -18,7 +18,10 @@ type Stats struct {
 	// holds: a region replaying old state, or one that lost its own
 	// counters — or, now and then, only a repair that relayed its slot and
 	// overtook its own older delta. A lasting rise is the sign to heed.
-	Regressed   atomic.Int64
+	Regressed atomic.Int64
+	// Ahead slots were of windows that start later than the receiver's
+	// clock allows (regional.MaxAhead): refused.
+	Ahead       atomic.Int64
 	StoreErrors atomic.Int64
 	// Asks sent, asks answered, and asks left unanswered because their
 	// asker asked too often (or too many asked).
@@ -30,5 +33,5 @@ type Stats struct {
 
 // Refused returns the messages and slots refused as bad.
 func (s *Stats) Refused() int64 {
-	return s.Malformed.Load() + s.UnknownRegion.Load() + s.Spoofed.Load() + s.Replayed.Load() + s.Regressed.Load()
+	return s.Malformed.Load() + s.UnknownRegion.Load() + s.Spoofed.Load() + s.Replayed.Load() + s.Regressed.Load() + s.Ahead.Load()
 }
