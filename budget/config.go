@@ -11,7 +11,8 @@ type Config struct {
 	// Reserve is the fraction of each limit never handed out by demand:
 	// it is split evenly into the regions' floors. 0.10.
 	Reserve float64
-	// LeaseTTL is how long a lease holds after it is issued. 10s.
+	// LeaseTTL is how long a lease holds after it is issued, at most
+	// MaxLeaseTTL. 10s.
 	LeaseTTL time.Duration
 	// Skew is the clock-skew allowance: a lease counts for this long after
 	// its expiry, in case the region's clock runs behind. 500ms.
@@ -37,6 +38,11 @@ type Config struct {
 	Counters int
 }
 
+// MaxLeaseTTL bounds Config.LeaseTTL: a region that does not know the
+// lease time globalsync runs with takes no lease for longer, so that a
+// lease forged to expire far ahead holds no longer than a real one could.
+const MaxLeaseTTL = 5 * time.Minute
+
 // DefaultConfig returns the defaults the daemons use (docs/design.md).
 func DefaultConfig() Config {
 	return Config{
@@ -55,8 +61,8 @@ func (c Config) Validate() error {
 	switch {
 	case !(c.Reserve >= 0 && c.Reserve <= 1):
 		return fmt.Errorf("%w: reserve %v: want 0 to 1", ErrInvalidConfig, c.Reserve)
-	case c.LeaseTTL <= 0:
-		return fmt.Errorf("%w: lease_ttl %v: want more than 0", ErrInvalidConfig, c.LeaseTTL)
+	case c.LeaseTTL <= 0 || c.LeaseTTL > MaxLeaseTTL:
+		return fmt.Errorf("%w: lease_ttl %v: want more than 0, at most %v", ErrInvalidConfig, c.LeaseTTL, MaxLeaseTTL)
 	case c.Skew < 0:
 		return fmt.Errorf("%w: skew %v: want 0 or more", ErrInvalidConfig, c.Skew)
 	case !(c.Hysteresis >= 0 && c.Hysteresis < 1):

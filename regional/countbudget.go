@@ -26,6 +26,9 @@ type counterBudgets struct {
 	mu     sync.Mutex                              // serializes SetBudget
 	held   atomic.Pointer[map[string]*heldCounter] // by counter key (CounterKey)
 	docSeq map[string]uint64                       // rule → the newest document taken
+	// docUntil is, by rule, until when the newest document taken holds
+	// off older ones: a lease's time after it was taken.
+	docUntil map[string]time.Time
 
 	demand  sync.Map // counter key → *counterDemand
 	tracked atomic.Int64
@@ -82,20 +85,25 @@ func (g *globalState) counter(key []byte, now time.Time) *heldCounter {
 // SetBudget puts a rule's budget document in force: the region's lease of
 // the rule (SetLease) and of each counter with a budget of its own; the
 // other regions' leases are noted for usage reports. A document older than
-// the newest taken for its rule changes nothing. It reports whether the
+// the newest taken for its rule changes nothing while that one's leases
+// could hold (see leaseCap): a document forged with a far higher Seq holds
+// off the leader's for no longer than a lease. It reports whether the
 // document was taken.
 func (e *Engine) SetBudget(d budget.Document) bool {
 	g := e.global
 	if g.alone || d.Rule == "" {
 		return false
 	}
+	now := e.now()
 	g.budgets.mu.Lock()
-	if d.Seq <= g.budgets.docSeq[d.Rule] {
+	if d.Seq <= g.budgets.docSeq[d.Rule] && now.Before(g.budgets.docUntil[d.Rule]) {
 		g.budgets.mu.Unlock()
 		return false
 	}
-	g.budgets.docSeq[d.Rule] = d.Seq
-	now := e.now()
+	g.budgets.docSeq[d.Rule], g.budgets.docUntil[d.Rule] = d.Seq, e.leaseCap(now)
+	if d.CounterExpires.After(e.leaseCap(now)) {
+		d.CounterExpires = e.leaseCap(now)
+	}
 	cur := g.budgets.held.Load()
 	next := make(map[string]*heldCounter, len(*cur)+len(d.Counters))
 	for k, h := range *cur {
@@ -123,7 +131,7 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 		default:
 			l := budget.Lease{Rule: d.Rule, Key: values, Region: e.cfg.Region, Seq: d.Seq, Floor: c.Floor, Share: c.Share,
 				Issued: d.Issued, Expires: d.CounterExpires}
-			if !h.has || l.Seq > h.lease.Seq {
+			if !h.has || l.Seq > h.lease.Seq || !h.lease.Holds(now) {
 				h.recent = h.recent.kept(now, e.cfg.Timeout)
 				h.lease, h.has, h.released = l, true, time.Time{}
 				h.recent = append(h.recent, adoption{seq: l.Seq, at: now})

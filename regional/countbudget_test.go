@@ -173,7 +173,10 @@ func TestElasticCounterWithItsOwnBudgetDoesNotBorrow(t *testing.T) {
 // has used less, or goes slower, is not.
 func TestPressedCounterReportedBeforeDenied(t *testing.T) {
 	clock := newVirtualClock() // the start of an hour: g-strict's window
-	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	// Leases of an hour: one document holds for the whole test.
+	bc := budget.DefaultConfig()
+	bc.LeaseTTL = time.Hour
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}, Budget: bc}}, mustParse(t, globalRules))
 	if !eu.SetBudget(budget.Document{Rule: "g-strict", Seq: 1, Issued: clock.Now(),
 		Leases: map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: clock.Now().Add(time.Hour)}}}) {
 		t.Fatal("the document was not taken")
@@ -301,4 +304,43 @@ func elasticDoc(now time.Time, counters map[string]map[string]budget.CounterLeas
 	return budget.Document{Rule: "g-elastic", Seq: 1, Issued: now,
 		Leases:   map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: expires}},
 		Counters: counters, CounterExpires: expires}
+}
+
+// TestForgedBudgetHoldsNoLongerThanALease: a budget document forged with
+// a far higher Seq and a lease that expires in 2100 is taken (nothing but
+// NATS's permissions tells it from the leader's), but its lease holds no
+// longer than a real one could, and once it lapses the leader's
+// documents, of lower Seq, are taken again.
+func TestForgedBudgetHoldsNoLongerThanALease(t *testing.T) {
+	clock := newVirtualClock()
+	bc := budget.DefaultConfig() // leases of 10 s, 500 ms of skew
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}, Budget: bc}}, mustParse(t, globalRules))
+	doc := func(seq uint64, share float64, expires time.Time) budget.Document {
+		return budget.Document{Rule: "g-strict", Seq: seq, Issued: clock.Now(),
+			Leases: map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: share, Expires: expires}}}
+	}
+	if !eu.SetBudget(doc(7, 0.25, clock.Now().Add(bc.LeaseTTL))) {
+		t.Fatal("the leader's document was not taken")
+	}
+	forged := doc(1<<60, 0.95, time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC))
+	if !eu.SetBudget(forged) {
+		t.Fatal("the forged document was not taken")
+	}
+	if l, _, _ := eu.Lease("g-strict"); l.Expires.After(clock.Now().Add(bc.LeaseTTL + bc.Skew)) {
+		t.Fatalf("the forged lease expires %v: want no later than a real one", l.Expires)
+	}
+	clock.AdvanceBy(time.Second)
+	if eu.SetBudget(doc(8, 0.30, clock.Now().Add(bc.LeaseTTL))) {
+		t.Fatal("a lower Seq was taken while the forged lease held")
+	}
+	clock.AdvanceBy(bc.LeaseTTL)
+	if got, holds := eu.GlobalAllowance("g-strict"); holds || got >= 0.30 {
+		t.Fatalf("after a lease's time: allowance %v (holds %v), want the floor", got, holds)
+	}
+	if !eu.SetBudget(doc(9, 0.30, clock.Now().Add(bc.LeaseTTL))) {
+		t.Fatal("the leader's document, once the forged lease lapsed, was not taken")
+	}
+	if got, holds := eu.GlobalAllowance("g-strict"); !holds || math.Abs(got-0.35) > 1e-9 {
+		t.Fatalf("the leader's lease: allowance %v (holds %v), want 0.35", got, holds)
+	}
 }

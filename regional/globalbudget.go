@@ -165,7 +165,7 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 	}
 	g.leases.Store(new(map[string]*heldLease))
 	g.budgets.held.Store(new(map[string]*heldCounter))
-	g.budgets.docSeq = map[string]uint64{}
+	g.budgets.docSeq, g.budgets.docUntil = map[string]uint64{}, map[string]time.Time{}
 	return g, nil
 }
 
@@ -250,8 +250,8 @@ func (e *Engine) Alone() bool { return e.global.alone }
 func (e *Engine) Floor() float64 { return e.global.floor }
 
 // SetLease puts a budget lease in force. A lease older (by Seq) than the
-// one held is ignored; one for another region is only noted, for usage
-// reports.
+// one held is ignored while the one held holds; one for another region is
+// only noted, for usage reports. A lease holds no longer than leaseCap.
 func (e *Engine) SetLease(l budget.Lease) bool {
 	g := e.global
 	if l.Region != e.cfg.Region {
@@ -261,18 +261,21 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 	if g.alone {
 		return false
 	}
+	now := e.now()
+	if c := e.leaseCap(now); l.Expires.After(c) {
+		l.Expires = c
+	}
 	g.leaseMu.Lock()
 	defer g.leaseMu.Unlock()
 	cur := *g.leases.Load()
 	old := cur[l.Rule]
-	if old != nil && l.Seq <= old.lease.Seq {
+	if old != nil && l.Seq <= old.lease.Seq && old.lease.Holds(now) {
 		return false
 	}
 	next := make(map[string]*heldLease, len(cur)+1)
 	for k, v := range cur {
 		next[k] = v
 	}
-	now := e.now()
 	h := &heldLease{lease: l}
 	if old != nil {
 		h.recent = old.recent.kept(now, e.cfg.Timeout)
@@ -281,6 +284,19 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 	next[l.Rule] = h
 	g.leases.Store(&next)
 	return true
+}
+
+// leaseCap is the latest a lease taken at now may hold, so that a lease
+// forged to expire far ahead holds no longer than a real one could: a
+// lease's time (the budget configuration's, if given; else the longest
+// globalsync issues, budget.MaxLeaseTTL) and the clock-skew allowance.
+func (e *Engine) leaseCap(now time.Time) time.Time {
+	c := e.cfg.Global.Budget
+	if c == (budget.Config{}) {
+		c = budget.DefaultConfig()
+		c.LeaseTTL = budget.MaxLeaseTTL
+	}
+	return now.Add(c.LeaseTTL + c.Skew)
 }
 
 // HeardFrom tells the engine that a message from another region arrived

@@ -65,7 +65,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.DurationVar(&c.rebalance, "rebalance", time.Second, "how often budgets are recomputed and published")
 	fs.DurationVar(&c.leaderTTL, "leader-ttl", 3*time.Second, "how long the leader's lease lasts unless renewed")
-	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds, at most 5m")
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
 	if err := daemon.Parse("globalsync", fs, args, getenv); err != nil {
 		return c, err
@@ -75,6 +75,9 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	}
 	if c.rebalance <= 0 || c.leaderTTL <= 0 || c.leaseTTL <= 0 {
 		return c, errors.New("--rebalance, --leader-ttl and --lease-ttl must be positive")
+	}
+	if c.leaseTTL > budget.MaxLeaseTTL {
+		return c, fmt.Errorf("--lease-ttl %v: at most %v (a region takes no lease for longer)", c.leaseTTL, budget.MaxLeaseTTL)
 	}
 	for _, r := range strings.Split(c.regions, ",") {
 		if r = strings.TrimSpace(r); r != "" {
