@@ -87,7 +87,6 @@ func (s *sim) runPlaces(until time.Duration) {
 		mu      sync.Mutex
 		wake    = sync.NewCond(&mu)
 		running = make([]bool, len(s.places))
-		wg      sync.WaitGroup
 	)
 	// bound is how far p may run: every message another place can still
 	// send it arrives at or after it.
@@ -100,41 +99,38 @@ func (s *sim) runPlaces(until time.Duration) {
 		}
 		return b
 	}
-	for range min(s.workers, len(s.places)) {
-		wg.Go(func() {
-			mu.Lock()
-			defer mu.Unlock()
-			for {
-				var next *place
-				finished := true
-				for _, p := range s.places {
-					if p.done < until {
-						finished = false
-					}
-					if !running[p.idx] && p.done < until && bound(p) > p.done && (next == nil || p.done < next.done) {
-						next = p
-					}
+	s.workPool.run(min(s.workers, len(s.places)), func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for {
+			var next *place
+			finished := true
+			for _, p := range s.places {
+				if p.done < until {
+					finished = false
 				}
-				if finished {
-					wake.Broadcast()
-					return
+				if !running[p.idx] && p.done < until && bound(p) > p.done && (next == nil || p.done < next.done) {
+					next = p
 				}
-				if next == nil {
-					wake.Wait()
-					continue
-				}
-				b := bound(next)
-				running[next.idx] = true
-				mu.Unlock()
-				s.runPlace(next, b)
-				mu.Lock()
-				next.done = b
-				running[next.idx] = false
-				wake.Broadcast()
 			}
-		})
-	}
-	wg.Wait()
+			if finished {
+				wake.Broadcast()
+				return
+			}
+			if next == nil {
+				wake.Wait()
+				continue
+			}
+			b := bound(next)
+			running[next.idx] = true
+			mu.Unlock()
+			s.runPlace(next, b)
+			mu.Lock()
+			next.done = b
+			running[next.idx] = false
+			wake.Broadcast()
+		}
+	})
 }
 
 // runPlace runs a place's steps from its done until until, each as a
@@ -177,4 +173,45 @@ func (s *sim) runPlace(p *place, until time.Duration) {
 		}
 		now = min(next, until)
 	}
+}
+
+// pool is the run's worker goroutines: kept from one parallel stretch to
+// the next, so that their stacks, grown deep in the engine's code, are
+// not grown again every time (a day's run has hundreds of thousands of
+// stretches).
+type pool struct {
+	work chan func()
+	done sync.WaitGroup
+}
+
+func newPool(n int) *pool {
+	p := &pool{work: make(chan func())}
+	for range n {
+		p.done.Go(func() {
+			for f := range p.work {
+				f()
+			}
+		})
+	}
+	return p
+}
+
+// run runs f on n of the pool's goroutines (n at most the pool's size),
+// and returns when every one has returned.
+func (p *pool) run(n int, f func()) {
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for range n {
+		p.work <- func() {
+			defer wg.Done()
+			f()
+		}
+	}
+	wg.Wait()
+}
+
+// stop ends the pool's goroutines.
+func (p *pool) stop() {
+	close(p.work)
+	p.done.Wait()
 }

@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/geoquota/geoquota/budget"
@@ -50,6 +49,7 @@ type sim struct {
 	// fastest link between places, in whole steps.
 	lookahead time.Duration
 	globals   eventQueue // events that may touch anything
+	workPool  *pool      // s.workers goroutines, while the run lasts
 	gseq      uint64
 	// eventAt is, by endpoint, the time of the event it runs: what its
 	// gossip node is told the time is.
@@ -210,6 +210,8 @@ func (s *sim) run() {
 	}
 	s.gs.start()
 	s.rec.start()
+	s.workPool = newPool(s.workers)
+	defer s.workPool.stop()
 	step := s.sc.Step
 	for s.now < s.duration {
 		until := s.duration
@@ -314,20 +316,16 @@ func (s *sim) requests(end time.Duration) {
 		}
 		return
 	}
-	var wg sync.WaitGroup
 	next := make(chan *region, len(s.regions))
 	for _, r := range s.regions {
 		next <- r
 	}
 	close(next)
-	for range s.workers {
-		wg.Go(func() {
-			for r := range next {
-				r.requests(end)
-			}
-		})
-	}
-	wg.Wait()
+	s.workPool.run(s.workers, func() {
+		for r := range next {
+			r.requests(end)
+		}
+	})
 }
 
 // expected is about how many requests the regions have until end.
