@@ -81,4 +81,6 @@ func (l Limits) GRPCOptions() []grpc.ServerOption {
 }
 
 // Listener caps the connections lis holds open at MaxConns.
-func (l Limits) Listener(lis net.Listener) net.Listener { return netutil.LimitListener(lis, l.MaxConns) }
+func (l Limits) Listener(lis net.Listener) net.Listener {
+	return netutil.LimitListener(lis, l.MaxConns)
+}
