@@ -38,9 +38,11 @@ func (sm *shardMap[V]) sweep(f func(key string, v V) bool) {
 	for i := range sm.shards {
 		sh := &sm.shards[i]
 		sh.mu.Lock()
-		for k, v := range sh.m {
-			if f(k, v) {
-				delete(sh.m, k)
+		if len(sh.m) > 0 { // starting a walk of an empty map costs as much as a short one
+			for k, v := range sh.m {
+				if f(k, v) {
+					delete(sh.m, k)
+				}
 			}
 		}
 		sh.mu.Unlock()

@@ -46,7 +46,16 @@ type Expiry struct {
 	Region string
 }
 
-func newRecorder(s *sim) *recorder { return &recorder{s: s, sampleEvery: 500 * time.Millisecond} }
+// newRecorder samples every 500ms, or every 1/maxSamples of the scenario
+// if that is longer (a day's run: every 8.7 s), so that a long run is not
+// stopped every 500ms for a sample its chart cannot show.
+func newRecorder(s *sim) *recorder {
+	every := max(500*time.Millisecond, (s.sc.Duration/maxSamples).Truncate(100*time.Millisecond))
+	return &recorder{s: s, sampleEvery: every}
+}
+
+// maxSamples bounds a run's samples of the regions' shares.
+const maxSamples = 10_000
 
 func (rec *recorder) start() {
 	rec.s.every(global, 0, rec.sampleEvery, func() {

@@ -18,8 +18,9 @@ import (
 
 // Options tune a run without changing its outcome.
 type Options struct {
-	// Workers run the regions in parallel; 0 means GOMAXPROCS. The output
-	// is the same whatever the number.
+	// Workers run the regions in parallel; 0 means GOMAXPROCS, or one for
+	// a light run (under lightRate). The output is the same whatever the
+	// number.
 	Workers int
 	// Duration, if set, cuts the scenario short (faults after it do not
 	// happen).
@@ -135,12 +136,28 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 		s.addTraffic(t)
 	}
 	s.placeEndpoints()
+	// A light run is quicker on one goroutine, unless told otherwise: its
+	// places would stop for each other more often than they work (the
+	// output is the same).
+	peak := 0.0
+	for _, r := range s.regions {
+		for _, src := range r.srcs {
+			peak += src.peak
+		}
+	}
+	if peak < lightRate && opt.Workers == 0 {
+		s.workers = 1
+	}
 	s.gs = newGlobalSync(s, bcfg)
 	for _, f := range sc.Faults {
 		s.scheduleFault(f)
 	}
 	return s, nil
 }
+
+// lightRate is the peak rate of requests (a second, every source's peak
+// summed) under which a run goes on one goroutine.
+const lightRate = 1000
 
 // staleAfter is how long a region may go unheard before the others take
 // it for silent: three heartbeats, as the transport's Gossip.StaleAfter.
