@@ -50,7 +50,7 @@ type Expiry struct {
 // if that is longer (a day's run: every 8.7 s), so that a long run is not
 // stopped every 500ms for a sample its chart cannot show.
 func newRecorder(s *sim) *recorder {
-	every := max(500*time.Millisecond, (s.sc.Duration/maxSamples).Truncate(100*time.Millisecond))
+	every := max(500*time.Millisecond, (s.sc.Duration / maxSamples).Truncate(100*time.Millisecond))
 	return &recorder{s: s, sampleEvery: every}
 }
 
