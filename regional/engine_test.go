@@ -301,6 +301,13 @@ rules:
 		{Request{APIKey: "k", Endpoint: "/x", Descriptors: []Descriptor{{"plan", long}}}, "descriptors.plan"},
 		{Request{APIKey: "k", Endpoint: "/x", Descriptors: []Descriptor{{"plan", "a"}, {"plan", "b"}}}, "descriptors.plan"},
 		{Request{APIKey: "k", Endpoint: "/x", Descriptors: []Descriptor{{"api_key", "k2"}}}, "descriptors.api_key"},
+		// Not UTF-8: refused, not counted under a key that JSON would
+		// have mangled into another.
+		{Request{APIKey: "k\xff", Endpoint: "/x"}, "api_key"},
+		{Request{APIKey: "k", Endpoint: "/x\xc3"}, "endpoint"},
+		{Request{APIKey: "k", Endpoint: "/x", Method: "G\xffT"}, "method"},
+		{Request{APIKey: "k", Endpoint: "/x", Tier: "\xfe"}, "tier"},
+		{Request{APIKey: "k", Endpoint: "/x", Descriptors: []Descriptor{{"plan", "a\x80"}}}, "descriptors.plan"},
 	} {
 		var d Decision
 		err := e.Check(t.Context(), &tc.req, &d)

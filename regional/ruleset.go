@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"unicode/utf8"
 )
 
 // RuleSet is a compiled, validated set of rules: immutable, safe to share
@@ -206,6 +207,16 @@ func (rs *RuleSet) validate(req *Request) (netip.Addr, error) {
 			}
 		}
 	}
+	if !utf8.ValidString(req.APIKey) || !utf8.ValidString(req.Endpoint) || !utf8.ValidString(req.Method) ||
+		!utf8.ValidString(req.Tier) || !utf8.ValidString(req.Domain) {
+		for _, f := range [...]struct{ name, value string }{
+			{"api_key", req.APIKey}, {"endpoint", req.Endpoint}, {"method", req.Method}, {"tier", req.Tier}, {"domain", req.Domain},
+		} {
+			if !utf8.ValidString(f.value) {
+				return addr, &RequestError{Field: f.name, Msg: "not valid UTF-8"}
+			}
+		}
+	}
 	if req.Endpoint != "" && req.Endpoint[0] != '/' {
 		return addr, &RequestError{Field: "endpoint", Msg: "a path starts with /"}
 	}
@@ -229,6 +240,8 @@ func (rs *RuleSet) validate(req *Request) (netip.Addr, error) {
 			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: "empty value"}
 		case len(d.Value) > MaxValueLen:
 			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: fmt.Sprintf("%d bytes, more than %d", len(d.Value), MaxValueLen)}
+		case !utf8.ValidString(d.Value):
+			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: "not valid UTF-8"}
 		}
 		for j := range i {
 			if req.Descriptors[j].Name == d.Name {

@@ -24,7 +24,7 @@ func TestAdminNeedsTheToken(t *testing.T) {
 	}
 
 	on := newEnv(t, envOptions{adminToken: "s3cret"})
-	for _, auth := range []string{"", "Bearer wrong", "s3cret", "Basic s3cret"} {
+	for _, auth := range []string{"", "Bearer wrong", "s3cret", "Basic s3cret", "Bearers3cret", "Bearer s3cret2"} {
 		resp := on.get("/v1/admin/rules", "Authorization", auth)
 		if resp.StatusCode != http.StatusUnauthorized || decodeBody(t, resp)["error"].(map[string]any)["code"] != "UNAUTHENTICATED" {
 			t.Fatalf("Authorization %q: %s", auth, resp.Status)
@@ -32,6 +32,21 @@ func TestAdminNeedsTheToken(t *testing.T) {
 		_, err := pb.NewAdminClient(on.conn).GetRules(metadata.AppendToOutgoingContext(t.Context(), "authorization", auth), &pb.GetRulesRequest{})
 		if status.Code(err) != codes.Unauthenticated {
 			t.Fatalf("gRPC authorization %q: %v", auth, err)
+		}
+	}
+}
+
+// The scheme is case-insensitive, as HTTP says, and spaces around the
+// token do not count.
+func TestAdminBearerSchemeAnyCase(t *testing.T) {
+	on := newEnv(t, envOptions{adminToken: "s3cret"})
+	for _, auth := range []string{"Bearer s3cret", "bearer s3cret", "BEARER s3cret", "Bearer  s3cret "} {
+		if resp := on.get("/v1/admin/rules", "Authorization", auth); resp.StatusCode != http.StatusOK {
+			t.Errorf("Authorization %q: %s", auth, resp.Status)
+		}
+		_, err := pb.NewAdminClient(on.conn).GetRules(metadata.AppendToOutgoingContext(t.Context(), "authorization", auth), &pb.GetRulesRequest{})
+		if err != nil {
+			t.Errorf("gRPC authorization %q: %v", auth, err)
 		}
 	}
 }

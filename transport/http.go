@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -133,6 +134,11 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 }
 
 func decodeJSONBytes(body []byte, v any) error {
+	// JSON is UTF-8 (RFC 8259); the decoder would turn other bytes into
+	// U+FFFD, and two different keys into one.
+	if !utf8.Valid(body) {
+		return &FieldError{Field: "body", Msg: "not valid UTF-8"}
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

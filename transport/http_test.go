@@ -235,6 +235,7 @@ func TestHTTPBadInputCountsNothing(t *testing.T) {
 		{"unknown descriptor", `{"descriptors":{"api_key":"a","colour":"red"}}`, "descriptors.colour"},
 		{"endpoint without slash", `{"descriptors":{"api_key":"a","endpoint":"minute"}}`, "endpoint"},
 		{"bad ip", `{"descriptors":{"api_key":"a","ip":"1.2.3"}}`, "ip"},
+		{"not UTF-8", "{\"descriptors\":{\"api_key\":\"a\xff\"}}", "body"},
 	} {
 		resp := v.post("/v1/check", tc.body)
 		b := decodeBody(t, resp)

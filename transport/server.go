@@ -88,8 +88,10 @@ func (s *Server) checkAdmin(authorization string) adminStatus {
 	if s.opts.AdminToken == "" {
 		return adminDisabled
 	}
-	token, ok := strings.CutPrefix(authorization, "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(s.opts.AdminToken)) != 1 {
+	// The scheme is case-insensitive (RFC 9110, 11.1).
+	scheme, token, ok := strings.Cut(strings.TrimSpace(authorization), " ")
+	ok = ok && strings.EqualFold(scheme, "Bearer")
+	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(s.opts.AdminToken)) != 1 {
 		return adminDenied
 	}
 	return adminOK
