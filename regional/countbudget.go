@@ -100,9 +100,10 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 		g.budgets.mu.Unlock()
 		return false
 	}
-	g.budgets.docSeq[d.Rule], g.budgets.docUntil[d.Rule] = d.Seq, e.leaseCap(now)
-	if d.CounterExpires.After(e.leaseCap(now)) {
-		d.CounterExpires = e.leaseCap(now)
+	limit := e.leaseCap(now)
+	g.budgets.docSeq[d.Rule], g.budgets.docUntil[d.Rule] = d.Seq, limit
+	if d.CounterExpires.After(limit) {
+		d.CounterExpires = limit
 	}
 	cur := g.budgets.held.Load()
 	next := make(map[string]*heldCounter, len(*cur)+len(d.Counters))

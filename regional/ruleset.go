@@ -192,28 +192,34 @@ func parseIP(s string) (netip.Addr, bool) {
 	return addr.Unmap(), err == nil
 }
 
+// plainValue reports whether a request's value is at most MaxValueLen
+// bytes of UTF-8.
+func plainValue(v string) bool { return len(v) <= MaxValueLen && utf8.ValidString(v) }
+
+// checkValue says what is wrong with a value that is not plain, naming
+// its field; nil if nothing is.
+func checkValue(field, v string) error {
+	switch {
+	case len(v) > MaxValueLen:
+		return &RequestError{Field: field, Msg: fmt.Sprintf("%d bytes, more than %d", len(v), MaxValueLen)}
+	case !utf8.ValidString(v):
+		return &RequestError{Field: field, Msg: "not valid UTF-8"}
+	}
+	return nil
+}
+
 // validate checks what can be checked without the rules' limits: value
 // lengths, the IP, the endpoint, descriptor names. It returns the parsed IP.
 func (rs *RuleSet) validate(req *Request) (netip.Addr, error) {
 	var addr netip.Addr
-	if len(req.APIKey) > MaxValueLen || len(req.Endpoint) > MaxValueLen || len(req.Method) > MaxValueLen ||
-		len(req.IP) > MaxValueLen || len(req.Tier) > MaxValueLen || len(req.Domain) > MaxValueLen {
+	if !plainValue(req.APIKey) || !plainValue(req.Endpoint) || !plainValue(req.Method) ||
+		!plainValue(req.IP) || !plainValue(req.Tier) || !plainValue(req.Domain) {
 		for _, f := range [...]struct{ name, value string }{
 			{"api_key", req.APIKey}, {"endpoint", req.Endpoint}, {"method", req.Method},
 			{"ip", req.IP}, {"tier", req.Tier}, {"domain", req.Domain},
 		} {
-			if len(f.value) > MaxValueLen {
-				return addr, &RequestError{Field: f.name, Msg: fmt.Sprintf("%d bytes, more than %d", len(f.value), MaxValueLen)}
-			}
-		}
-	}
-	if !utf8.ValidString(req.APIKey) || !utf8.ValidString(req.Endpoint) || !utf8.ValidString(req.Method) ||
-		!utf8.ValidString(req.Tier) || !utf8.ValidString(req.Domain) {
-		for _, f := range [...]struct{ name, value string }{
-			{"api_key", req.APIKey}, {"endpoint", req.Endpoint}, {"method", req.Method}, {"tier", req.Tier}, {"domain", req.Domain},
-		} {
-			if !utf8.ValidString(f.value) {
-				return addr, &RequestError{Field: f.name, Msg: "not valid UTF-8"}
+			if err := checkValue(f.name, f.value); err != nil {
+				return addr, err
 			}
 		}
 	}
@@ -238,10 +244,8 @@ func (rs *RuleSet) validate(req *Request) (netip.Addr, error) {
 			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: "pass " + d.Name + " in its own field"}
 		case d.Value == "":
 			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: "empty value"}
-		case len(d.Value) > MaxValueLen:
-			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: fmt.Sprintf("%d bytes, more than %d", len(d.Value), MaxValueLen)}
-		case !utf8.ValidString(d.Value):
-			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: "not valid UTF-8"}
+		case !plainValue(d.Value):
+			return addr, checkValue("descriptors."+d.Name, d.Value)
 		}
 		for j := range i {
 			if req.Descriptors[j].Name == d.Name {
