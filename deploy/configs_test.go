@@ -6,13 +6,11 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
-	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/geoquota/geoquota/regional"
 	"go.yaml.in/yaml/v3"
 )
@@ -53,31 +51,6 @@ func TestExampleConfigsParse(t *testing.T) {
 	}
 }
 
-// TestNATSConfigsCheck runs nats-server's own check on every NATS config.
-func TestNATSConfigsCheck(t *testing.T) {
-	bin, err := harness.LookPath("nats-server")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, _ := filepath.Glob("nats/*.conf")
-	if len(files) < 3 {
-		t.Fatalf("found %d NATS configs, want one per example region", len(files))
-	}
-	for _, f := range files {
-		cmd := exec.Command(bin, "-c", f, "-t")
-		cmd.Env = append(os.Environ(), "SERVER_NAME=check")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("%s: %v\n%s", f, err, out)
-		}
-	}
-	// The check can fail.
-	bad := filepath.Join(t.TempDir(), "bad.conf")
-	os.WriteFile(bad, []byte("cluster { listen: 0.0.0.0:6222\n"), 0o644)
-	if err := exec.Command(bin, "-c", bad, "-t").Run(); err == nil {
-		t.Error("nats-server -t passed a broken config")
-	}
-}
-
 // flagsOf reads the flag names a command defines, from its source.
 func flagsOf(t *testing.T, files ...string) map[string]bool {
 	t.Helper()
@@ -102,8 +75,8 @@ func flagsOf(t *testing.T, files ...string) map[string]bool {
 // and units give regiond or globalsync is one it has.
 func TestManifestFlags(t *testing.T) {
 	commands := map[string]map[string]bool{
-		"regiond":    flagsOf(t, "../cmd/regiond/config.go"),
-		"globalsync": flagsOf(t, "../cmd/globalsync/main.go"),
+		"regiond":    flagsOf(t, "../cmd/regiond/config.go", "../cmd/internal/daemon/nats.go"),
+		"globalsync": flagsOf(t, "../cmd/globalsync/main.go", "../cmd/internal/daemon/nats.go"),
 	}
 	argRe := regexp.MustCompile(`--([a-z][a-z-]*)=`)
 	envRe := regexp.MustCompile(`GEOQUOTA_([A-Z_]+)`)
@@ -178,7 +151,7 @@ func TestAlertsUseRealMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var source strings.Builder
-	for _, dir := range []string{"../transport", "../cmd/globalsync", "../regional"} {
+	for _, dir := range []string{"../transport", "../cmd/globalsync", "../regional", "../cmd/internal/daemon"} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 		for _, f := range files {
 			if !strings.HasSuffix(f, "_test.go") {

@@ -29,6 +29,7 @@ import (
 	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"github.com/geoquota/geoquota/regional"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 func main() {
@@ -50,6 +51,9 @@ type config struct {
 	rebalance, leaderTTL, leaseTTL                                      time.Duration
 	reserve                                                             float64
 	regionList                                                          []string
+	deployment                                                          string
+	natsAuth                                                            daemon.NATSAuth
+	requireAuth                                                         bool
 }
 
 func parseFlags(args []string, getenv func(string) string) (config, error) {
@@ -67,11 +71,23 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.leaderTTL, "leader-ttl", 3*time.Second, "how long the leader's lease lasts unless renewed")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds, at most 5m")
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
+	c.natsAuth.AddFlags(fs)
+	fs.StringVar(&c.deployment, "deployment", "", "the deployment's name, as its regiond have it: its NATS subjects and buckets are its own")
+	fs.BoolVar(&c.requireAuth, "require-auth", false, "refuse to start with NATS unauthenticated")
 	if err := daemon.Parse("globalsync", fs, args, getenv); err != nil {
 		return c, err
 	}
 	if c.nats == "" {
 		return c, errors.New("--nats is required")
+	}
+	if _, err := namespace.New(c.deployment); err != nil {
+		return c, fmt.Errorf("--deployment: %w", err)
+	}
+	if err := c.natsAuth.Check(); err != nil {
+		return c, err
+	}
+	if c.requireAuth && !c.natsAuth.Authenticated(c.nats) {
+		return c, errors.New("--require-auth: the NATS connection would not authenticate: give --nats-creds, --nats-nkey, --nats-user or --nats-token")
 	}
 	if c.rebalance <= 0 || c.leaderTTL <= 0 || c.leaseTTL <= 0 {
 		return c, errors.New("--rebalance, --leader-ttl and --lease-ttl must be positive")
@@ -108,12 +124,22 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	if err := bc.Validate(); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(c.nats, nats.Name("globalsync "+c.id), nats.MaxReconnects(-1), nats.Timeout(5*time.Second))
+	natsOpts, err := c.natsAuth.Options()
+	if err != nil {
+		return err
+	}
+	insecure := !c.natsAuth.Authenticated(c.nats)
+	if insecure {
+		log.Warn(daemon.InsecureNATS)
+	}
+	daemon.Insecure(reg, map[string]bool{"nats": insecure})
+	nc, err := nats.Connect(c.nats, append(natsOpts, nats.Name("globalsync "+c.id), nats.MaxReconnects(-1), nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return fmt.Errorf("--nats: %w", err)
 	}
 	defer nc.Close()
-	svc, err := Start(ctx, nc, Config{ID: c.id, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
+	names, _ := namespace.New(c.deployment) // checked by parseFlags
+	svc, err := Start(ctx, nc, Config{ID: c.id, Names: names, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
 		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules)})
 	if err != nil {
 		return err

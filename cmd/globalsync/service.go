@@ -21,6 +21,7 @@ import (
 	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport/control"
 	"github.com/geoquota/geoquota/transport/gossip"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 // Config configures the service. Zero fields take defaults.
@@ -36,8 +37,9 @@ type Config struct {
 	LeaderTTL time.Duration
 	// Budget configures the allocator.
 	Budget budget.Config
-	// Prefix starts the gossip subjects. "geoquota".
-	Prefix string
+	// Names are the subjects and buckets of the deployment; the zero
+	// value is the unnamed deployment's.
+	Names namespace.Names
 	// Rules, if set, are the rules the regions enforce: with them the
 	// leader knows each counter's limit and closes the books of every
 	// window (over-admission, carry_debt).
@@ -85,7 +87,7 @@ func (c Config) withDefaults() Config {
 type Service struct {
 	cfg      Config
 	nc       *nats.Conn
-	subjects gossip.Subjects
+	subjects namespace.Names
 	budgets  jetstream.KeyValue
 	claims   jetstream.KeyValue
 	rulesKV  jetstream.KeyValue
@@ -137,21 +139,21 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if s.budgets, err = js.CreateOrUpdateKeyValue(kctx, control.BudgetsBucketConfig); err != nil {
-		return nil, fmt.Errorf("globalsync: bucket %s: %w", control.BudgetsBucket, err)
+	if s.budgets, err = js.CreateOrUpdateKeyValue(kctx, control.BudgetsBucketConfig(cfg.Names)); err != nil {
+		return nil, fmt.Errorf("globalsync: bucket %s: %w", cfg.Names.BudgetsBucket(), err)
 	}
-	if s.rulesKV, err = js.CreateOrUpdateKeyValue(kctx, control.RulesBucketConfig); err != nil {
-		return nil, fmt.Errorf("globalsync: bucket %s: %w", control.RulesBucket, err)
+	if s.rulesKV, err = js.CreateOrUpdateKeyValue(kctx, control.RulesBucketConfig(cfg.Names)); err != nil {
+		return nil, fmt.Errorf("globalsync: bucket %s: %w", cfg.Names.RulesBucket(), err)
 	}
-	if s.claims, err = js.CreateOrUpdateKeyValue(kctx, control.LeaderBucketConfig); err != nil {
-		return nil, fmt.Errorf("globalsync: bucket %s: %w", control.LeaderBucket, err)
+	if s.claims, err = js.CreateOrUpdateKeyValue(kctx, control.LeaderBucketConfig(cfg.Names)); err != nil {
+		return nil, fmt.Errorf("globalsync: bucket %s: %w", cfg.Names.LeaderBucket(), err)
 	}
 	node, err := gossip.New(gossip.Config{Region: coord.Name, Replica: coord.Name + "-" + cfg.ID, Instance: control.NewInstance(),
-		Prefix: cfg.Prefix, AntiEntropy: cfg.AntiEntropy, Observer: true, Counters: locked{s}, Heartbeats: locked{s}}, cfg.Clock())
+		Names: cfg.Names, AntiEntropy: cfg.AntiEntropy, Observer: true, Counters: locked{s}, Heartbeats: locked{s}}, cfg.Clock())
 	if err != nil {
 		return nil, fmt.Errorf("globalsync: %w", err)
 	}
-	s.subjects = node.Subjects()
+	s.subjects = node.Names()
 	if s.gossip, err = control.StartGossip(nc, node, control.GossipOptions{Clock: cfg.Clock, Manual: cfg.Manual, Logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("globalsync: %w", err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/geoquota/geoquota/transport/control"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 	"github.com/geoquota/geoquota/transport/gossip"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 // The tests here check the daemon's glue: NATS, JetStream KV, the leader's
@@ -51,6 +52,7 @@ type world struct {
 	now      time.Time
 	regions  []*region
 	services []*Service
+	names    namespace.Names // the deployment of every region and service
 }
 
 func newWorld(t *testing.T) *world { return &world{t: t, now: time.Now()} }
@@ -123,7 +125,7 @@ func (w *world) region(name, natsURL string, regions []string, rules string) *re
 	}
 	t.Cleanup(nc.Close)
 	node, err := gossip.New(gossip.Config{Region: name, Replica: name + "-1", Instance: control.NewInstance(), Heartbeat: 100 * time.Millisecond,
-		Counters: r.engine, Engine: r.engine}, w.clock())
+		Counters: r.engine, Engine: r.engine, Names: w.names}, w.clock())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +136,8 @@ func (w *world) region(name, natsURL string, regions []string, rules string) *re
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { control.WatchBudgets(ctx, js, node.Subjects(), r.engine, quiet(), nil) })
-	wg.Go(func() { control.WatchRules(ctx, js, node.Subjects(), r.engine, quiet(), nil) })
+	wg.Go(func() { control.WatchBudgets(ctx, js, node.Names(), r.engine, quiet(), nil) })
+	wg.Go(func() { control.WatchRules(ctx, js, node.Names(), r.engine, quiet(), nil) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	w.mu.Lock()
 	w.regions = append(w.regions, r)
@@ -151,7 +153,7 @@ func (w *world) service(id, natsURL string, cfg Config) *Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ID, cfg.Logger, cfg.Clock, cfg.Manual = id, quiet(), w.clock, true
+	cfg.ID, cfg.Logger, cfg.Clock, cfg.Manual, cfg.Names = id, quiet(), w.clock, true, w.names
 	s, err := Start(t.Context(), nc, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -266,6 +268,66 @@ func TestRulesReachRegions(t *testing.T) {
 	rev, _ := svc.rulesKV.Get(t.Context(), control.RulesKey)
 	if rev == nil || strings.Contains(string(rev.Value()), "broken") {
 		t.Fatal("invalid rules were published")
+	}
+}
+
+// TestDeploymentsApart: two deployments (--deployment a and b) on one
+// NATS server, each with the same regions and a globalsync: each
+// globalsync leads its own, and each deployment's regions hold their own
+// globalsync's rules and leases, none of the other's.
+func TestDeploymentsApart(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	regions := []string{"eu", "us"}
+	type deployment struct {
+		w     *world
+		limit int64
+		svc   *Service
+		rs    []*region
+	}
+	var ds []*deployment
+	for i, name := range []string{"a", "b"} {
+		names, err := namespace.New(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &deployment{w: newWorld(t), limit: int64(700 + 100*i)}
+		d.w.names = names
+		for _, r := range regions {
+			d.rs = append(d.rs, d.w.region(r, ns.ClientURL(), regions, strictRules))
+		}
+		yaml := []byte(strings.Replace(strictRules, "limit: 600", fmt.Sprintf("limit: %d", d.limit), 1))
+		d.svc = d.w.service("gs-"+name, ns.ClientURL(), Config{Regions: regions, Rebalance: 200 * time.Millisecond,
+			RulesYAML: func() ([]byte, error) { return yaml, nil }})
+		ds = append(ds, d)
+	}
+	for _, d := range ds {
+		d.w.waitFor(200*time.Millisecond, "globalsync "+d.svc.cfg.ID+" leads", d.svc.Leader)
+		d.w.waitFor(200*time.Millisecond, "its rules and leases in its regions", func() bool {
+			for _, r := range d.rs {
+				if g := r.engine.Rules().Rule("g"); g == nil || g.Base.Limit != d.limit {
+					return false
+				}
+				if _, ok := r.lease(); !ok {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	for _, d := range ds {
+		if !d.svc.Leader() {
+			t.Errorf("%s no longer leads: the other deployment's claim reached it", d.svc.cfg.ID)
+		}
+		for _, r := range d.rs {
+			if g := r.engine.Rules().Rule("g"); g.Base.Limit != d.limit {
+				t.Errorf("%s of %s: limit %d, want its own globalsync's %d", r.name, d.w.names.Deployment(), g.Base.Limit, d.limit)
+			}
+		}
+		for _, b := range d.svc.Budgets() {
+			if b.Leader != d.svc.cfg.ID {
+				t.Errorf("deployment %s holds a budget of %s", d.w.names.Deployment(), b.Leader)
+			}
+		}
 	}
 }
 
@@ -470,4 +532,24 @@ rules:
 		}
 		return false
 	})
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--nats is required"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--lease-ttl", "1h"}, "--lease-ttl"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--require-auth"}, "--require-auth: the NATS connection"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-user", "u"}, "--nats-password"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--nats-creds", "/nonexistent.creds"}, "--nats-creds"},
+	} {
+		if _, err := parseFlags(tc.args, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error about %s", tc.args, err, tc.want)
+		}
+	}
+	if _, err := parseFlags([]string{"--nats", "nats://gs:pw@127.0.0.1:4222", "--require-auth"}, func(string) string { return "" }); err != nil {
+		t.Errorf("credentials in the URL with --require-auth: %v", err)
+	}
 }

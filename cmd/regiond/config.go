@@ -14,6 +14,7 @@ import (
 
 	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 // config is regiond's configuration: the flags of the fixed contract (docs/operations.md) and a few more,
@@ -50,6 +51,10 @@ type config struct {
 	memberKey        []byte
 	gossipInterval   time.Duration
 	antiEntropy      time.Duration
+	natsAuth         daemon.NATSAuth
+	requireAuth      bool
+	deployment       string
+	names            namespace.Names
 }
 
 func parseFlags(args []string, getenv func(string) string) (config, error) {
@@ -81,6 +86,10 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.replicaName, "replica-name", "", "this replica's name among its siblings (default: the host name and a random suffix)")
 	fs.DurationVar(&c.gossipInterval, "gossip-interval", 250*time.Millisecond, "how often this region publishes its global usage")
 	fs.DurationVar(&c.antiEntropy, "anti-entropy", 10*time.Second, "how often each replica says how far its gossip has run, so that a region that missed some asks for it")
+
+	c.natsAuth.AddFlags(fs)
+	fs.StringVar(&c.deployment, "deployment", "", "this deployment's name: its NATS subjects and buckets are its own, apart from other deployments on the same NATS")
+	fs.BoolVar(&c.requireAuth, "require-auth", false, "refuse to start with NATS unauthenticated or memberlist unencrypted")
 
 	if err := daemon.Parse("regiond", fs, args, getenv); err != nil {
 		return c, err
@@ -157,6 +166,22 @@ func (c *config) check() error {
 			return errors.New("--memberlist-key: want 16, 24 or 32 bytes, hex-encoded (32, 48 or 64 hex digits)")
 		}
 		c.memberKey = k
+	}
+	names, err := namespace.New(c.deployment)
+	if err != nil {
+		return fmt.Errorf("--deployment: %w", err)
+	}
+	c.names = names
+	if err := c.natsAuth.Check(); err != nil {
+		return err
+	}
+	if c.requireAuth {
+		if c.nats != "" && !c.natsAuth.Authenticated(c.nats) {
+			return errors.New("--require-auth: the NATS connection would not authenticate: give --nats-creds, --nats-nkey, --nats-user or --nats-token")
+		}
+		if c.memberlistAddr != "" && c.memberlistKey == "" {
+			return errors.New("--require-auth: membership among the region's replicas would be unencrypted: give --memberlist-key")
+		}
 	}
 	if c.replicaName == "" {
 		host, _ := os.Hostname()

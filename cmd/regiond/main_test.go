@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,11 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 var binary string
@@ -352,6 +355,12 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--dev", "--tls-cert", "c.pem"}, nil, "--tls-key"},
 		{[]string{"--dev", "stray"}, nil, "unexpected arguments"},
 		{[]string{"--dev"}, map[string]string{"GEOQUOTA_TIMEOUT": "soon"}, "GEOQUOTA_TIMEOUT"},
+		{[]string{"--dev", "--nats", "nats://127.0.0.1:4222", "--require-auth"}, nil, "--require-auth: the NATS connection"},
+		{[]string{"--dev", "--memberlist-addr", "127.0.0.1:0", "--require-auth"}, nil, "--memberlist-key"},
+		{[]string{"--dev", "--nats-user", "u"}, nil, "--nats-password"},
+		{[]string{"--dev", "--nats-token", "t", "--nats-user", "u", "--nats-password", "p"}, nil, "--nats-user and --nats-token"},
+		{[]string{"--dev", "--nats-nkey", "/nonexistent.nk"}, nil, "--nats-nkey"},
+		{[]string{"--dev", "--nats-cert", "c.pem"}, nil, "--nats-key"},
 	} {
 		_, err := parseFlags(tc.args, func(k string) string { return tc.env[k] })
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -488,4 +497,92 @@ func TestSiblingsShareDenials(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // spreading b's requests over 10s
 	}
 	t.Fatalf("b allowed 499 requests of a key a had found over its limit:\n%s", b.logs())
+}
+
+// metric returns the value of one series on a daemon's /metrics, or "".
+func metric(t *testing.T, base, series string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// TestNATSAuthentication: against NATS servers whose only users are a
+// deployment's identities, regiond connects with its nkey (--nats-nkey,
+// --require-auth) and gossips as its region; against open servers it says
+// so in its log and in geoquota_insecure, and --require-auth refuses to
+// start that way.
+func TestNATSAuthentication(t *testing.T) {
+	dir := t.TempDir()
+	perms := namespace.Names{}.Region("us")
+	us, err := harness.NewIdentity(dir, "regiond-us", &perms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := harness.NewIdentity(dir, "operator", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secured := harness.NewNATS(t, harness.NATSOptions{JetStream: true, Users: []*harness.Identity{us, op}})
+	opt, err := op.Option()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(secured.ClientURL(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := nc.SubscribeSync(namespace.Names{}.Heartbeat("us"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+
+	d := startRegiond(t, []string{"GEOQUOTA_NATS_NKEY=" + us.SeedFile}, "--dev", "--region", "us", "--regions", "us,eu",
+		"--nats", secured.ClientURL(), "--require-auth")
+	if m, err := sub.NextMsg(30 * time.Second); err != nil {
+		t.Fatalf("no heartbeat from regiond authenticated as us: %v\n%s", err, d.logs())
+	} else if len(m.Data) == 0 {
+		t.Fatal("an empty heartbeat")
+	}
+	if v := metric(t, d.http, `geoquota_insecure{link="nats"}`); v != "0" {
+		t.Errorf(`geoquota_insecure{link="nats"} = %q authenticated, want 0`, v)
+	}
+	if strings.Contains(d.logs(), "without authentication") {
+		t.Errorf("an authenticated regiond warns of no authentication:\n%s", d.logs())
+	}
+
+	open := harness.NewNATS(t, harness.NATSOptions{})
+	d = startRegiond(t, nil, "--dev", "--region", "us", "--nats", open.ClientURL())
+	if !strings.Contains(d.logs(), "without authentication") {
+		t.Errorf("no warning of unauthenticated NATS:\n%s", d.logs())
+	}
+	if v := metric(t, d.http, `geoquota_insecure{link="nats"}`); v != "1" {
+		t.Errorf(`geoquota_insecure{link="nats"} = %q unauthenticated, want 1`, v)
+	}
+	out, err := exec.Command(binary, "--dev", "--nats", open.ClientURL(), "--require-auth").CombinedOutput()
+	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "--require-auth") {
+		t.Fatalf("--require-auth without credentials: exit %d: %s", code, out)
+	}
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
 }

@@ -85,6 +85,11 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 
 	natsURL := c.nats
+	natsOpts, err := c.natsAuth.Options()
+	if err != nil {
+		return err
+	}
+	insecure := map[string]bool{}
 	if c.dev && natsURL == "" {
 		ns, err := startEmbeddedNATS()
 		if err != nil {
@@ -92,19 +97,32 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		}
 		defer ns.Shutdown()
 		natsURL = ns.ClientURL()
-		log.Info("embedded NATS started", "url", natsURL)
+		natsOpts = append(natsOpts, nats.InProcessServer(ns))
+		log.Info("embedded NATS started, in this process only")
+	} else if natsURL != "" {
+		insecure["nats"] = !c.natsAuth.Authenticated(natsURL)
+		if insecure["nats"] {
+			log.Warn(daemon.InsecureNATS)
+		}
 	}
+	if c.memberlistAddr != "" {
+		if insecure["memberlist"] = c.memberKey == nil; insecure["memberlist"] {
+			log.Warn("members: unencrypted: anyone who can reach --memberlist-addr can join this region's replicas and deny its keys; " +
+				"give --memberlist-key (the same on every replica), and --require-auth to refuse to start this way")
+		}
+	}
+	daemon.Insecure(metrics.Registry, insecure)
 	if natsURL != "" {
 		// NATS down at start is no reason not to serve: the region
 		// enforces alone on its floor and connects when it can.
-		nc, err := nats.Connect(natsURL, nats.Name("regiond "+c.region), nats.MaxReconnects(-1),
-			nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
+		nc, err := nats.Connect(natsURL, append(natsOpts, nats.Name("regiond "+c.region), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))...)
 		if err != nil {
 			return fmt.Errorf("--nats: %w", err)
 		}
 		defer nc.Close()
 		resync := new(control.Resync)
-		node, err := gossip.New(gossip.Config{Region: c.region, Replica: c.replicaName, Instance: control.NewInstance(),
+		node, err := gossip.New(gossip.Config{Region: c.region, Replica: c.replicaName, Instance: control.NewInstance(), Names: c.names,
 			Interval: c.gossipInterval, AntiEntropy: c.antiEntropy, Elected: elected, OnRejoin: func(string) { resync.Fire() },
 			Counters: engine, Engine: engine}, time.Now())
 		if err != nil {
@@ -116,7 +134,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		}
 		defer g.Close()
 		metrics.AttachGossip(node.Stats(), engine)
-		subjects := node.Subjects()
+		subjects := node.Names()
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return fmt.Errorf("--nats: %w", err)
@@ -314,7 +332,7 @@ func startEmbeddedNATS() (*natsserver.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+	ns, err := natsserver.NewServer(&natsserver.Options{DontListen: true, JetStream: true,
 		StoreDir: dir, NoSigs: true, NoLog: true})
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)

@@ -8,15 +8,14 @@ import (
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/budget/coord"
 	"github.com/geoquota/geoquota/regional"
-	"github.com/geoquota/geoquota/transport/gossip"
+	"github.com/geoquota/geoquota/transport/namespace"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// BudgetsBucket is the JetStream KV bucket where globalsync publishes the
-// leases of every global rule, one key per rule (BudgetKey), and every
-// regiond watches it.
-const BudgetsBucket = "geoquota-budgets"
+// The budgets bucket (namespace.Names.BudgetsBucket) is where globalsync
+// publishes the leases of every global rule, one key per rule
+// (BudgetKey), and every regiond watches it.
 
 // BudgetKey is a rule's key in the bucket: its id, base64url-encoded, so
 // that any rule id makes a valid key.
@@ -25,25 +24,27 @@ func BudgetKey(rule string) string { return "r." + base64.RawURLEncoding.EncodeT
 // BudgetsBucketConfig is the budgets bucket's configuration: it keeps
 // enough of each rule's documents (coord.History) to cover a lease's life,
 // so that a globalsync taking over knows every lease still in force.
-var BudgetsBucketConfig = jetstream.KeyValueConfig{Bucket: BudgetsBucket, History: coord.History,
-	Description: "geoquota budget leases, one key per global rule"}
+func BudgetsBucketConfig(n namespace.Names) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: n.BudgetsBucket(), History: coord.History,
+		Description: "geoquota budget leases, one key per global rule"}
+}
 
-// LeaderBucket holds the claim of the leading globalsync (key LeaderKey),
-// taken and renewed with compare-and-swap.
-const (
-	LeaderBucket = "geoquota-leader"
-	LeaderKey    = "globalsync"
-)
+// LeaderKey is the key of the leading globalsync's claim in the leader
+// bucket (namespace.Names.LeaderBucket), taken and renewed with
+// compare-and-swap.
+const LeaderKey = "globalsync"
 
 // LeaderBucketConfig is the leader bucket's configuration.
-var LeaderBucketConfig = jetstream.KeyValueConfig{Bucket: LeaderBucket, Description: "the claim of the leading globalsync"}
+func LeaderBucketConfig(n namespace.Names) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: n.LeaderBucket(), Description: "the claim of the leading globalsync"}
+}
 
 // WatchBudgets keeps the engine's lease current from the bucket until ctx
 // ends (and notes the other regions' leases, for usage reports), waiting
 // for the bucket if globalsync has not made it yet and watching again
 // after errors; and takes the documents globalsync pushes (PushBudget) as
 // they come.
-func WatchBudgets(ctx context.Context, js jetstream.JetStream, s gossip.Subjects, e *regional.Engine, log *slog.Logger, resync *Resync) {
+func WatchBudgets(ctx context.Context, js jetstream.JetStream, s namespace.Names, e *regional.Engine, log *slog.Logger, resync *Resync) {
 	apply := func(key string, value []byte) {
 		d, err := budget.DecodeDocument(value)
 		if err != nil {
@@ -57,5 +58,5 @@ func WatchBudgets(ctx context.Context, js jetstream.JetStream, s gossip.Subjects
 	} else {
 		defer sub.Unsubscribe()
 	}
-	watchKV(ctx, js, BudgetsBucket, jetstream.AllKeys, log, resync, func(en jetstream.KeyValueEntry) { apply(en.Key(), en.Value()) })
+	watchKV(ctx, js, s.BudgetsBucket(), jetstream.AllKeys, log, resync, func(en jetstream.KeyValueEntry) { apply(en.Key(), en.Value()) })
 }

@@ -4,11 +4,11 @@
 //   - Gossip carries a gossip node (transport/gossip) over NATS: it hands
 //     every message on the node's subjects to Node.Step, ticks the node
 //     when it is due, and publishes what the node returns.
-//   - The budgets bucket (JetStream KV, BudgetsBucket: one key per global
-//     rule, BudgetKey) holds the budget documents the leading globalsync
-//     writes; WatchBudgets puts a region's lease in force from it, and from
-//     the documents globalsync also pushes (PushBudget). The rules bucket
-//     (RulesBucket) and WatchRules do the same for published rules, once
+//   - The budgets bucket (JetStream KV, namespace.Names.BudgetsBucket: one
+//     key per global rule, BudgetKey) holds the budget documents the
+//     leading globalsync writes; WatchBudgets puts a region's lease in force
+//     from it, and from the documents globalsync also pushes (PushBudget).
+//     The rules bucket (RulesBucket) and WatchRules do the same for published rules, once
 //     per revision; the leader bucket holds the leading globalsync's
 //     claim. Resync makes the watches again, beside the ones in place,
 //     when the gossip hears a region again after a silence: a watch

@@ -10,6 +10,7 @@ import (
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport/gossip"
+	"github.com/geoquota/geoquota/transport/namespace"
 	"github.com/nats-io/nats.go"
 )
 
@@ -110,7 +111,7 @@ func TestMembersElectAndShareDenials(t *testing.T) {
 	seq := 0
 	askOwn := func() {
 		seq++
-		m := nats.NewMsg(gossip.NewSubjects("").Ask("eu", "us"))
+		m := nats.NewMsg(namespace.Names{}.Ask("eu", "us"))
 		m.Header.Set(gossip.HeaderReplica, "us-1")
 		m.Header.Set(gossip.HeaderInstance, "1")
 		m.Header.Set(gossip.HeaderSeq, fmt.Sprint(seq))

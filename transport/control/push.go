@@ -6,12 +6,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/geoquota/geoquota/transport/gossip"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 // Budgets and rules travel through JetStream KV (WatchBudgets,
 // WatchRules), and the lead globalsync also pushes each budget document
 // it writes, and the rules it last published, as plain NATS messages
-// (gossip.Subjects.PushBudgets, PushRules). After a partition heals, a NATS
+// (namespace.Names.PushBudgets, PushRules). After a partition heals, a NATS
 // gateway carries plain messages within a second, while JetStream may
 // answer "temporarily unavailable" for several more as its servers catch
 // up: the push brings a healed region its lease and its rules in the
@@ -20,12 +21,12 @@ import (
 // it applied, and a lease only newer (by Seq) than the one it holds.
 
 // PushBudget publishes a budget document written at revision rev.
-func PushBudget(nc *nats.Conn, s gossip.Subjects, rev uint64, doc []byte) error {
+func PushBudget(nc *nats.Conn, s namespace.Names, rev uint64, doc []byte) error {
 	return push(nc, s.PushBudgets(), rev, doc)
 }
 
 // PushRules publishes the rules (YAML) published at revision rev.
-func PushRules(nc *nats.Conn, s gossip.Subjects, rev uint64, yaml []byte) error {
+func PushRules(nc *nats.Conn, s namespace.Names, rev uint64, yaml []byte) error {
 	return push(nc, s.PushRules(), rev, yaml)
 }
 

@@ -15,7 +15,7 @@ import (
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/geoquota/geoquota/regional"
-	"github.com/geoquota/geoquota/transport/gossip"
+	"github.com/geoquota/geoquota/transport/namespace"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -105,7 +105,7 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := js.CreateKeyValue(ctx, RulesBucketConfig)
+	kv, err := js.CreateKeyValue(ctx, RulesBucketConfig(subjects))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,10 +148,10 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 
 	// The bucket made anew: its revisions start again, and a watch made
 	// again (here on a resync) applies them.
-	if err := js.DeleteKeyValue(ctx, RulesBucket); err != nil {
+	if err := js.DeleteKeyValue(ctx, subjects.RulesBucket()); err != nil {
 		t.Fatal(err)
 	}
-	if kv, err = js.CreateKeyValue(ctx, RulesBucketConfig); err != nil {
+	if kv, err = js.CreateKeyValue(ctx, RulesBucketConfig(subjects)); err != nil {
 		t.Fatal(err)
 	}
 	anew := []byte("rules:\n  - { id: g, by: [api_key], algorithm: fixed_window, limit: 13, window: 1m }\n")
@@ -163,7 +163,7 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 }
 
 // subjects are the default deployment's.
-var subjects = gossip.NewSubjects("")
+var subjects namespace.Names
 
 func itoa(n int) string { return strconv.Itoa(n) }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/deploy/local/harness"
+	"github.com/geoquota/geoquota/transport/namespace"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -37,7 +38,7 @@ func TestLeasesCatchUpAfterAHeal(t *testing.T) {
 	}
 	t.Cleanup(anc.Close)
 	ajs, _ := jetstream.New(anc)
-	kv, err := ajs.CreateKeyValue(ctx, BudgetsBucketConfig)
+	kv, err := ajs.CreateKeyValue(ctx, BudgetsBucketConfig(namespace.Names{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,23 +8,22 @@ import (
 	"sync"
 
 	"github.com/geoquota/geoquota/regional"
-	"github.com/geoquota/geoquota/transport/gossip"
+	"github.com/geoquota/geoquota/transport/namespace"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// RulesBucket is the JetStream KV bucket where globalsync publishes the
-// rules (key RulesKey, the YAML of a rules file) and every regiond watches
-// it: a published change is in force in every region within a second or
-// two.
-const (
-	RulesBucket = "geoquota-rules"
-	RulesKey    = "rules"
-)
+// RulesKey is the key of the rules (the YAML of a rules file) in the rules
+// bucket (namespace.Names.RulesBucket), where globalsync publishes them and
+// every regiond watches: a published change is in force in every region
+// within a second or two.
+const RulesKey = "rules"
 
-// RulesBucketConfig is the bucket's configuration.
-var RulesBucketConfig = jetstream.KeyValueConfig{Bucket: RulesBucket, History: 8,
-	Description: "geoquota rules, as YAML, for every region"}
+// RulesBucketConfig is the rules bucket's configuration.
+func RulesBucketConfig(n namespace.Names) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: n.RulesBucket(), History: 8,
+		Description: "geoquota rules, as YAML, for every region"}
+}
 
 // PublishRules puts rules (YAML) in the bucket, after checking that they
 // compile: an invalid set is refused here rather than in every region.
@@ -42,7 +41,7 @@ func PublishRules(ctx context.Context, kv jetstream.KeyValue, yaml []byte) (uint
 // last good rules stay). Whatever changed last, the rules file or the
 // bucket, is in force: a revision already applied is not applied again
 // over a rules file edited since.
-func WatchRules(ctx context.Context, js jetstream.JetStream, s gossip.Subjects, e *regional.Engine, log *slog.Logger, resync *Resync) {
+func WatchRules(ctx context.Context, js jetstream.JetStream, s namespace.Names, e *regional.Engine, log *slog.Logger, resync *Resync) {
 	var mu sync.Mutex
 	var applied uint64 // the last revision put in force, or found in force
 	apply := func(rev uint64, value []byte, fromBucket bool) {
@@ -58,7 +57,7 @@ func WatchRules(ctx context.Context, js jetstream.JetStream, s gossip.Subjects, 
 		if bytes.Equal(value, e.Rules().YAML()) {
 			return
 		}
-		source := fmt.Sprintf("%s/%s@%d", RulesBucket, RulesKey, rev)
+		source := fmt.Sprintf("%s/%s@%d", s.RulesBucket(), RulesKey, rev)
 		if rs, err := e.PutRules(source, value); err != nil {
 			log.Error("published rules rejected; the last good rules stay in force", "revision", rev, "error", err)
 		} else {
@@ -74,5 +73,5 @@ func WatchRules(ctx context.Context, js jetstream.JetStream, s gossip.Subjects, 
 	} else {
 		defer sub.Unsubscribe()
 	}
-	watchKV(ctx, js, RulesBucket, RulesKey, log, resync, func(en jetstream.KeyValueEntry) { apply(en.Revision(), en.Value(), true) })
+	watchKV(ctx, js, s.RulesBucket(), RulesKey, log, resync, func(en jetstream.KeyValueEntry) { apply(en.Revision(), en.Value(), true) })
 }

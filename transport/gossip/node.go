@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 // Config configures a node. Zero durations and sizes take the defaults of
@@ -22,8 +23,9 @@ type Config struct {
 	// messages and versions afresh): the transport picks them, at random
 	// by default.
 	Replica, Instance string
-	// Prefix starts every subject (see Subjects). "geoquota".
-	Prefix string
+	// Names are the subjects of the node's deployment; the zero value is
+	// the unnamed deployment's.
+	Names namespace.Names
 	// Interval is how often the region's changed slots are sent. 250ms.
 	Interval time.Duration
 	// AntiEntropy is how often a replica says how far its versions run,
@@ -75,15 +77,12 @@ type Config struct {
 // DefaultConfig returns the default timing (docs/design.md), fit for
 // regions a WAN apart.
 func DefaultConfig() Config {
-	return Config{Prefix: DefaultPrefix, Interval: 250 * time.Millisecond, AntiEntropy: 10 * time.Second,
+	return Config{Interval: 250 * time.Millisecond, AntiEntropy: 10 * time.Second,
 		Heartbeat: 500 * time.Millisecond, Rejoin: time.Second, MaxEntries: 20_000}
 }
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	if c.Prefix == "" {
-		c.Prefix = d.Prefix
-	}
 	if c.Interval <= 0 {
 		c.Interval = d.Interval
 	}
@@ -120,7 +119,7 @@ var ErrInvalidConfig = errors.New("gossip: invalid configuration")
 // Engine and Heartbeats without holding its lock.
 type Node struct {
 	cfg      Config
-	subjects Subjects
+	subjects namespace.Names
 	regions  []string // the regions counted, for telling one back after a silence
 	stats    Stats
 
@@ -148,7 +147,7 @@ type Node struct {
 // own subscription, so order holds within a kind only.
 type stream struct {
 	replica, instance string
-	kind              kind
+	kind              namespace.Kind
 }
 
 type senderSeen struct {
@@ -203,7 +202,7 @@ const (
 func New(cfg Config, start time.Time) (*Node, error) {
 	cfg = cfg.withDefaults()
 	switch {
-	case !validName(cfg.Region):
+	case !namespace.ValidName(cfg.Region):
 		return nil, fmt.Errorf("%w: region %q: want a name of 1 to %d characters without dots, spaces or wildcards",
 			ErrInvalidConfig, cfg.Region, crdt.MaxRegionNameLen)
 	case cfg.Replica == "":
@@ -213,7 +212,7 @@ func New(cfg Config, start time.Time) (*Node, error) {
 	case cfg.Engine == nil && !cfg.Observer:
 		return nil, fmt.Errorf("%w: engine: required for a replica", ErrInvalidConfig)
 	}
-	n := &Node{cfg: cfg, subjects: NewSubjects(cfg.Prefix), heard: map[string]time.Time{}, rejoined: map[string]bool{},
+	n := &Node{cfg: cfg, subjects: cfg.Names, heard: map[string]time.Time{}, rejoined: map[string]bool{},
 		senders: map[stream]senderSeen{},
 		streams: map[streamID]*streamMark{}, askers: map[string]*askerSeen{}, start: start, starting: !cfg.Observer}
 	if !cfg.Observer {
@@ -225,8 +224,8 @@ func New(cfg Config, start time.Time) (*Node, error) {
 	return n, nil
 }
 
-// Subjects returns the subjects of the node's deployment.
-func (n *Node) Subjects() Subjects { return n.subjects }
+// Names returns the subjects of the node's deployment.
+func (n *Node) Names() namespace.Names { return n.subjects }
 
 // Subscriptions returns the subjects the node listens to (NATS wildcards).
 func (n *Node) Subscriptions() []string {
@@ -449,12 +448,12 @@ func (n *Node) appendHeartbeat(out []Message, now time.Time) []Message {
 // listen to is counted (Stats) and changes nothing. ctx bounds a merge
 // into the region's store.
 func (n *Node) Step(ctx context.Context, now time.Time, m Message) []Message {
-	k, from, to, ok := n.subjects.parse(m.Subject)
+	k, from, to, ok := n.subjects.Parse(m.Subject)
 	if m.Header.Replica == n.cfg.Replica {
 		return nil // our own, as NATS echoes it
 	}
 	n.stats.Received.Add(1)
-	if !ok || ((k == kindRepair || k == kindAsk) && to != n.cfg.Region) || (k == kindAsk && n.cfg.Observer) {
+	if !ok || ((k == namespace.Repair || k == namespace.Ask) && to != n.cfg.Region) || (k == namespace.Ask && n.cfg.Observer) {
 		n.stats.Malformed.Add(1)
 		return nil
 	}
@@ -496,7 +495,7 @@ func (n *Node) Step(ctx context.Context, now time.Time, m Message) []Message {
 // partition healed), which is asked again twice (see Config.Rejoin) and
 // at its first ask or answer since, or, by an observer, one heard for the
 // first time.
-func (n *Node) accept(now time.Time, k kind, from string, h Header) (ask, ok bool) {
+func (n *Node) accept(now time.Time, k namespace.Kind, from string, h Header) (ask, ok bool) {
 	if h.Replica == "" || h.Seq == 0 {
 		n.stats.Malformed.Add(1)
 		return false, false
@@ -521,7 +520,7 @@ func (n *Node) accept(now time.Time, k kind, from string, h Header) (ask, ok boo
 	// that brought it back, which proves nothing of the way there): the
 	// way from it is up, and likely the way back, over which our first ask
 	// and the KV watches may have asked in vain.
-	rejoined := !back && (k == kindAsk || k == kindRepair) && n.rejoined[from]
+	rejoined := !back && (k == namespace.Ask || k == namespace.Repair) && n.rejoined[from]
 	if rejoined {
 		delete(n.rejoined, from)
 	}
@@ -545,8 +544,8 @@ func (n *Node) accept(now time.Time, k kind, from string, h Header) (ask, ok boo
 // its sender's versions. A delta, and a repair that runs over versions,
 // carries its sender's own slots alone; others' come only as a repair to
 // a region that lost its own (versions 0 to 0).
-func (n *Node) merge(ctx context.Context, k kind, from string, d crdt.Delta) (versions bool) {
-	versions = k == kindDelta || d.To > 0
+func (n *Node) merge(ctx context.Context, k namespace.Kind, from string, d crdt.Delta) (versions bool) {
+	versions = k == namespace.Delta || d.To > 0
 	if versions && (d.Origin != from || !onlyOwnSlots(d)) {
 		n.stats.Spoofed.Add(1)
 		return false
@@ -562,7 +561,7 @@ func (n *Node) merge(ctx context.Context, k kind, from string, d crdt.Delta) (ve
 	}
 	rep, err := n.cfg.Counters.MergeRemote(ctx, d)
 	n.stats.Applied.Add(int64(rep.Applied))
-	if k == kindRepair {
+	if k == namespace.Repair {
 		n.stats.Repaired.Add(int64(rep.Applied))
 	}
 	n.stats.UnknownRegion.Add(int64(rep.UnknownRegion))

@@ -4,112 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
-
-// DefaultPrefix starts every subject.
-const DefaultPrefix = "geoquota"
-
-// Subjects names the NATS subjects of a deployment, under its prefix:
-//
-//	<prefix>.delta.<region>        a region's changed slots, from any of its replicas
-//	<prefix>.ask.<to>.<from>       what <from> asks of <to>'s replicas (anti-entropy)
-//	<prefix>.repair.<to>.<from>    what <from> answers <to>
-//	<prefix>.heartbeat.<region>    a replica's demand and leases, for globalsync
-//	<prefix>.push.budgets          budget documents, pushed beside the KV bucket
-//	<prefix>.push.rules            the published rules, pushed beside the KV bucket
-//
-// The region that sends comes last, so that a subscriber can tell it
-// without reading the message.
-type Subjects struct{ prefix string }
-
-// NewSubjects returns the subjects under prefix ("" means DefaultPrefix).
-func NewSubjects(prefix string) Subjects {
-	if prefix == "" {
-		prefix = DefaultPrefix
-	}
-	return Subjects{prefix: prefix}
-}
-
-// Prefix returns the prefix every subject starts with.
-func (s Subjects) Prefix() string { return s.prefix }
-
-// Delta is the subject of a region's deltas.
-func (s Subjects) Delta(region string) string {
-	return s.prefix + "." + kindDelta.String() + "." + region
-}
-
-// Ask is the subject of what from (a region or globalsync) asks of the
-// region to's replicas.
-func (s Subjects) Ask(to, from string) string {
-	return s.prefix + "." + kindAsk.String() + "." + to + "." + from
-}
-
-// Repair is the subject of what from sends to (a region or globalsync) in
-// answer to its asks.
-func (s Subjects) Repair(to, from string) string {
-	return s.prefix + "." + kindRepair.String() + "." + to + "." + from
-}
-
-// Heartbeat is the subject of a region's replicas' heartbeats.
-func (s Subjects) Heartbeat(region string) string {
-	return s.prefix + "." + kindHeartbeat.String() + "." + region
-}
-
-// PushBudgets carries budget documents (budget.Document, JSON) as globalsync
-// writes them to the budgets bucket.
-func (s Subjects) PushBudgets() string { return s.prefix + ".push.budgets" }
-
-// PushRules carries the rules globalsync last published (YAML).
-func (s Subjects) PushRules() string { return s.prefix + ".push.rules" }
-
-// parse reads a gossip subject: its kind, the sending region, and for a
-// repair the region it is for.
-func (s Subjects) parse(subject string) (k kind, from, to string, ok bool) {
-	rest, ok := strings.CutPrefix(subject, s.prefix+".")
-	if !ok {
-		return 0, "", "", false
-	}
-	name, rest, _ := strings.Cut(rest, ".")
-	for k = kindDelta; k <= kindHeartbeat; k++ {
-		if k.String() == name {
-			break
-		}
-	}
-	if k > kindHeartbeat {
-		return 0, "", "", false
-	}
-	addressed := k == kindRepair || k == kindAsk
-	if addressed {
-		to, rest, _ = strings.Cut(rest, ".")
-	}
-	if !validName(rest) || (addressed && !validName(to)) {
-		return 0, "", "", false
-	}
-	return k, rest, to, true
-}
-
-// kind is what a message carries.
-type kind uint8
-
-const (
-	kindDelta kind = iota
-	kindAsk
-	kindRepair
-	kindHeartbeat
-)
-
-var kindNames = [...]string{"delta", "ask", "repair", "heartbeat"}
-
-func (k kind) String() string { return kindNames[k] }
-
-// validName reports whether a region's name can stand in a subject: one
-// token, no wildcard, and short enough for the counters' encoding.
-func validName(name string) bool {
-	return name != "" && len(name) <= crdt.MaxRegionNameLen && !strings.ContainsAny(name, ".*> \t\r\n")
-}
 
 // Message headers: the sending replica and its message number, so that a
 // replayed message is told from a new one. Every sender of gossip sets
@@ -269,32 +167,32 @@ func decodeAsk(b []byte) (Ask, error) {
 var errMalformed = errors.New("gossip: malformed message")
 
 // decode returns a message's body, decoding Data if it has none.
-func (m *Message) decode(k kind) (any, error) {
+func (m *Message) decode(k namespace.Kind) (any, error) {
 	if m.Body != nil {
 		switch m.Body.(type) {
 		case crdt.Delta:
-			if k == kindDelta || k == kindRepair {
+			if k == namespace.Delta || k == namespace.Repair {
 				return m.Body, nil
 			}
 		case Ask:
-			if k == kindAsk {
+			if k == namespace.Ask {
 				return m.Body, nil
 			}
 		case Heartbeat:
-			if k == kindHeartbeat {
+			if k == namespace.Heartbeat {
 				return m.Body, nil
 			}
 		}
 		return nil, errMalformed
 	}
 	switch k {
-	case kindDelta, kindRepair:
+	case namespace.Delta, namespace.Repair:
 		d, err := crdt.DecodeDelta(m.Data)
 		if err != nil {
 			return nil, err
 		}
 		return d, nil
-	case kindAsk:
+	case namespace.Ask:
 		return decodeAsk(m.Data)
 	default:
 		var hb Heartbeat

@@ -3,10 +3,13 @@ package harness
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 // DeploymentOptions configure a local multi-region deployment of geoquota.
@@ -41,6 +46,12 @@ type DeploymentOptions struct {
 	// RegiondArgs and GlobalSyncArgs are added to every regiond's and
 	// globalsync's flags.
 	RegiondArgs, GlobalSyncArgs []string
+	// NoAuth lets any client use the NATS servers, as the daemons' flag
+	// forms without credentials do. By default only the deployment's
+	// identities may (Deployment.Identity): each region's regiond, with
+	// control.RegionPermissions; globalsync, with GlobalSyncPermissions;
+	// and an operator allowed everything, for tests and tools.
+	NoAuth bool
 }
 
 // DefaultRegions names regions for deployments that are given a number of
@@ -61,6 +72,7 @@ type Deployment struct {
 	rulesPath   string
 	gsRulesPath string
 	adminToken  string
+	identities  map[string]*Identity
 }
 
 // DeployedRegion is one region of a deployment.
@@ -144,8 +156,15 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 			return err
 		}
 	}
+	var users []*Identity
+	if !opts.NoAuth {
+		var err error
+		if users, err = d.makeIdentities(opts.Regions); err != nil {
+			return err
+		}
+	}
 	sc, err := StartSupercluster(ctx, SuperclusterOptions{Dir: filepath.Join(d.dir, "nats"), Clusters: opts.Regions,
-		JetStream: true, Links: true})
+		JetStream: true, Links: true, Users: users})
 	if err != nil {
 		return err
 	}
@@ -153,6 +172,9 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 	regions := strings.Join(opts.Regions, ",")
 	for _, name := range opts.Regions {
 		r := &DeployedRegion{Name: name, NATS: sc.Cluster(name)}
+		var key [32]byte
+		rand.Read(key[:])
+		memberKey := hex.EncodeToString(key[:]) // the region's replicas', in their environment
 		d.Regions = append(d.Regions, r)
 		if r.Redis, err = StartRedis(ctx, RedisOptions{Dir: filepath.Join(d.dir, "redis-"+name)}); err != nil {
 			return err
@@ -176,7 +198,13 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 				"--rules", d.rulesPath, "--grpc-addr", rep.GRPCAddr, "--http-addr", rep.HTTPAddr,
 				"--regions", regions, "--memberlist-addr", rep.Memberlist, "--peers", strings.Join(peers, ","),
 				"--replica-name", rep.Name}
+			if id := d.identities["regiond-"+name]; id != nil {
+				args = append(args, id.Args()...)
+			}
 			d.daemon(rep, bin, append(args, opts.RegiondArgs...))
+			if !opts.NoAuth {
+				rep.proc.env = []string{"GEOQUOTA_MEMBERLIST_KEY=" + memberKey}
+			}
 		}
 	}
 	gsPorts, err := freePorts(2 * opts.GlobalSyncs)
@@ -187,6 +215,9 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 		gs := &Daemon{Name: fmt.Sprintf("gs-%d", i+1), Kind: "globalsync", GRPCAddr: loopback(gsPorts[2*i]), HTTPAddr: loopback(gsPorts[2*i+1])}
 		args := []string{"--nats", d.Regions[0].NATS.ClientURLs(), "--grpc-addr", gs.GRPCAddr, "--http-addr", gs.HTTPAddr,
 			"--rules", d.gsRulesPath, "--regions", regions, "--id", gs.Name}
+		if id := d.identities["globalsync"]; id != nil {
+			args = append(args, id.Args()...)
+		}
 		d.daemon(gs, bin, append(args, opts.GlobalSyncArgs...))
 		d.GlobalSyncs = append(d.GlobalSyncs, gs)
 	}
@@ -212,6 +243,41 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 	}
 	return nil
 }
+
+// makeIdentities makes the deployment's NATS identities, their seeds in
+// Dir/nats-keys.
+func (d *Deployment) makeIdentities(regions []string) ([]*Identity, error) {
+	dir := filepath.Join(d.dir, "nats-keys")
+	var n namespace.Names
+	d.identities = map[string]*Identity{}
+	add := func(name string, p *namespace.Permissions) error {
+		id, err := NewIdentity(dir, name, p)
+		d.identities[name] = id
+		return err
+	}
+	for _, r := range regions {
+		p := n.Region(r)
+		if err := add("regiond-"+r, &p); err != nil {
+			return nil, err
+		}
+	}
+	p := n.GlobalSync()
+	if err := add("globalsync", &p); err != nil {
+		return nil, err
+	}
+	if err := add("operator", nil); err != nil {
+		return nil, err
+	}
+	var ids []*Identity
+	for _, name := range slices.Sorted(maps.Keys(d.identities)) {
+		ids = append(ids, d.identities[name])
+	}
+	return ids, nil
+}
+
+// Identity returns one of the deployment's NATS identities ("regiond-us",
+// "globalsync", "operator"), or nil (always nil with NoAuth).
+func (d *Deployment) Identity(name string) *Identity { return d.identities[name] }
 
 // movePorts gives a daemon that lost the race for its ports new ones.
 // (Its siblings still name its old memberlist address among their peers:
@@ -480,12 +546,15 @@ type DeploymentState struct {
 	Control string `json:"control"`
 	// Rules is every regiond's rules file; GlobalSyncRules globalsync's,
 	// whose changes the leader publishes to every region over NATS.
-	Rules           string        `json:"rules"`
-	GlobalSyncRules string        `json:"globalsync_rules"`
-	AdminToken      string        `json:"admin_token,omitempty"`
-	Regions         []RegionState `json:"regions"`
-	GlobalSyncs     []DaemonState `json:"globalsync"`
-	Links           []LinkState   `json:"links"`
+	Rules           string `json:"rules"`
+	GlobalSyncRules string `json:"globalsync_rules"`
+	AdminToken      string `json:"admin_token,omitempty"`
+	// NATSNKey is the operator's nkey seed file: `nats --nkey` with it may
+	// do anything on the deployment's NATS. Empty: NATS lets anyone in.
+	NATSNKey    string        `json:"nats_nkey,omitempty"`
+	Regions     []RegionState `json:"regions"`
+	GlobalSyncs []DaemonState `json:"globalsync"`
+	Links       []LinkState   `json:"links"`
 }
 
 // RegionState lists one region's endpoints.
@@ -518,6 +587,9 @@ type LinkState struct {
 // State describes the deployment as it is now.
 func (d *Deployment) State() DeploymentState {
 	st := DeploymentState{Dir: d.dir, Rules: d.rulesPath, GlobalSyncRules: d.gsRulesPath, AdminToken: d.adminToken}
+	if op := d.identities["operator"]; op != nil {
+		st.NATSNKey = op.SeedFile
+	}
 	ds := func(dm *Daemon) DaemonState {
 		return DaemonState{Name: dm.Name, GRPC: dm.GRPCAddr, HTTP: dm.HTTPAddr, Memberlist: dm.Memberlist, PID: dm.PID(), Log: dm.LogPath()}
 	}

@@ -33,6 +33,9 @@ type NATSOptions struct {
 	Binary bool
 	// JetStream enables JetStream, storing in Dir.
 	JetStream bool
+	// Users, if any, are the only clients the server lets in (see
+	// Identity), all in one account (Account).
+	Users []*Identity
 }
 
 // NATS is one NATS server on loopback ports, embedded or a process. Kill
@@ -51,6 +54,7 @@ type NATS struct {
 	// nothing listens, so that the other clusters reach it only through
 	// the links their configurations name (see SuperclusterOptions.Links).
 	advertiseNowhere bool
+	users            []*Identity
 
 	proc      *process // when binary
 	logOffset int64    // where the current start's log begins
@@ -88,7 +92,7 @@ func StartNATS(ctx context.Context, opts NATSOptions) (*NATS, error) {
 			return err
 		}
 		n = &NATS{name: uniqueName("nats"), ports: natsPorts{client: ports[0], monitor: ports[1]}, dir: dir, binary: opts.Binary,
-			expect: natsExpect{jetstream: opts.JetStream}}
+			expect: natsExpect{jetstream: opts.JetStream}, users: opts.Users}
 		if err := n.writeConfig(nil, nil); err != nil {
 			return err
 		}
@@ -114,6 +118,7 @@ func (n *NATS) writeConfig(routes []int, gateways map[string][]int) error {
 	if n.expect.jetstream {
 		fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n}\n", filepath.Join(n.dir, "jetstream"))
 	}
+	WriteAccounts(&b, n.users)
 	if n.cluster != "" {
 		fmt.Fprintf(&b, "cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n",
 			n.cluster, n.ports.cluster, urlList("nats-route", routes))

@@ -91,7 +91,8 @@ type process struct {
 	name    string // for messages, such as "redis-server 127.0.0.1:6379"
 	path    string
 	args    []string
-	logPath string // stdout and stderr, appended across restarts
+	env     []string // added to this process's environment: secrets kept off the command line
+	logPath string   // stdout and stderr, appended across restarts
 
 	mu        sync.Mutex
 	cmd       *exec.Cmd
@@ -112,6 +113,9 @@ func (p *process) start() error {
 	defer logf.Close() // the child has its own copy
 	p.logOffset = fileSize(p.logPath)
 	cmd := exec.Command(p.path, p.args...)
+	if len(p.env) > 0 {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, so signals to the test do not reach it; and killed
 	// if the harness dies without cleaning up.

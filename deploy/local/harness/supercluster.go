@@ -30,6 +30,9 @@ type SuperclusterOptions struct {
 	// clusters and direction (see Supercluster.Link): the links between
 	// regions, which Cut and SetLatency act on.
 	Links bool
+	// Users, if any, are the only clients the servers let in (see
+	// Identity).
+	Users []*Identity
 }
 
 // Supercluster is a set of NATS clusters joined by gateways, on loopback.
@@ -110,7 +113,7 @@ func (sc *Supercluster) build(opts SuperclusterOptions) error {
 				return err
 			}
 			c.Servers = append(c.Servers, &NATS{
-				name: srvName, cluster: name, dir: srvDir, binary: opts.Binary,
+				name: srvName, cluster: name, dir: srvDir, binary: opts.Binary, users: opts.Users,
 				ports:  natsPorts{client: p[0], monitor: p[1], cluster: p[2], gateway: p[3]},
 				expect: natsExpect{jetstream: opts.JetStream, routes: per - 1, gateways: len(opts.Clusters) - 1},
 			})
