@@ -61,6 +61,7 @@ type upConfig struct {
 	rules      string
 	adminToken string
 	timeout    time.Duration
+	noAuth     bool
 	regionsSet bool // -regions was given
 }
 
@@ -75,6 +76,7 @@ func upFlags(name string, c *upConfig, errOut io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.rules, "rules", "", "rules file; default: the example rules (regional/example-rules.yaml)")
 	fs.StringVar(&c.adminToken, "admin-token", "local-admin", "every daemon's --admin-token")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "how long up waits for the deployment, builds included")
+	fs.BoolVar(&c.noAuth, "no-auth", false, "let any client use the NATS servers, and the daemons connect without credentials")
 	return fs
 }
 
@@ -144,7 +146,7 @@ func run(args []string, out, errOut io.Writer) error {
 // options turns up's flags into a deployment, checking each.
 func (c upConfig) options() (harness.DeploymentOptions, error) {
 	opts := harness.DeploymentOptions{Replicas: c.replicas, GlobalSyncs: c.globalsync, AdminToken: c.adminToken,
-		Dir: filepath.Join(c.dir, ".run"), Rules: regional.ExampleRules}
+		Dir: filepath.Join(c.dir, ".run"), Rules: regional.ExampleRules, NoAuth: c.noAuth}
 	switch {
 	case c.names != "" && c.regionsSet:
 		return opts, errors.New("-names and -regions: give one or the other")
@@ -491,6 +493,11 @@ func fault(dir string, args []string, out io.Writer) error {
 // printState prints every endpoint of a deployment.
 func printState(out io.Writer, st harness.DeploymentState) {
 	fmt.Fprintf(out, "geoquota deployment in %s (supervisor pid %d, faults at %s)\n", st.Dir, st.PID, st.Control)
+	if st.NATSNKey != "" {
+		fmt.Fprintf(out, "NATS lets in only the deployment's identities; the operator's: nats --nkey %s\n", st.NATSNKey)
+	} else {
+		fmt.Fprintln(out, "NATS lets anyone in (-no-auth)")
+	}
 	for _, r := range st.Regions {
 		fmt.Fprintf(out, "region %s\n  redis   %s\n  nats    %s\n", r.Name, r.Redis, r.NATS)
 		for _, d := range r.Replicas {

@@ -187,6 +187,11 @@ const (
 	// lately heard goes first), and maxAskers the askers it paces.
 	maxStreams = 1024
 	maxAskers  = 64
+	// maxSenders bounds the replay records (one per replica, run and kind;
+	// the least lately heard goes first), and maxHeard the regions an
+	// observer, which has no list of them, hears of.
+	maxSenders = 4096
+	maxHeard   = crdt.MaxRegions
 	// An asker is answered at most askBurst times at once and askRate
 	// times a second after that: an answer may hold a region's every
 	// counter.
@@ -457,6 +462,10 @@ func (n *Node) Step(ctx context.Context, now time.Time, m Message) []Message {
 		n.stats.Malformed.Add(1)
 		return nil
 	}
+	if !n.knownSender(from) {
+		n.stats.UnknownRegion.Add(1)
+		return nil
+	}
 	heard, ok := n.accept(now, k, from, m.Header)
 	if !ok {
 		return nil
@@ -510,6 +519,9 @@ func (n *Node) accept(now time.Time, k namespace.Kind, from string, h Header) (a
 			n.stats.Replayed.Add(1)
 		}
 		return false, false
+	}
+	if _, known := n.senders[s]; !known && len(n.senders) >= maxSenders {
+		n.dropSender()
 	}
 	n.senders[s] = senderSeen{region: from, seq: h.Seq, at: now}
 	last, heard := n.heard[from]
@@ -634,6 +646,32 @@ func (n *Node) askAll(region string) Ask {
 		a.Streams = append(a.Streams, StreamAsk{Replica: k.id.replica, Instance: k.id.instance, Since: k.s.have})
 	}
 	return a
+}
+
+// knownSender reports whether a message under region's name may be
+// heard: a replica hears its regions (its own included) and globalsync;
+// an observer, any region while it has heard of fewer than maxHeard.
+func (n *Node) knownSender(region string) bool {
+	if !n.cfg.Observer {
+		return region == namespace.GlobalSync || slices.Contains(n.regions, region)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, heard := n.heard[region]
+	return heard || len(n.heard) < maxHeard
+}
+
+// dropSender forgets the replay record of the sender heard least lately.
+// The caller holds n.mu.
+func (n *Node) dropSender() {
+	var oldest stream
+	var at time.Time
+	for s, seen := range n.senders {
+		if at.IsZero() || seen.at.Before(at) {
+			oldest, at = s, seen.at
+		}
+	}
+	delete(n.senders, oldest)
 }
 
 // dropStream forgets the versions of the replica heard least lately. The
