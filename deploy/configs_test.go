@@ -75,8 +75,8 @@ func flagsOf(t *testing.T, files ...string) map[string]bool {
 // and units give regiond or globalsync is one it has.
 func TestManifestFlags(t *testing.T) {
 	commands := map[string]map[string]bool{
-		"regiond":    flagsOf(t, "../cmd/regiond/config.go", "../cmd/internal/daemon/nats.go"),
-		"globalsync": flagsOf(t, "../cmd/globalsync/main.go", "../cmd/internal/daemon/nats.go"),
+		"regiond":    flagsOf(t, "../cmd/regiond/config.go", "../cmd/internal/daemon/nats.go", "../cmd/internal/daemon/tls.go"),
+		"globalsync": flagsOf(t, "../cmd/globalsync/main.go", "../cmd/internal/daemon/nats.go", "../cmd/internal/daemon/tls.go"),
 	}
 	argRe := regexp.MustCompile(`--([a-z][a-z-]*)=`)
 	envRe := regexp.MustCompile(`GEOQUOTA_([A-Z_]+)`)

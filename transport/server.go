@@ -88,11 +88,17 @@ func (s *Server) checkAdmin(authorization string) adminStatus {
 	if s.opts.AdminToken == "" {
 		return adminDisabled
 	}
-	// The scheme is case-insensitive (RFC 9110, 11.1).
-	scheme, token, ok := strings.Cut(strings.TrimSpace(authorization), " ")
-	ok = ok && strings.EqualFold(scheme, "Bearer")
-	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(s.opts.AdminToken)) != 1 {
+	if !BearerMatches(authorization, s.opts.AdminToken) {
 		return adminDenied
 	}
 	return adminOK
+}
+
+// BearerMatches reports whether an Authorization value carries token as
+// its bearer token: the scheme in any case (RFC 9110, 11.1), the token
+// compared in constant time. An empty token matches nothing.
+func BearerMatches(authorization, token string) bool {
+	scheme, got, ok := strings.Cut(strings.TrimSpace(authorization), " ")
+	return ok && token != "" && strings.EqualFold(scheme, "Bearer") &&
+		subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(token)) == 1
 }

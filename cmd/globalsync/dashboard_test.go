@@ -29,7 +29,8 @@ func chromiumPath(t *testing.T) string {
 }
 
 // TestDashboardInABrowser loads the dashboard in headless Chromium while
-// three regions run, two of them taking traffic: the regions appear, and a
+// three regions run, two of them taking traffic, globalsync's reads behind
+// a token the page is opened with: the regions appear, and a
 // chart per figure with a line per region. A screenshot goes to the test's artifact directory
 // (go test -artifacts keeps it).
 func TestDashboardInABrowser(t *testing.T) {
@@ -41,7 +42,8 @@ func TestDashboardInABrowser(t *testing.T) {
 	eu := w.region("eu", ns.ClientURL(), regions, strictRules)
 	us := w.region("us", ns.ClientURL(), regions, strictRules)
 	svc := w.service("gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 250 * time.Millisecond})
-	web := httptest.NewServer(httpHandler(svc, prometheus.NewRegistry(), "gs"))
+	// With an admin token, which the page takes from its fragment.
+	web := httptest.NewServer(httpHandler(svc, prometheus.NewRegistry(), "gs", "t0ken"))
 	t.Cleanup(web.Close)
 	w.waitFor(250*time.Millisecond, "both regions hold leases", func() bool {
 		_, a := eu.lease()
@@ -70,7 +72,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	defer cancelTimeout()
 
 	err := chromedp.Do(ctx,
-		chromedp.Navigate(web.URL+"/"),
+		chromedp.Navigate(web.URL+"/#token=t0ken"),
 		chromedp.WaitVisible(chromedp.CSS(`tr.region[data-region="us"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`svg.chart polyline.series`)),
 	)

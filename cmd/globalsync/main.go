@@ -21,13 +21,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/transport"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 	"github.com/geoquota/geoquota/transport/namespace"
 )
@@ -52,6 +57,7 @@ type config struct {
 	reserve                                                             float64
 	regionList                                                          []string
 	deployment                                                          string
+	tls                                                                 daemon.TLS
 	natsAuth                                                            daemon.NATSAuth
 	requireAuth                                                         bool
 }
@@ -63,7 +69,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:9081", "address of the gRPC API: geoquota.v1.GlobalSync, health, reflection")
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API: /healthz, /v1/budgets, /v1/regions")
 	fs.StringVar(&c.rules, "rules", "", "rules file (YAML): with it, each window's books are closed (over-admission, carry_debt)")
-	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token for admin calls")
+	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token every /v1 read and geoquota.v1.GlobalSync call must carry; empty: open")
 	fs.StringVar(&c.regions, "regions", "", "every region, comma-separated; empty: the regions heard from")
 	fs.StringVar(&c.id, "id", "", "this instance's name among the globalsync instances; default: the host name and a random suffix")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
@@ -72,6 +78,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds, at most 5m")
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
 	c.natsAuth.AddFlags(fs)
+	c.tls.AddFlags(fs)
 	fs.StringVar(&c.deployment, "deployment", "", "the deployment's name, as its regiond have it: its NATS subjects and buckets are its own")
 	fs.BoolVar(&c.requireAuth, "require-auth", false, "refuse to start with NATS unauthenticated")
 	if err := daemon.Parse("globalsync", fs, args, getenv); err != nil {
@@ -82,6 +89,9 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	}
 	if _, err := namespace.New(c.deployment); err != nil {
 		return c, fmt.Errorf("--deployment: %w", err)
+	}
+	if err := c.tls.Check(); err != nil {
+		return c, err
 	}
 	if err := c.natsAuth.Check(); err != nil {
 		return c, err
@@ -152,15 +162,31 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	limits := daemon.DefaultLimits()
 	grpcLis, httpLis := limits.Listener(lis[0]), limits.Listener(lis[1])
-	g := grpc.NewServer(limits.GRPCOptions()...)
+	grpcTLS, err := c.tls.GRPC()
+	httpTLS, err2 := c.tls.HTTP()
+	if err := errors.Join(err, err2); err != nil {
+		lis[0].Close()
+		lis[1].Close()
+		return err
+	}
+	gopts := append(limits.GRPCOptions(), grpc.UnaryInterceptor(requireToken(c.adminToken)))
+	if grpcTLS != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(grpcTLS)))
+	}
+	g := grpc.NewServer(gopts...)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	pb.RegisterGlobalSyncServer(g, grpcServer{s: svc})
 	reflection.Register(g)
 	go g.Serve(grpcLis)
 	defer g.Stop()
-	srv := limits.HTTPServer(httpHandler(svc, reg, c.id), slog.NewLogLogger(log.Handler(), slog.LevelWarn))
-	go srv.Serve(httpLis)
+	srv := limits.HTTPServer(httpHandler(svc, reg, c.id, c.adminToken), slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+	if httpTLS != nil {
+		srv.TLSConfig = httpTLS
+		go srv.ServeTLS(httpLis, "", "")
+	} else {
+		go srv.Serve(httpLis)
+	}
 	defer srv.Close()
 	log.Info("globalsync serving", "id", c.id, "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String())
 	<-ctx.Done()
@@ -168,19 +194,48 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	return nil
 }
 
-// httpHandler is globalsync's HTTP API and dashboard.
-func httpHandler(svc *Service, reg *prometheus.Registry, id string) http.Handler {
+// httpHandler is globalsync's HTTP API and dashboard. With a token, every
+// /v1 read needs it (Authorization: Bearer); the dashboard's page, health
+// and metrics, which name no key, stay open.
+func httpHandler(svc *Service, reg *prometheus.Registry, id, token string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", serveDashboard)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /v1/over-admissions", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.OverAdmissions()) })
-	mux.HandleFunc("GET /v1/budgets", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.Budgets()) })
-	mux.HandleFunc("GET /v1/regions", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, map[string]any{"leader": svc.Leader(), "id": id, "regions": svc.Regions()})
-	})
-	mux.HandleFunc("GET /v1/dashboard", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, svc.Dashboard()) })
+	read := func(pattern string, f func() any) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if token != "" && !transport.BearerMatches(r.Header.Get("Authorization"), token) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="geoquota"`)
+				http.Error(w, "globalsync's API needs Authorization: Bearer <admin token>", http.StatusUnauthorized)
+				return
+			}
+			writeJSON(w, f())
+		})
+	}
+	read("GET /v1/over-admissions", func() any { return svc.OverAdmissions() })
+	read("GET /v1/budgets", func() any { return svc.Budgets() })
+	read("GET /v1/regions", func() any { return map[string]any{"leader": svc.Leader(), "id": id, "regions": svc.Regions()} })
+	read("GET /v1/dashboard", func() any { return svc.Dashboard() })
 	return mux
+}
+
+// requireToken makes every geoquota.v1.GlobalSync call carry the token in
+// its metadata (authorization: Bearer); health and reflection stay open.
+func requireToken(token string) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if token != "" && strings.HasPrefix(info.FullMethod, "/geoquota.v1.GlobalSync/") {
+			var auth string
+			if md, ok := metadata.FromIncomingContext(ctx); ok {
+				if v := md.Get("authorization"); len(v) > 0 {
+					auth = v[0]
+				}
+			}
+			if !transport.BearerMatches(auth, token) {
+				return nil, status.Error(codes.Unauthenticated, "globalsync's API needs metadata authorization: Bearer <admin token>")
+			}
+		}
+		return h(ctx, req)
+	}
 }
 
 // rulesReader reads the rules file for publishing, or nil without one.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -21,6 +22,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/geoquota/geoquota/budget"
@@ -400,7 +404,7 @@ func TestGlobalSyncAPI(t *testing.T) {
 
 	// The dashboard: a page that loads nothing from elsewhere, and the
 	// figures it draws.
-	web := httptest.NewServer(httpHandler(svc, prometheus.NewRegistry(), "gs"))
+	web := httptest.NewServer(httpHandler(svc, prometheus.NewRegistry(), "gs", ""))
 	t.Cleanup(web.Close)
 	hc := web.Client()
 	res, err := hc.Get(web.URL + "/")
@@ -551,5 +555,73 @@ func TestBadFlags(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"--nats", "nats://gs:pw@127.0.0.1:4222", "--require-auth"}, func(string) string { return "" }); err != nil {
 		t.Errorf("credentials in the URL with --require-auth: %v", err)
+	}
+}
+
+// TestReadsNeedTheToken: with --admin-token, every /v1 read and
+// geoquota.v1.GlobalSync call needs it (the scheme in any case); the
+// dashboard's page, health, metrics and gRPC health stay open.
+func TestReadsNeedTheToken(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	w := newWorld(t)
+	svc := w.service("gs", ns.ClientURL(), Config{Regions: []string{"eu", "us"}, Rebalance: 200 * time.Millisecond})
+	web := httptest.NewServer(httpHandler(svc, prometheus.NewRegistry(), "gs", "s3cret"))
+	t.Cleanup(web.Close)
+	get := func(path, auth string) int {
+		req, _ := http.NewRequest(http.MethodGet, web.URL+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		res, err := web.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode == http.StatusUnauthorized && res.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("GET %s: 401 without WWW-Authenticate", path)
+		}
+		return res.StatusCode
+	}
+	for _, path := range []string{"/v1/budgets", "/v1/regions", "/v1/over-admissions", "/v1/dashboard"} {
+		for auth, want := range map[string]int{"": 401, "Bearer wrong": 401, "s3cret": 401, "Bearer s3cret": 200, "bearer s3cret": 200} {
+			if got := get(path, auth); got != want {
+				t.Errorf("GET %s with %q: %d, want %d", path, auth, got, want)
+			}
+		}
+	}
+	for _, path := range []string{"/", "/healthz", "/metrics"} {
+		if got := get(path, ""); got != 200 {
+			t.Errorf("GET %s without the token: %d, want 200", path, got)
+		}
+	}
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(requireToken("s3cret")))
+	pb.RegisterGlobalSyncServer(srv, grpcServer{s: svc})
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := pb.NewGlobalSyncClient(conn)
+	ctx := t.Context()
+	if _, err := client.GetBudgets(ctx, &pb.GetBudgetsRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("GetBudgets without the token: %v, want Unauthenticated", err)
+	}
+	if _, err := client.ListRegions(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer wrong"), &pb.ListRegionsRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("ListRegions with a wrong token: %v, want Unauthenticated", err)
+	}
+	if _, err := client.GetBudgets(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret"), &pb.GetBudgetsRequest{}); err != nil {
+		t.Errorf("GetBudgets with the token: %v", err)
+	}
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("health without the token: %v", err)
 	}
 }

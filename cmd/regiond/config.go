@@ -34,7 +34,7 @@ type config struct {
 	proxyUpstream  string
 	dev            bool
 
-	tlsCert, tlsKey  string
+	tls              daemon.TLS
 	logFormat        string
 	logLevel         string
 	timeout          time.Duration
@@ -72,8 +72,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.memberlistAddr, "memberlist-addr", "", "address for membership among this region's replicas")
 	fs.StringVar(&c.proxyUpstream, "proxy-upstream", "", "make the HTTP API a reverse proxy to this URL for every other path")
 	fs.BoolVar(&c.dev, "dev", false, "run with nothing else: embedded NATS, in-memory store, the example rules")
-	fs.StringVar(&c.tlsCert, "tls-cert", "", "TLS certificate file for the gRPC and HTTP APIs")
-	fs.StringVar(&c.tlsKey, "tls-key", "", "TLS key file for the gRPC and HTTP APIs")
+	c.tls.AddFlags(fs)
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&c.timeout, "timeout", 50*time.Millisecond, "bound on each call to Redis; slower calls count as failures")
@@ -104,8 +103,8 @@ func (c *config) check() error {
 	if !c.dev && c.rules == "" {
 		return errors.New("--rules is required (or --dev, for the example rules)")
 	}
-	if (c.tlsCert == "") != (c.tlsKey == "") {
-		return errors.New("--tls-cert and --tls-key go together")
+	if err := c.tls.Check(); err != nil {
+		return err
 	}
 	if c.proxyUpstream != "" {
 		u, err := url.Parse(c.proxyUpstream)

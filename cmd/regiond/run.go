@@ -162,15 +162,16 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	limits := daemon.DefaultLimits()
 	grpcLis, httpLis := limits.Listener(lis[0]), limits.Listener(lis[1])
 	gopts := limits.GRPCOptions()
-	if c.tlsCert != "" {
-		creds, err := credentials.NewServerTLSFromFile(c.tlsCert, c.tlsKey)
-		if err != nil {
-			for _, l := range lis {
-				l.Close()
-			}
-			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	grpcTLS, err := c.tls.GRPC()
+	httpTLS, err2 := c.tls.HTTP()
+	if err := errors.Join(err, err2); err != nil {
+		for _, l := range lis {
+			l.Close()
 		}
-		gopts = append(gopts, grpc.Creds(creds))
+		return err
+	}
+	if grpcTLS != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 	}
 	if c.debugAddr != "" {
 		dbg := lis[2]
@@ -214,8 +215,9 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	})
 	spawn(func() {
 		var err error
-		if c.tlsCert != "" {
-			err = hs.ServeTLS(httpLis, c.tlsCert, c.tlsKey)
+		if httpTLS != nil {
+			hs.TLSConfig = httpTLS
+			err = hs.ServeTLS(httpLis, "", "")
 		} else {
 			err = hs.Serve(httpLis)
 		}
