@@ -493,6 +493,10 @@ func (e *Engine) storeError(err error, now int64) {
 		"errors", n-e.errsLogged.Swap(n))
 }
 
+// Timeout returns the bound on each call to a shared store
+// (Config.Timeout).
+func (e *Engine) Timeout() time.Duration { return e.cfg.Timeout }
+
 // breakerWait is how long a fail_closed client should wait: until the
 // breaker next probes the store.
 func (e *Engine) breakerWait() int64 { return e.breaker.cfg.Cooldown.Microseconds() }

@@ -48,6 +48,9 @@ type envOptions struct {
 	adminToken string
 	upstream   string
 	breaker    regional.BreakerConfig
+	// latency, if set, puts Redis behind a link that delays everything by
+	// it each way; timeout bounds each store call (0: the engine's default).
+	latency, timeout time.Duration
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -61,14 +64,22 @@ func newEnv(t *testing.T, o envOptions) *env {
 	}
 	v := &env{t: t, redis: harness.NewRedis(t, harness.RedisOptions{})}
 	metrics := NewMetrics(nil)
-	v.store, err = regional.NewRedisStore(t.Context(), v.redis.URL(), regional.RedisOptions{Observe: metrics.ObserveRedis})
+	url := v.redis.URL()
+	if o.latency > 0 {
+		link := harness.NewLink(t, v.redis.Addr())
+		if err := link.SetLatency(o.latency); err != nil {
+			t.Fatal(err)
+		}
+		url = "redis://" + link.Addr() + "/0"
+	}
+	v.store, err = regional.NewRedisStore(t.Context(), url, regional.RedisOptions{Observe: metrics.ObserveRedis, Timeout: o.timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { v.store.Close() })
 	violations := regional.NewRedisViolations(v.store.Client(), "test-region", 1000)
 	v.engine = regional.New(regional.Config{Region: "test-region", Store: v.store, Violations: violations, Breaker: o.breaker,
-		Logger: discardLogger()}, rules)
+		Timeout: o.timeout, Logger: discardLogger()}, rules)
 	metrics.Attach(v.engine)
 	opts := Options{Region: "test-region", AdminToken: o.adminToken, Violations: violations, Metrics: metrics, Logger: discardLogger()}
 	if o.upstream != "" {

@@ -82,7 +82,19 @@ func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckR
 	}
 	out := &pb.CheckResponse{Decisions: make([]*pb.Decision, len(reqs))}
 	var d regional.Decision
+	deadline, bounded := ctx.Deadline()
+	reserve := s.engine.Timeout() + batchMargin
 	for i := range reqs {
+		if bounded && time.Until(deadline) < reserve {
+			// Too little time left to count a request and still answer
+			// before the caller gives up: the rest count nothing, and say
+			// so, so that every request counted is answered.
+			for j := i; j < len(reqs); j++ {
+				out.Decisions[j] = &pb.Decision{Code: pb.Code_RATE_LIMITER_UNAVAILABLE, NotCounted: true}
+			}
+			s.metrics.grpc.uncounted(len(reqs) - i)
+			break
+		}
 		start := time.Now()
 		if err := s.engine.Check(ctx, &reqs[i], &d); err != nil {
 			return nil, grpcError(fieldPath(fmt.Sprintf("requests[%d]", i), err))
@@ -92,6 +104,10 @@ func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckR
 	}
 	return out, nil
 }
+
+// batchMargin is what a batch keeps, beyond a store call's timeout, to
+// send its answer before the caller's deadline.
+const batchMargin = 5 * time.Millisecond
 
 func decisionProto(d *regional.Decision) *pb.Decision {
 	out := &pb.Decision{Allowed: d.Allowed, Degraded: d.Degraded, Bypassed: d.Bypassed,

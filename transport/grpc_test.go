@@ -1,8 +1,11 @@
 package transport
 
 import (
+	"context"
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -14,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/geoquota/geoquota/regional"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
 
@@ -207,5 +211,53 @@ func TestGRPCHealthAndReflection(t *testing.T) {
 		if !slices.Contains(names, want) {
 			t.Errorf("reflection lists %v, without %s", names, want)
 		}
+	}
+}
+
+// TestCheckBatchAnswersWhatItCounts: a batch whose deadline runs out
+// before its last requests (Redis 30 ms away, a store timeout of 200 ms,
+// a deadline of 600 ms, 30 requests) still answers before the deadline:
+// the requests it checked are counted and answered, the rest are marked
+// not counted and counted nothing.
+func TestCheckBatchAnswersWhatItCounts(t *testing.T) {
+	v := newEnv(t, envOptions{latency: 15 * time.Millisecond, timeout: 200 * time.Millisecond, rules: `
+rules:
+  - { id: batch, match: { endpoint: /batch }, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
+`})
+	c := pb.NewRateLimiterClient(v.conn)
+	in := &pb.CheckRequest{}
+	for i := range 30 {
+		in.Requests = append(in.Requests, &pb.Request{Descriptors: descriptors("api_key", fmt.Sprint("k", i), "endpoint", "/batch")})
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 600*time.Millisecond)
+	defer cancel()
+	out, err := c.Check(ctx, in)
+	if err != nil {
+		t.Fatalf("a batch that ran short of time: %v, want an answer", err)
+	}
+	counted, uncounted := 0, 0
+	for i, d := range out.Decisions {
+		st, err := v.engine.Inspect(t.Context(), "batch", &regional.Request{APIKey: fmt.Sprint("k", i), Endpoint: "/batch"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := st.Limit - st.Remaining
+		switch {
+		case d.NotCounted && (d.Allowed || d.Code != pb.Code_RATE_LIMITER_UNAVAILABLE || used != 0):
+			t.Errorf("request %d: not counted, but %v and %d used", i, d, used)
+		case d.NotCounted:
+			uncounted++
+		case !d.Allowed || used != 1:
+			t.Errorf("request %d: answered %v, %d used; want allowed and counted once", i, d, used)
+		default:
+			if uncounted > 0 {
+				t.Errorf("request %d counted after one that was not", i)
+			}
+			counted++
+		}
+	}
+	t.Logf("%d counted, %d not", counted, uncounted)
+	if counted == 0 || uncounted == 0 {
+		t.Fatalf("%d counted, %d not: want the batch cut short in its middle", counted, uncounted)
 	}
 }

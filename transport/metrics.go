@@ -21,6 +21,7 @@ type Metrics struct {
 	checkDuration *prometheus.HistogramVec // api
 	redisDuration prometheus.Histogram
 	redisErrors   prometheus.Counter
+	uncountedReqs prometheus.Counter
 
 	mu       sync.RWMutex
 	children map[string]*[decisionKinds]prometheus.Counter // by rule id
@@ -57,7 +58,10 @@ func NewMetrics(e *regional.Engine) *Metrics {
 	m.redisErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "geoquota_redis_errors_total", Help: "Redis pipelines that failed.",
 	})
-	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisErrors,
+	m.uncountedReqs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "geoquota_batch_uncounted_total", Help: "Requests of gRPC Check batches left unchecked, counting nothing, because too little of the batch's deadline was left.",
+	})
+	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisErrors, m.uncountedReqs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if e != nil {
 		m.Attach(e)
@@ -119,6 +123,9 @@ type apiMetrics struct {
 func (m *Metrics) forAPI(api string) apiMetrics {
 	return apiMetrics{m, m.checkDuration.WithLabelValues(api)}
 }
+
+// uncounted records requests of a batch left unchecked.
+func (m apiMetrics) uncounted(n int) { m.uncountedReqs.Add(float64(n)) }
 
 // observe records a decision.
 func (m apiMetrics) observe(d *regional.Decision, took time.Duration) {

@@ -243,7 +243,11 @@ type Decision struct {
 	Bypassed bool `protobuf:"varint,4,opt,name=bypassed,proto3" json:"bypassed,omitempty"`
 	// The limits that applied, the one that speaks for the decision first,
 	// then the others tightest first, shadow limits last.
-	Limits        []*LimitStatus `protobuf:"bytes,5,rep,name=limits,proto3" json:"limits,omitempty"`
+	Limits []*LimitStatus `protobuf:"bytes,5,rep,name=limits,proto3" json:"limits,omitempty"`
+	// The request was not checked and counted nothing: its batch ran out of
+	// time before it (code RATE_LIMITER_UNAVAILABLE). A batch answers every
+	// request it counted.
+	NotCounted    bool `protobuf:"varint,6,opt,name=not_counted,json=notCounted,proto3" json:"not_counted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -311,6 +315,13 @@ func (x *Decision) GetLimits() []*LimitStatus {
 		return x.Limits
 	}
 	return nil
+}
+
+func (x *Decision) GetNotCounted() bool {
+	if x != nil {
+		return x.NotCounted
+	}
+	return false
 }
 
 type LimitStatus struct {
@@ -2130,13 +2141,15 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\fCheckRequest\x120\n" +
 	"\brequests\x18\x01 \x03(\v2\x14.geoquota.v1.RequestR\brequests\"D\n" +
 	"\rCheckResponse\x123\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x15.geoquota.v1.DecisionR\tdecisions\"\xb5\x01\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x15.geoquota.v1.DecisionR\tdecisions\"\xd6\x01\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12%\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x11.geoquota.v1.CodeR\x04code\x12\x1a\n" +
 	"\bdegraded\x18\x03 \x01(\bR\bdegraded\x12\x1a\n" +
 	"\bbypassed\x18\x04 \x01(\bR\bbypassed\x120\n" +
-	"\x06limits\x18\x05 \x03(\v2\x18.geoquota.v1.LimitStatusR\x06limits\"\x8f\x02\n" +
+	"\x06limits\x18\x05 \x03(\v2\x18.geoquota.v1.LimitStatusR\x06limits\x12\x1f\n" +
+	"\vnot_counted\x18\x06 \x01(\bR\n" +
+	"notCounted\"\x8f\x02\n" +
 	"\vLimitStatus\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x18\n" +
 	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x16\n" +
