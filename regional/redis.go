@@ -49,6 +49,8 @@ type RedisOptions struct {
 	// scripts it ran, and its error. It is called on the store's own
 	// goroutines and must not block (a metrics histogram, say).
 	Observe func(took time.Duration, scripts int, err error)
+	// Auth is how to authenticate to Redis, and TLS.
+	Auth RedisAuth
 }
 
 func (o RedisOptions) withDefaults() RedisOptions {
@@ -93,7 +95,7 @@ type RedisStore struct {
 //
 // and loads the scripts, which checks that Redis answers.
 func NewRedisStore(ctx context.Context, spec string, opts RedisOptions) (*RedisStore, error) {
-	client, cluster, err := NewRedisClient(spec)
+	client, cluster, err := NewRedisClient(spec, opts.Auth)
 	if err != nil {
 		return nil, err
 	}
@@ -106,8 +108,12 @@ func NewRedisStore(ctx context.Context, spec string, opts RedisOptions) (*RedisS
 }
 
 // NewRedisClient makes the go-redis client for a --redis value (see
-// NewRedisStore), with the scripts loaded on every new connection.
-func NewRedisClient(spec string) (client redis.UniversalClient, cluster bool, err error) {
+// NewRedisStore) and its authentication, with the scripts loaded on every
+// new connection.
+func NewRedisClient(spec string, auth RedisAuth) (client redis.UniversalClient, cluster bool, err error) {
+	if err := auth.check(); err != nil {
+		return nil, false, err
+	}
 	onConnect := func(ctx context.Context, cn *redis.Conn) error {
 		// go-redis also runs this on its connections to sentinels, which
 		// have no scripts; the NOSCRIPT path covers any server missed.
@@ -122,6 +128,12 @@ func NewRedisClient(spec string) (client redis.UniversalClient, cluster bool, er
 		if err != nil {
 			return nil, false, fmt.Errorf("regional: --redis %q: %w", spec, err)
 		}
+		if o.Username, o.Password, err = auth.credentials(o.Username, o.Password); err != nil {
+			return nil, false, err
+		}
+		if o.TLSConfig, err = auth.tlsConfig(o.TLSConfig); err != nil {
+			return nil, false, err
+		}
 		o.OnConnect, o.ContextTimeoutEnabled = onConnect, true
 		return redis.NewClient(o), false, nil
 	case strings.HasPrefix(spec, "redis-sentinel://"):
@@ -130,10 +142,18 @@ func NewRedisClient(spec string) (client redis.UniversalClient, cluster bool, er
 		if err != nil || u.Host == "" || name == "" {
 			return nil, false, fmt.Errorf("regional: --redis %q: want redis-sentinel://host:port,host:port/mastername", spec)
 		}
-		o := &redis.FailoverOptions{MasterName: name, SentinelAddrs: strings.Split(u.Host, ","), OnConnect: onConnect, ContextTimeoutEnabled: true}
+		o := &redis.FailoverOptions{MasterName: name, SentinelAddrs: strings.Split(u.Host, ","), OnConnect: onConnect, ContextTimeoutEnabled: true,
+			SentinelPassword: auth.SentinelPassword}
+		var user, password string
 		if u.User != nil {
-			o.Username = u.User.Username()
-			o.Password, _ = u.User.Password()
+			user = u.User.Username()
+			password, _ = u.User.Password()
+		}
+		if o.Username, o.Password, err = auth.credentials(user, password); err != nil {
+			return nil, false, err
+		}
+		if o.TLSConfig, err = auth.tlsConfig(nil); err != nil {
+			return nil, false, err
 		}
 		if db := u.Query().Get("db"); db != "" {
 			if o.DB, err = strconv.Atoi(db); err != nil {
@@ -150,7 +170,12 @@ func NewRedisClient(spec string) (client redis.UniversalClient, cluster bool, er
 				return nil, false, fmt.Errorf("regional: --redis %q: %q is not host:port", spec, a)
 			}
 		}
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, OnConnect: onConnect, ContextTimeoutEnabled: true}), true, nil
+		tc, err := auth.tlsConfig(nil)
+		if err != nil {
+			return nil, false, err
+		}
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, OnConnect: onConnect, ContextTimeoutEnabled: true,
+			Username: auth.Username, Password: auth.Password, TLSConfig: tc}), true, nil
 	}
 }
 

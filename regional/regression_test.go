@@ -244,7 +244,7 @@ func TestRedisWaitsAreBounded(t *testing.T) {
 	// The accept loop ends before the wait for its connections: an Add
 	// racing a Wait at zero is a misuse of WaitGroup.
 	defer func() { lis.Close(); <-accepting; conns.Wait() }()
-	client, cluster, err := NewRedisClient("redis://" + lis.Addr().String() + "/0")
+	client, cluster, err := NewRedisClient("redis://"+lis.Addr().String()+"/0", RedisAuth{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ type config struct {
 	dev            bool
 
 	tls              daemon.TLS
+	redisAuth        regional.RedisAuth
 	logFormat        string
 	logLevel         string
 	timeout          time.Duration
@@ -73,6 +74,13 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.proxyUpstream, "proxy-upstream", "", "make the HTTP API a reverse proxy to this URL for every other path")
 	fs.BoolVar(&c.dev, "dev", false, "run with nothing else: embedded NATS, in-memory store, the example rules")
 	c.tls.AddFlags(fs)
+	fs.StringVar(&c.redisAuth.Username, "redis-username", "", "Redis ACL user, for every form of --redis (with --redis-password)")
+	fs.StringVar(&c.redisAuth.Password, "redis-password", "", "Redis password (AUTH), for every form of --redis; prefer GEOQUOTA_REDIS_PASSWORD to the command line")
+	fs.StringVar(&c.redisAuth.SentinelPassword, "redis-sentinel-password", "", "the sentinels' own password, for redis-sentinel://")
+	fs.BoolVar(&c.redisAuth.TLS, "redis-tls", false, "connect to Redis over TLS, for every form of --redis (rediss:// does for a single server)")
+	fs.StringVar(&c.redisAuth.CA, "redis-ca", "", "PEM file of the CAs that sign the Redis servers' certificates (turns TLS on)")
+	fs.StringVar(&c.redisAuth.Cert, "redis-cert", "", "PEM file of a client certificate for Redis servers that ask for one (with --redis-key; turns TLS on)")
+	fs.StringVar(&c.redisAuth.Key, "redis-key", "", "PEM file of the Redis client certificate's private key")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&c.timeout, "timeout", 50*time.Millisecond, "bound on each call to Redis; slower calls count as failures")

@@ -51,7 +51,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	var store regional.Store
 	var violations regional.ViolationLog
 	if c.redis != "" {
-		rs, err := regional.NewRedisStore(ctx, c.redis, regional.RedisOptions{Region: c.region, Timeout: c.timeout, Observe: metrics.ObserveRedis})
+		rs, err := regional.NewRedisStore(ctx, c.redis, regional.RedisOptions{Region: c.region, Timeout: c.timeout, Observe: metrics.ObserveRedis, Auth: c.redisAuth})
 		if err != nil {
 			return err
 		}
