@@ -364,6 +364,11 @@ func (e *Engine) Maintain(ctx context.Context) error {
 		return true
 	})
 	if vs := e.violations.drain(); len(vs) > 0 {
+		if e.cfg.RedactKeys {
+			for i := range vs {
+				vs[i] = vs[i].redacted()
+			}
+		}
 		for _, v := range vs {
 			e.log.Info("rate limit violation", "region", v.Region, "rule", v.Rule, "code", v.Code, "key", v.Key,
 				"api_key", v.APIKey, "ip", v.IP, "endpoint", v.Endpoint, "count", v.Count, "retry_after", v.RetryAfter)

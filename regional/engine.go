@@ -23,6 +23,10 @@ type Config struct {
 	// own time (Redis uses TIME); the clock serves the engine's caches,
 	// batches and breaker.
 	Clock func() time.Time
+	// RedactKeys puts RedactKey's hash in place of API keys and counter
+	// keys in the log and in the violations recorded (regiond's
+	// --key-redaction hash, its default).
+	RedactKeys bool
 	// Timeout bounds each call to a shared store; 0 means 50ms. A call
 	// that takes longer counts as a failure and the rule's fallback applies.
 	Timeout time.Duration

@@ -1,9 +1,11 @@
 package regional
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -546,6 +548,36 @@ block: ["bad*"]
 	}
 	if n, _ := store.Client().XLen(ctx, log.Key()).Result(); n > 300 {
 		t.Fatalf("stream holds %d entries with MAXLEN ~100", n)
+	}
+}
+
+// TestRedactedKeys: with RedactKeys, the log and the violations recorded
+// show a hash of the API key and the counter key, never the keys.
+func TestRedactedKeys(t *testing.T) {
+	var logged bytes.Buffer
+	vlog := NewMemoryViolations(10)
+	e := New(Config{Region: "us", Violations: vlog, RedactKeys: true, Logger: slog.New(slog.NewTextHandler(&logged, nil))}, mustParse(t, `
+rules:
+  - { id: r, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h }
+`))
+	const key = "sk_live_SECRET123"
+	mustCheck(t, e, Request{APIKey: key})
+	mustCheck(t, e, Request{APIKey: key})
+	if err := e.Maintain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	vs, err := vlog.Recent(t.Context(), 10)
+	if err != nil || len(vs) != 1 {
+		t.Fatalf("violations %+v, %v", vs, err)
+	}
+	if vs[0].APIKey != RedactKey(key) || !strings.HasPrefix(vs[0].Key, "sha256:") || len(RedactKey(key)) != len("sha256:")+16 {
+		t.Fatalf("violation %+v, want the API key as %s and the counter key hashed", vs[0], RedactKey(key))
+	}
+	if strings.Contains(logged.String(), "SECRET") || !strings.Contains(logged.String(), RedactKey(key)) {
+		t.Fatalf("the log shows the key, or not its hash:\n%s", logged.String())
+	}
+	if RedactKey(key) != RedactKey(key) || RedactKey(key) == RedactKey(key+"x") || RedactKey("") != "" {
+		t.Fatal("RedactKey is not a function of the key alone")
 	}
 }
 

@@ -462,7 +462,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		s.writeInputError(w, err)
 		return
 	}
-	s.log.Info("counter reset", "rule", b.Rule, "api_key", req.APIKey)
+	s.log.Info("counter reset", "rule", b.Rule, "api_key", s.logKey(req.APIKey))
 	writeJSON(w, http.StatusOK, map[string]any{})
 }
 
@@ -477,7 +477,7 @@ func (s *Server) handleGrant(w http.ResponseWriter, r *http.Request) {
 		s.writeInputError(w, err)
 		return
 	}
-	s.log.Info("quota granted", "rule", b.Rule, "api_key", req.APIKey, "amount", b.Amount)
+	s.log.Info("quota granted", "rule", b.Rule, "api_key", s.logKey(req.APIKey), "amount", b.Amount)
 	writeJSON(w, http.StatusOK, limitBody{Rule: b.Rule, Allowed: true, Limit: st.Limit, Remaining: st.Remaining,
 		WindowSeconds: ceilSeconds(st.Window), ResetAt: rfc3339(st.ResetAt)})
 }

@@ -3,6 +3,8 @@ package transport
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -39,5 +41,54 @@ func TestReverseProxy(t *testing.T) {
 	}
 	if resp := v.get("/minute", "X-API-Key", "revoked_9"); resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("blocked key through the proxy: %s", resp.Status)
+	}
+}
+
+// TestProxyPathsNormalized: a path written another way than a rule's
+// prefix (repeated slashes, dot segments, percent-encoded letters) never
+// reaches the upstream unchecked: unclean paths are redirected to their
+// clean form, encoded ones are matched decoded, and all count against
+// the same key.
+func TestProxyPathsNormalized(t *testing.T) {
+	var hits atomic.Int64
+	var paths []string
+	var mu sync.Mutex
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+	}))
+	defer upstream.Close()
+	v := newEnv(t, envOptions{upstream: upstream.URL})
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	send := func(client *http.Client, path string) int {
+		req, err := http.NewRequest(http.MethodGet, v.http.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-API-Key", "norm")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, p := range []string{"//minute/a", "/x/../minute/b", "/minute/./c", "/minute//d"} {
+		if code := send(noFollow, p); code/100 != 3 || hits.Load() != 0 {
+			t.Fatalf("GET %s: %d, upstream hit %d times; want a redirect to the clean path, unforwarded", p, code, hits.Load())
+		}
+	}
+	// Followed, each redirect lands on a checked path: the limit (2 a
+	// minute) holds across the spellings.
+	codes := []int{send(http.DefaultClient, "//minute/a"), send(http.DefaultClient, "/%6Dinute/b"), send(http.DefaultClient, "/x/../minute/c")}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != http.StatusTooManyRequests || hits.Load() != 2 {
+		t.Fatalf("three spellings of /minute: %v, upstream hit %d times; want 200, 200, 429 and 2", codes, hits.Load())
+	}
+	for _, p := range paths {
+		if !strings.HasPrefix(p, "/minute/") {
+			t.Errorf("the upstream saw %q", p)
+		}
 	}
 }

@@ -20,6 +20,8 @@ type Options struct {
 	// AdminToken is the bearer token admin calls must carry. Empty: admin
 	// calls are refused.
 	AdminToken string
+	// RedactKeys logs regional.RedactKey's hash in place of API keys.
+	RedactKeys bool
 	// Violations is where admin calls read the audit trail of denials.
 	Violations regional.ViolationLog
 	// ProxyUpstream, if set, makes the HTTP handler a reverse proxy to it
@@ -92,6 +94,14 @@ func (s *Server) checkAdmin(authorization string) adminStatus {
 		return adminDenied
 	}
 	return adminOK
+}
+
+// logKey is an API key as the log shows it.
+func (s *Server) logKey(k string) string {
+	if s.opts.RedactKeys {
+		return regional.RedactKey(k)
+	}
+	return k
 }
 
 // BearerMatches reports whether an Authorization value carries token as

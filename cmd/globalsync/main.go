@@ -58,6 +58,7 @@ type config struct {
 	regionList                                                          []string
 	deployment                                                          string
 	tls                                                                 daemon.TLS
+	redactKeys                                                          bool
 	natsAuth                                                            daemon.NATSAuth
 	requireAuth                                                         bool
 }
@@ -79,9 +80,14 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
 	c.natsAuth.AddFlags(fs)
 	c.tls.AddFlags(fs)
+	redaction := daemon.KeyRedaction(fs)
 	fs.StringVar(&c.deployment, "deployment", "", "the deployment's name, as its regiond have it: its NATS subjects and buckets are its own")
 	fs.BoolVar(&c.requireAuth, "require-auth", false, "refuse to start with NATS unauthenticated")
 	if err := daemon.Parse("globalsync", fs, args, getenv); err != nil {
+		return c, err
+	}
+	var err error
+	if c.redactKeys, err = redaction(); err != nil {
 		return c, err
 	}
 	if c.nats == "" {
@@ -149,7 +155,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	defer nc.Close()
 	names, _ := namespace.New(c.deployment) // checked by parseFlags
-	svc, err := Start(ctx, nc, Config{ID: c.id, Names: names, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
+	svc, err := Start(ctx, nc, Config{ID: c.id, Names: names, RedactKeys: c.redactKeys, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
 		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules)})
 	if err != nil {
 		return err

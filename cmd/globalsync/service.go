@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,9 @@ type Config struct {
 	// Names are the subjects and buckets of the deployment; the zero
 	// value is the unnamed deployment's.
 	Names namespace.Names
+	// RedactKeys reports over-admissions with regional.RedactKey's hash
+	// in place of the counter's key (--key-redaction hash, the default).
+	RedactKeys bool
 	// Rules, if set, are the rules the regions enforce: with them the
 	// leader knows each counter's limit and closes the books of every
 	// window (over-admission, carry_debt).
@@ -416,11 +420,19 @@ func (s *Service) Budgets() []budget.Document {
 	return s.coord.Budgets()
 }
 
-// OverAdmissions returns every over-admission found so far.
+// OverAdmissions returns every over-admission found so far, their keys
+// redacted if so configured.
 func (s *Service) OverAdmissions() []coord.OverAdmission {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.coord.OverAdmissions()
+	oas := s.coord.OverAdmissions()
+	s.mu.Unlock()
+	if s.cfg.RedactKeys {
+		oas = slices.Clone(oas)
+		for i := range oas {
+			oas[i].Key = regional.RedactKey(oas[i].Key)
+		}
+	}
+	return oas
 }
 
 // GlobalUsage returns what every region admitted of one counter's window,

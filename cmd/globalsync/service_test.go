@@ -471,7 +471,7 @@ rules:
 	us := w.region("us", ns.ClientURL(), regions, rules)
 	reg := prometheus.NewRegistry()
 	svc := w.service("gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 250 * time.Millisecond, AntiEntropy: time.Second,
-		Rules: rs, Registry: reg})
+		Rules: rs, Registry: reg, RedactKeys: true})
 	w.waitFor(250*time.Millisecond, "both regions hold leases", func() bool {
 		_, a := eu.lease()
 		_, b := us.lease()
@@ -499,6 +499,9 @@ rules:
 	var found []int64
 	w.waitFor(250*time.Millisecond, "over-admission found", func() bool {
 		for _, oa := range svc.OverAdmissions() {
+			if oa.Key != regional.RedactKey(key) {
+				t.Fatalf("over-admission reported of key %q, want the hash %q of %q", oa.Key, regional.RedactKey(key), key)
+			}
 			found = append(found, oa.Amount)
 		}
 		return len(found) > 0

@@ -36,6 +36,7 @@ type config struct {
 
 	tls              daemon.TLS
 	redisAuth        regional.RedisAuth
+	redactKeys       bool
 	logFormat        string
 	logLevel         string
 	timeout          time.Duration
@@ -74,6 +75,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.proxyUpstream, "proxy-upstream", "", "make the HTTP API a reverse proxy to this URL for every other path")
 	fs.BoolVar(&c.dev, "dev", false, "run with nothing else: embedded NATS, in-memory store, the example rules")
 	c.tls.AddFlags(fs)
+	redaction := daemon.KeyRedaction(fs)
 	fs.StringVar(&c.redisAuth.Username, "redis-username", "", "Redis ACL user, for every form of --redis (with --redis-password)")
 	fs.StringVar(&c.redisAuth.Password, "redis-password", "", "Redis password (AUTH), for every form of --redis; prefer GEOQUOTA_REDIS_PASSWORD to the command line")
 	fs.StringVar(&c.redisAuth.SentinelPassword, "redis-sentinel-password", "", "the sentinels' own password, for redis-sentinel://")
@@ -99,6 +101,10 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.BoolVar(&c.requireAuth, "require-auth", false, "refuse to start with NATS unauthenticated or memberlist unencrypted")
 
 	if err := daemon.Parse("regiond", fs, args, getenv); err != nil {
+		return c, err
+	}
+	var err error
+	if c.redactKeys, err = redaction(); err != nil {
 		return c, err
 	}
 	return c, c.check()

@@ -63,7 +63,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 
 	var members atomic.Pointer[control.Members]
-	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log,
+	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log, RedactKeys: c.redactKeys,
 		Global: regional.GlobalConfig{Regions: c.regionList, UnknownPeers: !c.dev && c.nats != "", Lag: c.gossipInterval + wireTime},
 		OnDenied: func(d regional.Denial) {
 			if m := members.Load(); m != nil {
@@ -149,7 +149,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		defer func() { stopWatch(); <-watched }()
 	}
 
-	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken,
+	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken, RedactKeys: c.redactKeys,
 		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, Metrics: metrics, Logger: log})
 	addrs := []daemon.Addr{{Flag: "grpc-addr", Addr: c.grpcAddr}, {Flag: "http-addr", Addr: c.httpAddr}}
 	if c.debugAddr != "" {

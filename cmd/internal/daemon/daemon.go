@@ -83,3 +83,20 @@ func Listen(addrs ...Addr) ([]net.Listener, error) {
 	}
 	return out, nil
 }
+
+// KeyRedaction registers --key-redaction on fs: hash (the default) puts a
+// hash in place of API keys in logs, audit records and reports
+// (regional.RedactKey), none shows them. The function returned reads it
+// after parsing, or says what is wrong with it.
+func KeyRedaction(fs *flag.FlagSet) func() (redact bool, err error) {
+	v := fs.String("key-redaction", "hash", "how API keys show in logs, audit records and reports: hash (a SHA-256 prefix) or none")
+	return func() (bool, error) {
+		switch *v {
+		case "hash":
+			return true, nil
+		case "none":
+			return false, nil
+		}
+		return false, fmt.Errorf("--key-redaction %q: want hash or none", *v)
+	}
+}
