@@ -11,6 +11,7 @@ test:
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v 'geoquota/sim$$')
 	$(GO) test -race -count=1 -timeout 10m ./sim
 	$(GO) test -count=1 -run AllocatesNothing ./regional
+	$(MAKE) fuzz-brief
 	$(MAKE) e2e
 
 # The end-to-end fault suite (build tag e2e): a few minutes.
@@ -42,7 +43,15 @@ endif
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# Every decoder of network input, fuzzed: make fuzz runs each for
+# FUZZTIME; make fuzz-brief, in make test, for a few seconds.
+FUZZ_TARGETS := crdt:FuzzDecode transport/gossip:FuzzStep budget:FuzzDecodeDocument \
+	regional:FuzzParse transport:FuzzParseCheck transport:FuzzRLS
 FUZZTIME ?= 60s
-.PHONY: fuzz
+.PHONY: fuzz fuzz-brief
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./crdt
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $$t"; $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*}; \
+	done
+fuzz-brief:
+	$(MAKE) fuzz FUZZTIME=3s

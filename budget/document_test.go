@@ -52,3 +52,41 @@ func TestDocumentRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecodeDocument feeds arbitrary bytes to the budget document decoder
+// (what a region reads from NATS): it never panics, and a document it
+// accepts names a rule and a sequence number and holds leases in range.
+func FuzzDecodeDocument(f *testing.F) {
+	d := NewDocument("gs", []Lease{{Rule: "g", Region: "us", Floor: 0.05, Share: 0.4, Seq: 3, Expires: time.Unix(1_800_000_000, 0)}})
+	b, _ := json.Marshal(d)
+	f.Add(b)
+	f.Add([]byte(`{"rule":"g","seq":1,"leases":{"us":{"floor":0.5,"share":0.6}}}`))
+	f.Add([]byte(`{"rule":"g","seq":1,"counters":{"k":{"us":{"floor":0.1,"share":0.2}}}}`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := DecodeDocument(b)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidDocument) {
+				t.Fatalf("error %v is not ErrInvalidDocument", err)
+			}
+			return
+		}
+		if d.Rule == "" || d.Seq == 0 {
+			t.Fatalf("accepted a document without rule or seq: %+v", d)
+		}
+		for r, l := range d.Leases {
+			if l.Floor < 0 || l.Share < 0 || l.Floor+l.Share > 1+1e-9 {
+				t.Fatalf("accepted a lease of %s out of range: %+v", r, l)
+			}
+		}
+		for k, byRegion := range d.Counters {
+			sum := 0.0
+			for _, l := range byRegion {
+				sum += l.Floor + l.Share
+			}
+			if sum > 1+1e-6 {
+				t.Fatalf("accepted counter %q's leases summing to %v", k, sum)
+			}
+		}
+	})
+}

@@ -393,3 +393,26 @@ func TestBatchAndItsOlderName(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParse feeds arbitrary bytes to the rules parser (what a region reads
+// from the rules bucket): it never panics; an error names the file, and a
+// set it accepts has a rule.
+func FuzzParse(f *testing.F) {
+	f.Add(ExampleRules)
+	f.Add([]byte("rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 10, window: 1m }\n"))
+	f.Add([]byte("rules: []\n"))
+	f.Add([]byte("rules:\n  - { id: a, tiers: { free: 1 } }\n"))
+	f.Add([]byte("{"))
+	f.Fuzz(func(t *testing.T, src []byte) {
+		rs, err := Parse("fuzz.yaml", src)
+		if err != nil {
+			if !strings.Contains(err.Error(), "fuzz.yaml") {
+				t.Fatalf("error %q does not name the file", err)
+			}
+			return
+		}
+		if len(rs.Rules()) == 0 {
+			t.Fatal("accepted a set with no rule")
+		}
+	})
+}

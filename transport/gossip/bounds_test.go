@@ -6,17 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport/namespace"
 )
 
-// TestWhatSendersMayMakeANodeHoldIsBounded: messages under names outside
-// a replica's regions are refused and counted, whatever their kind; a
-// flood of replica names keeps at most maxSenders replay records, the
-// latest among them; and an observer, which has no list of regions, hears
-// of at most maxHeard.
-func TestWhatSendersMayMakeANodeHoldIsBounded(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
+// testNode returns replica eu-1 of region eu (of eu and us), on an
+// engine with an in-memory store and a global rule, at now.
+func testNode(t testing.TB, now time.Time) (*Node, *regional.Engine) {
+	t.Helper()
 	clock := func() time.Time { return now }
 	rules, err := regional.Parse("rules.yaml", []byte("rules: [{id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 100, window: 1m}]"))
 	if err != nil {
@@ -29,6 +27,59 @@ func TestWhatSendersMayMakeANodeHoldIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return n, e
+}
+
+// FuzzStep hands a replica arbitrary messages of every kind (what anyone
+// who can publish on NATS could send): it never panics, counts each
+// message received, sends nothing but its own region's subjects, and
+// keeps its records bounded.
+func FuzzStep(f *testing.F) {
+	var names namespace.Names
+	d, _ := crdt.AppendDelta(nil, crdt.Delta{Origin: "us", To: 1, Entries: []crdt.Entry{{ID: crdt.ID{Key: "gq:{g:k}", Epoch: 1_800_000_000_000},
+		Slots: []crdt.Slot{{Region: "us", P: 5}}}}})
+	f.Add(uint8(namespace.Delta), "us", "us-1", uint64(1), d)
+	f.Add(uint8(namespace.Ask), "us", "us-1", uint64(2), []byte(`{"streams":[{"replica":"eu-1","instance":"1","since":0}],"others":true,"own":true}`))
+	f.Add(uint8(namespace.Heartbeat), "us", "us-1", uint64(3), []byte(`{"region":"us","replica":"us-1","rules":{"g":{"admitted":3}}}`))
+	f.Add(uint8(namespace.Repair), namespace.GlobalSync, "gs", uint64(1), d)
+	now := time.Unix(1_800_000_000, 0)
+	n, _ := testNode(f, now)
+	f.Fuzz(func(t *testing.T, kind uint8, from, replica string, seq uint64, data []byte) {
+		var subject string
+		switch namespace.Kind(kind % 4) {
+		case namespace.Delta:
+			subject = names.Delta(from)
+		case namespace.Ask:
+			subject = names.Ask("eu", from)
+		case namespace.Repair:
+			subject = names.Repair("eu", from)
+		default:
+			subject = names.Heartbeat(from)
+		}
+		received := n.stats.Received.Load()
+		out := n.Step(context.Background(), now, Message{Subject: subject, Header: Header{Replica: replica, Instance: "x", Seq: seq}, Data: data})
+		if replica != "eu-1" && n.stats.Received.Load() != received+1 {
+			t.Fatal("a message was not counted as received")
+		}
+		for _, m := range out {
+			if k, sender, _, ok := names.Parse(m.Subject); !ok || sender != "eu" {
+				t.Fatalf("sent %q (%v), not as eu", m.Subject, k)
+			}
+		}
+		if len(n.senders) > maxSenders || len(n.heard) > maxHeard || len(n.askers) > maxAskers {
+			t.Fatalf("records grew: %d senders, %d heard, %d askers", len(n.senders), len(n.heard), len(n.askers))
+		}
+	})
+}
+
+// TestWhatSendersMayMakeANodeHoldIsBounded: messages under names outside
+// a replica's regions are refused and counted, whatever their kind; a
+// flood of replica names keeps at most maxSenders replay records, the
+// latest among them; and an observer, which has no list of regions, hears
+// of at most maxHeard.
+func TestWhatSendersMayMakeANodeHoldIsBounded(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	n, e := testNode(t, now)
 	var names namespace.Names
 	ctx := context.Background()
 	ask := func(from, replica string, seq uint64) Message {
