@@ -144,12 +144,16 @@ type MergeReport struct {
 	// clock allows; they were refused. Merge leaves it 0: a receiver that
 	// knows the time drops them first (Delta.Until) and counts them.
 	Ahead int
+	// UnknownRule slots were of counters of no rule the receiver has in
+	// force; they were refused. Merge leaves it 0: a receiver that knows
+	// its rules drops them first and counts them.
+	UnknownRule int
 }
 
 // Rejected returns the number of slots refused as bad: regressed, from
-// unknown regions, or ahead of time. Stale slots are not bad news and not
-// counted.
-func (r MergeReport) Rejected() int { return r.Regressed + r.UnknownRegion + r.Ahead }
+// unknown regions, ahead of time, or of no rule in force. Stale slots are
+// not bad news and not counted.
+func (r MergeReport) Rejected() int { return r.Regressed + r.UnknownRegion + r.Ahead + r.UnknownRule }
 
 // Merge joins a delta into the collection: each slot is raised to the
 // maximum of ours and the delta's. Merge accepts any delta, canonical or

@@ -55,22 +55,31 @@ type Delta struct {
 // number of slots left out; d is not changed (its entries are copied only
 // if some are left out).
 func (d Delta) Until(last int64) (Delta, int) {
-	dropped := 0
-	for _, e := range d.Entries {
-		if e.Epoch > last {
-			dropped += len(e.Slots)
+	return d.Keep(func(e *Entry) bool { return e.Epoch <= last })
+}
+
+// Keep returns d with only the entries keep accepts, and the number of
+// slots dropped. d's entries are not changed; they are copied only if
+// some are dropped.
+func (d Delta) Keep(keep func(*Entry) bool) (Delta, int) {
+	dropped, kept := 0, []Entry(nil)
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		if keep(e) {
+			if kept != nil {
+				kept = append(kept, *e)
+			}
+			continue
 		}
-	}
-	if dropped == 0 {
-		return d, 0
-	}
-	kept := make([]Entry, 0, len(d.Entries))
-	for _, e := range d.Entries {
-		if e.Epoch <= last {
-			kept = append(kept, e)
+		if kept == nil {
+			kept = make([]Entry, i, len(d.Entries))
+			copy(kept, d.Entries[:i])
 		}
+		dropped += len(e.Slots)
 	}
-	d.Entries = kept
+	if kept != nil {
+		d.Entries = kept
+	}
 	return d, dropped
 }
 

@@ -20,4 +20,9 @@ func TestDeltaUntil(t *testing.T) {
 	if same, n := d.Until(9); n != 0 || len(same.Entries) != 3 {
 		t.Fatalf("Until(9): %d entries, %d dropped", len(same.Entries), n)
 	}
+	// Keep, which Until is: the first entry dropped too.
+	got, dropped = d.Keep(func(e *Entry) bool { return e.Key != "a" })
+	if dropped != 1 || len(got.Entries) != 2 || got.Entries[0].Key != "b" || got.Entries[1].Key != "c" || d.Entries[0].Key != "a" {
+		t.Fatalf("Keep(not a): %+v, %d dropped; want b and c, 1 dropped, the delta given as it was", got.Entries, dropped)
+	}
 }

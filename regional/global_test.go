@@ -540,3 +540,33 @@ func TestWindowsAheadOfTimeAreRefused(t *testing.T) {
 		t.Errorf("the store holds %v of the window of 2100 (%v)", slots, err)
 	}
 }
+
+// TestKeysOfUnknownRulesAreRefused: a delta's counters of no global rule
+// in force (an unknown rule, a local one) are refused and counted; the
+// copy and the store hold none of them, and the rest merges.
+func TestKeysOfUnknownRulesAreRefused(t *testing.T) {
+	clock := newVirtualClock()
+	e := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules+
+		"  - { id: local, match: { api_key: \"l_*\" }, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m }\n"))
+	epoch := clock.Now().UnixMilli() / 60_000 * 60_000
+	known, unknown, local := CounterKey("g-strict", "s_1"), CounterKey("nope", "x"), CounterKey("local", "l_1")
+	rep, err := e.MergeRemote(t.Context(), crdt.Delta{Origin: "us", To: 3, Entries: []crdt.Entry{
+		{ID: crdt.ID{Key: unknown, Epoch: epoch}, Slots: []crdt.Slot{{Region: "us", P: 9}}},
+		{ID: crdt.ID{Key: known, Epoch: epoch}, Slots: []crdt.Slot{{Region: "us", P: 5}}},
+		{ID: crdt.ID{Key: local, Epoch: epoch}, Slots: []crdt.Slot{{Region: "us", P: 3}}},
+	}})
+	if err != nil || rep.Applied != 1 || rep.UnknownRule != 2 || rep.Rejected() != 2 {
+		t.Fatalf("merge: %+v %v; want one slot applied, two of unknown rules", rep, err)
+	}
+	for _, key := range []string{unknown, local} {
+		if got := e.GlobalCounter(crdt.ID{Key: key, Epoch: epoch}).Value(); got != 0 {
+			t.Errorf("the copy holds %d of %s", got, key)
+		}
+		if slots, err := e.store.(GlobalStore).ReadGlobal(t.Context(), []byte(key), epoch); err != nil || len(slots) != 0 {
+			t.Errorf("the store holds %v of %s (%v)", slots, key, err)
+		}
+	}
+	if got := e.GlobalCounter(crdt.ID{Key: known, Epoch: epoch}).Value(); got != 5 {
+		t.Errorf("the copy holds %d of %s, want 5", got, known)
+	}
+}

@@ -696,6 +696,7 @@ const MaxAhead = 5 * time.Second
 func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeReport, error) {
 	rs, now := e.rules.Load(), e.now()
 	d, ahead := d.Until(now.Add(MaxAhead).UnixMilli())
+	d, unknown := d.Keep(func(en *crdt.Entry) bool { return rs.OfGlobalRules(en.Key) })
 	windows, expired := globalWindowsOf(rs, d, e.global.known, now)
 	stale := 0
 	if expired > 0 {
@@ -713,7 +714,7 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	}
 	var rep crdt.MergeReport
 	e.global.usage.with(func(c *crdt.Counters) { rep = c.Merge(d) })
-	rep.Stale, rep.Ahead = rep.Stale+stale, ahead
+	rep.Stale, rep.Ahead, rep.UnknownRule = rep.Stale+stale, ahead, unknown
 	if !e.global.known[d.Origin] {
 		return rep, nil
 	}
@@ -723,6 +724,18 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	}
 	_, err := gs.MergeGlobal(ctx, windows)
 	return rep, err
+}
+
+// OfGlobalRules reports whether a counter key (CounterKey) is of a
+// global rule in force: a region keeps no counter it cannot use, however
+// many a message names. (A rule just published may reach the regions a
+// moment apart; what one counted of it before another had it is not
+// repaired, which strict leases do not need, and an elastic window may
+// borrow that much too many once.)
+func (rs *RuleSet) OfGlobalRules(key string) bool {
+	id, _, _ := ParseCounterKey(key)
+	r := rs.Rule(id)
+	return r != nil && r.Scope == ScopeGlobal
 }
 
 // globalWindowsOf turns a delta into the store's windows: the slots of

@@ -188,6 +188,7 @@ func (m *Metrics) AttachGossip(st *gossip.Stats, e *regional.Engine) {
 		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "replayed"}, &st.Replayed),
 		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "regressed"}, &st.Regressed),
 		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "ahead"}, &st.Ahead),
+		counter("geoquota_gossip_refused_total", refused, prometheus.Labels{"reason": "unknown_rule"}, &st.UnknownRule),
 		counter("geoquota_gossip_store_errors_total", "Merges of gossip into the store that failed.", nil, &st.StoreErrors),
 		&gossipCollector{e: e},
 	)

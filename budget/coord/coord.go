@@ -724,8 +724,23 @@ func (c *Coordinator) MergeRemote(_ context.Context, d crdt.Delta) (crdt.MergeRe
 	if !c.lastTick.IsZero() {
 		d, ahead = d.Until(c.lastTick.Add(regional.MaxAhead).UnixMilli())
 	}
+	unknown := 0
+	if b := &c.books; b.rules != nil {
+		// With rules, counters of none of them, now or lately, are refused.
+		d, unknown = d.Keep(func(en *crdt.Entry) bool {
+			if b.rules.OfGlobalRules(en.Key) {
+				return true
+			}
+			for _, e := range b.earlier {
+				if e.rules.OfGlobalRules(en.Key) {
+					return true
+				}
+			}
+			return false
+		})
+	}
 	rep := c.view().Merge(d)
-	rep.Ahead = ahead
+	rep.Ahead, rep.UnknownRule = ahead, unknown
 	return rep, nil
 }
 

@@ -87,3 +87,41 @@ func TestWindowsAheadOfTimeAreRefused(t *testing.T) {
 		t.Errorf("the window a few seconds ahead holds %d, want 5 (within the clocks' allowance)", got)
 	}
 }
+
+// TestKeysOfUnknownRulesAreRefused: with rules, globalsync refuses the
+// counters of none of them (of the rules it replaced lately it still
+// takes, for their books); without rules it cannot tell, and takes all.
+func TestKeysOfUnknownRulesAreRefused(t *testing.T) {
+	c, err := coord.New(coord.Config{ID: "gs1", Regions: []string{"eu", "us"}, Budget: budget.DefaultConfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC)
+	c.Tick(now)
+	epoch := now.Truncate(time.Minute).UnixMilli()
+	delta := func(seq uint64, rule string) crdt.Delta {
+		return crdt.Delta{Origin: "us", To: seq, Entries: []crdt.Entry{{ID: crdt.ID{Key: regional.CounterKey(rule, "k1"), Epoch: epoch},
+			Slots: []crdt.Slot{{Region: "us", P: seq}}}}}
+	}
+	if rep, _ := c.MergeRemote(t.Context(), delta(1, "nope")); rep.Applied != 1 || rep.UnknownRule != 0 {
+		t.Fatalf("without rules: %+v; want taken", rep)
+	}
+	rules := func(id string) *regional.RuleSet {
+		rs, err := regional.Parse("r.yaml", []byte("rules:\n  - { id: "+id+", by: [api_key], scope: global, algorithm: fixed_window, limit: 9, window: 1m }\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	c.SetRules(now, rules("old"))
+	c.SetRules(now.Add(time.Second), rules("g"))
+	for _, tc := range []struct {
+		rule    string
+		applied int
+	}{{"g", 1}, {"old", 1}, {"nope", 0}} {
+		rep, _ := c.MergeRemote(t.Context(), delta(2, tc.rule))
+		if rep.Applied != tc.applied || rep.UnknownRule != 1-tc.applied {
+			t.Errorf("rule %s: %+v; want %d applied", tc.rule, rep, tc.applied)
+		}
+	}
+}

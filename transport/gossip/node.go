@@ -582,6 +582,7 @@ func (n *Node) merge(ctx context.Context, k namespace.Kind, from string, d crdt.
 	}
 	n.stats.Regressed.Add(int64(rep.Regressed))
 	n.stats.Ahead.Add(int64(rep.Ahead))
+	n.stats.UnknownRule.Add(int64(rep.UnknownRule))
 	if err != nil {
 		n.stats.StoreErrors.Add(1)
 	}

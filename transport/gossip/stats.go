@@ -21,7 +21,10 @@ type Stats struct {
 	Regressed atomic.Int64
 	// Ahead slots were of windows that start later than the receiver's
 	// clock allows (regional.MaxAhead): refused.
-	Ahead       atomic.Int64
+	Ahead atomic.Int64
+	// UnknownRule slots were of counters of no global rule in force:
+	// refused.
+	UnknownRule atomic.Int64
 	StoreErrors atomic.Int64
 	// Asks sent, asks answered, and asks left unanswered because their
 	// asker asked too often (or too many asked).
@@ -33,5 +36,6 @@ type Stats struct {
 
 // Refused returns the messages and slots refused as bad.
 func (s *Stats) Refused() int64 {
-	return s.Malformed.Load() + s.UnknownRegion.Load() + s.Spoofed.Load() + s.Replayed.Load() + s.Regressed.Load() + s.Ahead.Load()
+	return s.Malformed.Load() + s.UnknownRegion.Load() + s.Spoofed.Load() + s.Replayed.Load() + s.Regressed.Load() + s.Ahead.Load() +
+		s.UnknownRule.Load()
 }
