@@ -525,7 +525,10 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	r := &it.result
 	window := it.params.Window
 	start := it.storeNow / window * window
-	if r.OwnP != 0 || r.OwnN != 0 {
+	// The store's count of this region's slot, for the gossip. A denial
+	// by a store only this engine writes (in memory) changed nothing the
+	// copy does not know: no lookup.
+	if (r.OwnP != 0 || r.OwnN != 0) && (e.shared || r.Allowed) {
 		id := crdt.ID{Key: string(it.key), Epoch: start / 1000}
 		e.global.usage.with(func(c *crdt.Counters) { c.Observe(id, r.OwnP, r.OwnN) })
 	}
