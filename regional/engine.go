@@ -192,9 +192,10 @@ const (
 	CodeOverLimit               // RATE_LIMIT_EXCEEDED, 429
 	CodeBlocked                 // KEY_BLOCKED, 403
 	CodeUnavailable             // RATE_LIMITER_UNAVAILABLE, 503 (fail_closed)
+	CodeKeyLimit                // KEY_LIMIT, 429: a new key of a rule that tracks its max_keys
 )
 
-var codeNames = [...]string{"OK", "RATE_LIMIT_EXCEEDED", "KEY_BLOCKED", "RATE_LIMITER_UNAVAILABLE"}
+var codeNames = [...]string{"OK", "RATE_LIMIT_EXCEEDED", "KEY_BLOCKED", "RATE_LIMITER_UNAVAILABLE", "KEY_LIMIT"}
 
 func (c Code) String() string { return codeNames[c] }
 
@@ -233,11 +234,14 @@ type LimitStatus struct {
 	Shadow  bool
 	// How the limit was decided, when not by the shared store.
 	Degraded, Cached, Batched bool
-	Limit                     int64
-	Remaining                 int64
-	Window                    time.Duration
-	ResetAt                   time.Time
-	RetryAfter                time.Duration // when denied
+	// KeyRefused: the key is new and its rule already tracks its
+	// max_keys keys (Code KEY_LIMIT).
+	KeyRefused bool
+	Limit      int64
+	Remaining  int64
+	Window     time.Duration
+	ResetAt    time.Time
+	RetryAfter time.Duration // when denied
 }
 
 // Stats are the engine's counters since it started. Safe to read at any time.
@@ -575,7 +579,11 @@ func (e *Engine) record(sc *scratch, req *Request, now int64) {
 
 // violation records a limit's denial in the audit trail.
 func (e *Engine) violation(it *item, req *Request, now int64) {
-	e.violations.add(e, CodeOverLimit, it.key, func() Violation {
+	code := CodeOverLimit
+	if it.refused {
+		code = CodeKeyLimit
+	}
+	e.violations.add(e, code, it.key, func() Violation {
 		return Violation{Time: time.UnixMicro(now), Rule: it.rule.ID, Key: string(it.key),
 			APIKey: req.APIKey, IP: req.IP, Endpoint: req.Endpoint, Limit: it.params.Limit, Cost: it.cost,
 			RetryAfter: time.Duration(it.result.RetryAfter) * time.Microsecond}
@@ -592,7 +600,7 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 		}
 		r := it.result
 		st := LimitStatus{Rule: it.rule, Allowed: r.Allowed, Shadow: it.rule.Shadow,
-			Degraded: it.degraded, Cached: it.cached, Batched: it.batched,
+			Degraded: it.degraded, Cached: it.cached, Batched: it.batched, KeyRefused: it.refused,
 			Limit: it.params.Limit, Remaining: max(0, r.Remaining),
 			Window:     time.Duration(it.params.WindowMicros()) * time.Microsecond,
 			ResetAt:    d.Time.Add(time.Duration(r.ResetAt-it.storeNow) * time.Microsecond),
@@ -606,9 +614,12 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 		}
 		if !r.Allowed && !it.rule.Shadow {
 			d.Allowed = false
-			if it.unavailable {
+			switch {
+			case it.unavailable:
 				d.Code = CodeUnavailable
-			} else if d.Code == CodeOK {
+			case it.refused && d.Code != CodeUnavailable:
+				d.Code = CodeKeyLimit
+			case d.Code == CodeOK:
 				d.Code = CodeOverLimit
 			}
 		}

@@ -383,7 +383,7 @@ rules:
 			t.Fatalf("tracked key %s: %+v", k, d)
 		}
 	}
-	if d := mustCheck(t, e, Request{APIKey: "d", Endpoint: "/r"}); d.Allowed || d.Code != CodeOverLimit {
+	if d := mustCheck(t, e, Request{APIKey: "d", Endpoint: "/r"}); d.Allowed || d.Code != CodeKeyLimit || !d.Limits[0].KeyRefused {
 		t.Fatalf("a 4th key past max_keys 3: %+v", d)
 	}
 	if e.Stats().KeysRefused.Load() != 1 {

@@ -111,7 +111,7 @@ const batchMargin = 5 * time.Millisecond
 
 func decisionProto(d *regional.Decision) *pb.Decision {
 	out := &pb.Decision{Allowed: d.Allowed, Degraded: d.Degraded, Bypassed: d.Bypassed,
-		Code: [...]pb.Code{pb.Code_OK, pb.Code_RATE_LIMIT_EXCEEDED, pb.Code_KEY_BLOCKED, pb.Code_RATE_LIMITER_UNAVAILABLE}[d.Code]}
+		Code: [...]pb.Code{pb.Code_OK, pb.Code_RATE_LIMIT_EXCEEDED, pb.Code_KEY_BLOCKED, pb.Code_RATE_LIMITER_UNAVAILABLE, pb.Code_KEY_LIMIT}[d.Code]}
 	for i := range d.Limits {
 		out.Limits = append(out.Limits, limitProto(&d.Limits[i]))
 	}

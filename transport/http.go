@@ -299,6 +299,11 @@ func writeDecision(w http.ResponseWriter, d *regional.Decision, now time.Time) {
 	switch d.Code {
 	case regional.CodeBlocked:
 		writeError(w, http.StatusForbidden, "KEY_BLOCKED", "the API key is blocked", nil)
+	case regional.CodeKeyLimit:
+		retry := max(1, ceilSeconds(l.RetryAfter))
+		writeError(w, http.StatusTooManyRequests, "KEY_LIMIT",
+			fmt.Sprintf("rule %q tracks its maximum of %d keys and this key is not among them; retry in %ds", l.Rule.ID, l.Rule.MaxKeys, retry),
+			map[string]any{"rule": l.Rule.ID, "max_keys": l.Rule.MaxKeys, "retry_after_seconds": retry})
 	case regional.CodeUnavailable:
 		details := map[string]any{}
 		if l != nil {

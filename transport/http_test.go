@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"io"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/geoquota/geoquota/deploy/local/harness"
+	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
 
 func TestHTTPAllowedThenLimited(t *testing.T) {
@@ -287,4 +289,47 @@ func TestHTTPHealthAndMetrics(t *testing.T) {
 	if strings.Contains(body, "acme") {
 		t.Error("/metrics names an API key")
 	}
+}
+
+// TestKeyLimitIsItsOwnCode: a new key of a rule that tracks its max_keys
+// keys is told KEY_LIMIT (429 over HTTP, its own gRPC code), not an
+// ordinary over-limit, and counted as key_limit.
+func TestKeyLimitIsItsOwnCode(t *testing.T) {
+	v := newEnv(t, envOptions{rules: `
+rules:
+  - { id: capped, match: { endpoint: /capped }, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m, max_keys: 1 }
+`})
+	if resp := v.check("first", "/capped"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first key: %s", resp.Status)
+	}
+	resp := v.check("second", "/capped")
+	b := decodeBody(t, resp)
+	e, _ := b["error"].(map[string]any)
+	if resp.StatusCode != http.StatusTooManyRequests || e == nil || e["code"] != "KEY_LIMIT" || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a second key past max_keys 1: %s %v %v", resp.Status, b, resp.Header)
+	}
+	if d, _ := e["details"].(map[string]any); d["max_keys"] != float64(1) || d["rule"] != "capped" {
+		t.Fatalf("details %v", e["details"])
+	}
+	out, err := pb.NewRateLimiterClient(v.conn).Check(t.Context(), &pb.CheckRequest{Requests: []*pb.Request{
+		{Descriptors: descriptors("api_key", "third", "endpoint", "/capped")}}})
+	if err != nil || out.Decisions[0].Code != pb.Code_KEY_LIMIT || out.Decisions[0].Allowed {
+		t.Fatalf("over gRPC: %v, %v", out, err)
+	}
+	if got := metricLine(t, v, `geoquota_checks_total{decision="key_limit",rule="capped"}`); got != "2" {
+		t.Fatalf("geoquota_checks_total of key_limit: %q, want 2", got)
+	}
+}
+
+// metricLine returns the value of one series on the server's /metrics.
+func metricLine(t *testing.T, v *env, series string) string {
+	t.Helper()
+	resp := v.get("/metrics")
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if val, ok := strings.CutPrefix(line, series+" "); ok {
+			return val
+		}
+	}
+	return ""
 }

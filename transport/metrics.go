@@ -35,10 +35,11 @@ const (
 	decUnavailable
 	decBypassed
 	decShadowOver // a shadow limit that would have denied
+	decKeyLimit   // a new key past its rule's max_keys
 	decisionKinds
 )
 
-var decisionLabels = [decisionKinds]string{"allowed", "over_limit", "blocked", "unavailable", "bypassed", "shadow_over_limit"}
+var decisionLabels = [decisionKinds]string{"allowed", "over_limit", "blocked", "unavailable", "bypassed", "shadow_over_limit", "key_limit"}
 
 // NewMetrics registers the metrics, with the engine's own counters read
 // when scraped. e may be nil, and attached later with Attach.
@@ -145,6 +146,8 @@ func (m apiMetrics) observe(d *regional.Decision, took time.Duration) {
 			m.count(l.Rule.ID, decShadowOver)
 		case d.Code == regional.CodeUnavailable:
 			m.count(l.Rule.ID, decUnavailable)
+		case l.KeyRefused:
+			m.count(l.Rule.ID, decKeyLimit)
 		default:
 			m.count(l.Rule.ID, decOverLimit)
 		}

@@ -34,6 +34,8 @@ const (
 	Code_RATE_LIMIT_EXCEEDED      Code = 2
 	Code_KEY_BLOCKED              Code = 3
 	Code_RATE_LIMITER_UNAVAILABLE Code = 4
+	// A new key of a rule that already tracks its max_keys keys.
+	Code_KEY_LIMIT Code = 5
 )
 
 // Enum value maps for Code.
@@ -44,6 +46,7 @@ var (
 		2: "RATE_LIMIT_EXCEEDED",
 		3: "KEY_BLOCKED",
 		4: "RATE_LIMITER_UNAVAILABLE",
+		5: "KEY_LIMIT",
 	}
 	Code_value = map[string]int32{
 		"CODE_UNSPECIFIED":         0,
@@ -51,6 +54,7 @@ var (
 		"RATE_LIMIT_EXCEEDED":      2,
 		"KEY_BLOCKED":              3,
 		"RATE_LIMITER_UNAVAILABLE": 4,
+		"KEY_LIMIT":                5,
 	}
 )
 
@@ -2274,13 +2278,14 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x16\n" +
 	"\x06leader\x18\x03 \x01(\tR\x06leader\x12$\n" +
 	"\x0eissued_unix_ms\x18\x04 \x01(\x03R\fissuedUnixMs\x12*\n" +
-	"\x06leases\x18\x05 \x03(\v2\x12.geoquota.v1.LeaseR\x06leases*l\n" +
+	"\x06leases\x18\x05 \x03(\v2\x12.geoquota.v1.LeaseR\x06leases*{\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\x17\n" +
 	"\x13RATE_LIMIT_EXCEEDED\x10\x02\x12\x0f\n" +
 	"\vKEY_BLOCKED\x10\x03\x12\x1c\n" +
-	"\x18RATE_LIMITER_UNAVAILABLE\x10\x042\xe8\x01\n" +
+	"\x18RATE_LIMITER_UNAVAILABLE\x10\x04\x12\r\n" +
+	"\tKEY_LIMIT\x10\x052\xe8\x01\n" +
 	"\vRateLimiter\x12>\n" +
 	"\x05Check\x12\x19.geoquota.v1.CheckRequest\x1a\x1a.geoquota.v1.CheckResponse\x12G\n" +
 	"\bGetUsage\x12\x1c.geoquota.v1.GetUsageRequest\x1a\x1d.geoquota.v1.GetUsageResponse\x12P\n" +
