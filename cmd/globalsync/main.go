@@ -46,7 +46,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, c, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "globalsync:", err)
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "globalsync:") {
+			msg = "globalsync: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(1)
 	}
 }
@@ -149,7 +153,9 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		log.Warn(daemon.InsecureNATS)
 	}
 	daemon.Insecure(reg, map[string]bool{"nats": insecure})
-	nc, err := nats.Connect(c.nats, append(natsOpts, nats.Name("globalsync "+c.id), nats.MaxReconnects(-1), nats.Timeout(5*time.Second))...)
+	natsErrors := daemon.NewNATSErrors(log)
+	nc, err := nats.Connect(c.nats, append(natsOpts, nats.Name("globalsync "+c.id), nats.MaxReconnects(-1), nats.Timeout(5*time.Second),
+		natsErrors.Option())...)
 	if err != nil {
 		return fmt.Errorf("--nats: %w", err)
 	}
@@ -158,6 +164,9 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	svc, err := Start(ctx, nc, Config{ID: c.id, Names: names, RedactKeys: c.redactKeys, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
 		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules)})
 	if err != nil {
+		if last := natsErrors.Last(); last != nil {
+			return fmt.Errorf("%w (NATS said: %v)", err, last)
+		}
 		return err
 	}
 	defer svc.Close()

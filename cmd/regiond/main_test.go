@@ -360,7 +360,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--dev", "--nats-user", "u"}, nil, "--nats-password"},
 		{[]string{"--dev", "--nats-token", "t", "--nats-user", "u", "--nats-password", "p"}, nil, "--nats-user and --nats-token"},
 		{[]string{"--dev", "--nats-nkey", "/nonexistent.nk"}, nil, "--nats-nkey"},
-		{[]string{"--dev", "--nats-cert", "c.pem"}, nil, "--nats-key"},
+		{[]string{"--dev", "--nats-tls-cert", "c.pem"}, nil, "--nats-tls-key"},
 	} {
 		_, err := parseFlags(tc.args, func(k string) string { return tc.env[k] })
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

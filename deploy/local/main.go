@@ -493,8 +493,8 @@ func fault(dir string, args []string, out io.Writer) error {
 // printState prints every endpoint of a deployment.
 func printState(out io.Writer, st harness.DeploymentState) {
 	fmt.Fprintf(out, "geoquota deployment in %s (supervisor pid %d, faults at %s)\n", st.Dir, st.PID, st.Control)
-	if st.NATSNKey != "" {
-		fmt.Fprintf(out, "NATS lets in only the deployment's identities; the operator's: nats --nkey %s\n", st.NATSNKey)
+	if st.NATSNKey != "" && len(st.Regions) > 0 {
+		fmt.Fprintf(out, "NATS lets in only the deployment's identities; as the operator: nats -s %s --nkey %s\n", st.Regions[0].NATS, st.NATSNKey)
 	} else {
 		fmt.Fprintln(out, "NATS lets anyone in (-no-auth)")
 	}

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,9 +41,9 @@ func (a *NATSAuth) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.User, "nats-user", "", "NATS user name (with --nats-password)")
 	fs.StringVar(&a.Password, "nats-password", "", "NATS password; prefer GEOQUOTA_NATS_PASSWORD to the command line")
 	fs.StringVar(&a.Token, "nats-token", "", "NATS authentication token; prefer GEOQUOTA_NATS_TOKEN to the command line")
-	fs.StringVar(&a.CA, "nats-ca", "", "PEM file of the CAs that sign the NATS servers' certificates (turns TLS on)")
-	fs.StringVar(&a.Cert, "nats-cert", "", "PEM file of this daemon's NATS client certificate (with --nats-key; turns TLS on)")
-	fs.StringVar(&a.Key, "nats-key", "", "PEM file of the NATS client certificate's private key")
+	fs.StringVar(&a.CA, "nats-tls-ca", "", "PEM file of the CAs that sign the NATS servers' certificates (turns TLS on)")
+	fs.StringVar(&a.Cert, "nats-tls-cert", "", "PEM file of this daemon's TLS client certificate for NATS (with --nats-tls-key; turns TLS on)")
+	fs.StringVar(&a.Key, "nats-tls-key", "", "PEM file of the private key of --nats-tls-cert")
 }
 
 // Check says what is wrong with the flags, naming them.
@@ -58,9 +61,9 @@ func (a NATSAuth) Check() error {
 		return errors.New("--nats-user and --nats-password go together")
 	}
 	if (a.Cert == "") != (a.Key == "") {
-		return errors.New("--nats-cert and --nats-key go together")
+		return errors.New("--nats-tls-cert and --nats-tls-key go together")
 	}
-	for _, f := range []struct{ name, path string }{{"--nats-creds", a.Creds}, {"--nats-nkey", a.NKey}, {"--nats-ca", a.CA}, {"--nats-cert", a.Cert}, {"--nats-key", a.Key}} {
+	for _, f := range []struct{ name, path string }{{"--nats-creds", a.Creds}, {"--nats-nkey", a.NKey}, {"--nats-tls-ca", a.CA}, {"--nats-tls-cert", a.Cert}, {"--nats-tls-key", a.Key}} {
 		if f.path == "" {
 			continue
 		}
@@ -96,18 +99,18 @@ func (a NATSAuth) Options() ([]nats.Option, error) {
 		if a.CA != "" {
 			pem, err := os.ReadFile(a.CA)
 			if err != nil {
-				return nil, fmt.Errorf("--nats-ca: %w", err)
+				return nil, fmt.Errorf("--nats-tls-ca: %w", err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("--nats-ca %s: no PEM certificate in it", a.CA)
+				return nil, fmt.Errorf("--nats-tls-ca %s: no PEM certificate in it", a.CA)
 			}
 			cfg.RootCAs = pool
 		}
 		if a.Cert != "" {
 			cert, err := tls.LoadX509KeyPair(a.Cert, a.Key)
 			if err != nil {
-				return nil, fmt.Errorf("--nats-cert/--nats-key: %w", err)
+				return nil, fmt.Errorf("--nats-tls-cert/--nats-tls-key: %w", err)
 			}
 			cfg.Certificates = []tls.Certificate{cert}
 		}
@@ -158,3 +161,52 @@ func Insecure(reg prometheus.Registerer, links map[string]bool) {
 // not authenticate.
 const InsecureNATS = "NATS: connecting without authentication: anyone who can reach these NATS servers can change every limit and budget; " +
 	"give --nats-creds, --nats-nkey, --nats-user or --nats-token (docs/operations.md, \"Securing the control plane\"), and --require-auth to refuse to start this way"
+
+// NATSErrors is the connection's handler of what the servers say
+// asynchronously, logged instead of printed: above all a permission
+// violation, which means the daemon's identity is not the one the servers
+// give its subjects. Each subject refused is logged at most once a minute;
+// Last returns the latest, for an error at start.
+type NATSErrors struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	last error
+	seen map[string]time.Time
+}
+
+// NewNATSErrors returns a handler logging to log.
+func NewNATSErrors(log *slog.Logger) *NATSErrors {
+	return &NATSErrors{log: log, seen: map[string]time.Time{}}
+}
+
+// Option is the nats.Option that installs the handler.
+func (h *NATSErrors) Option() nats.Option {
+	return nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { h.handle(err) })
+}
+
+func (h *NATSErrors) handle(err error) {
+	h.mu.Lock()
+	h.last = err
+	msg := err.Error()
+	if t, ok := h.seen[msg]; ok && time.Since(t) < time.Minute {
+		h.mu.Unlock()
+		return
+	}
+	if len(h.seen) > 1000 {
+		clear(h.seen)
+	}
+	h.seen[msg] = time.Now()
+	h.mu.Unlock()
+	if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(strings.ToLower(msg), "permissions violation") {
+		h.log.Error("NATS refused what this daemon sent: its identity (--nats-nkey, --nats-creds, …) is not the one the servers allow these subjects, or their permissions are wrong (deploy/nats/accounts.conf)", "err", msg)
+		return
+	}
+	h.log.Warn("NATS", "err", msg)
+}
+
+// Last returns the latest error the servers sent, or nil.
+func (h *NATSErrors) Last() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last
+}

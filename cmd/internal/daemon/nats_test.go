@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"flag"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -119,8 +121,8 @@ func TestNATSAuthFlags(t *testing.T) {
 	bad := map[string]NATSAuth{
 		"--nats-creds and --nats-token": {Creds: "x", Token: "y"},
 		"--nats-password":               {User: "u"},
-		"--nats-key":                    {Cert: "c"},
-		"--nats-ca":                     {CA: "/nonexistent/ca.pem"},
+		"--nats-tls-key":                {Cert: "c"},
+		"--nats-tls-ca":                 {CA: "/nonexistent/ca.pem"},
 	}
 	for want, a := range bad {
 		if err := a.Check(); err == nil || !strings.Contains(err.Error(), want) {
@@ -139,5 +141,35 @@ geoquota_insecure{link="nats"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "geoquota_insecure"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestNATSErrorsAreLoggedOnce: a publish the servers refuse is logged
+// once as an error that says what is wrong, however often it repeats, and
+// is kept for an error at start.
+func TestNATSErrorsAreLoggedOnce(t *testing.T) {
+	url := startNATS(t, natsserver.Options{Users: []*natsserver.User{{Username: "r", Password: "p",
+		Permissions: &natsserver.Permissions{Publish: &natsserver.SubjectPermission{Allow: []string{"mine"}}}}}})
+	var logged bytes.Buffer
+	h := NewNATSErrors(slog.New(slog.NewTextHandler(&logged, nil)))
+	nc, err := nats.Connect(url, nats.UserInfo("r", "p"), h.Option())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for range 20 {
+		nc.Publish("theirs", []byte("x"))
+	}
+	nc.Publish("mine", []byte("x"))
+	nc.Flush()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.Last() == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // waiting on the server's asynchronous answer, with a deadline
+	}
+	if h.Last() == nil || !strings.Contains(h.Last().Error(), "theirs") {
+		t.Fatalf("last error %v, want the refusal of theirs", h.Last())
+	}
+	if n := strings.Count(logged.String(), "NATS refused"); n != 1 || !strings.Contains(logged.String(), "level=ERROR") {
+		t.Fatalf("logged %d times:\n%s", n, logged.String())
 	}
 }

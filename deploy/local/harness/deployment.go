@@ -203,7 +203,7 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 			}
 			d.daemon(rep, bin, append(args, opts.RegiondArgs...))
 			if !opts.NoAuth {
-				rep.proc.env = []string{"GEOQUOTA_MEMBERLIST_KEY=" + memberKey}
+				rep.proc.env = append(rep.proc.env, "GEOQUOTA_MEMBERLIST_KEY="+memberKey)
 			}
 		}
 	}
@@ -306,11 +306,11 @@ func (dm *Daemon) movePorts() error {
 func loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 
 func (d *Deployment) daemon(dm *Daemon, bin string, args []string) {
-	if d.adminToken != "" {
-		args = append(args, "--admin-token", d.adminToken)
-	}
 	dm.proc = &process{name: dm.Kind + " " + dm.Name, path: filepath.Join(bin, dm.Kind), args: args,
 		logPath: filepath.Join(d.dir, dm.Name+".log")}
+	if d.adminToken != "" { // in the environment, not where ps shows it
+		dm.proc.env = append(dm.proc.env, "GEOQUOTA_ADMIN_TOKEN="+d.adminToken)
+	}
 }
 
 // Daemons returns every regiond replica, then every globalsync.
