@@ -111,7 +111,7 @@ func NewRedisStore(ctx context.Context, spec string, opts RedisOptions) (*RedisS
 // NewRedisStore) and its authentication, with the scripts loaded on every
 // new connection.
 func NewRedisClient(spec string, auth RedisAuth) (client redis.UniversalClient, cluster bool, err error) {
-	if err := auth.check(); err != nil {
+	if err := auth.Check(); err != nil {
 		return nil, false, err
 	}
 	onConnect := func(ctx context.Context, cn *redis.Conn) error {

@@ -26,8 +26,8 @@ type RedisAuth struct {
 	CA, Cert, Key string
 }
 
-// check says what is wrong, naming regiond's flags.
-func (a RedisAuth) check() error {
+// Check says what is wrong, naming regiond's flags.
+func (a RedisAuth) Check() error {
 	if (a.Cert == "") != (a.Key == "") {
 		return errors.New("--redis-cert and --redis-key go together")
 	}
@@ -74,7 +74,14 @@ func (a RedisAuth) credentials(urlUser, urlPassword string) (string, string, err
 		return "", "", errors.New("--redis-password and a password in --redis: give it once")
 	}
 	if a.Password != "" {
-		return a.Username, a.Password, nil
+		user := a.Username
+		switch {
+		case user == "":
+			user = urlUser
+		case urlUser != "" && urlUser != user:
+			return "", "", fmt.Errorf("--redis-username %q and the user %q in --redis differ", user, urlUser)
+		}
+		return user, a.Password, nil
 	}
 	return urlUser, urlPassword, nil
 }

@@ -121,6 +121,17 @@ func TestRedisAuthEveryForm(t *testing.T) {
 	if _, _, err := NewRedisClient("redis://:pw@127.0.0.1:1/0", RedisAuth{Password: "pw"}); err == nil || !strings.Contains(err.Error(), "give it once") {
 		t.Errorf("a password twice: %v", err)
 	}
+	if _, _, err := NewRedisClient("redis://alice@127.0.0.1:1/0", RedisAuth{Username: "bob", Password: "pw"}); err == nil || !strings.Contains(err.Error(), "differ") {
+		t.Errorf("two users: %v", err)
+	}
+	c, _, err := NewRedisClient("redis://alice@127.0.0.1:1/0", RedisAuth{Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := c.(*redis.Client).Options(); o.Username != "alice" || o.Password != "pw" {
+		t.Errorf("the URL's user with --redis-password: %q %q, want alice and the password", o.Username, o.Password)
+	}
+	c.Close()
 }
 
 // refusedUnauthenticated reports whether Redis refused a client for not

@@ -83,12 +83,13 @@ func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckR
 	out := &pb.CheckResponse{Decisions: make([]*pb.Decision, len(reqs))}
 	var d regional.Decision
 	deadline, bounded := ctx.Deadline()
-	reserve := s.engine.Timeout() + batchMargin
+	var slowest time.Duration
 	for i := range reqs {
-		if bounded && time.Until(deadline) < reserve {
-			// Too little time left to count a request and still answer
-			// before the caller gives up: the rest count nothing, and say
-			// so, so that every request counted is answered.
+		if i > 0 && bounded && time.Until(deadline) < 2*slowest+batchMargin {
+			// Too little time left to count another request (twice the
+			// slowest so far) and still answer before the caller gives
+			// up: the rest count nothing, and say so, so that what was
+			// counted is answered. The first is always checked.
 			for j := i; j < len(reqs); j++ {
 				out.Decisions[j] = &pb.Decision{Code: pb.Code_RATE_LIMITER_UNAVAILABLE, NotCounted: true}
 			}
@@ -99,13 +100,15 @@ func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckR
 		if err := s.engine.Check(ctx, &reqs[i], &d); err != nil {
 			return nil, grpcError(fieldPath(fmt.Sprintf("requests[%d]", i), err))
 		}
-		s.metrics.grpc.observe(&d, time.Since(start))
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		s.metrics.grpc.observe(&d, took)
 		out.Decisions[i] = decisionProto(&d)
 	}
 	return out, nil
 }
 
-// batchMargin is what a batch keeps, beyond a store call's timeout, to
+// batchMargin is what a batch keeps, beyond twice its slowest check, to
 // send its answer before the caller's deadline.
 const batchMargin = 5 * time.Millisecond
 
@@ -192,7 +195,7 @@ func (s adminServer) ResetKey(ctx context.Context, in *pb.ResetKeyRequest) (*pb.
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	s.log.Info("counter reset", "rule", in.Rule, "descriptors", in.Request.Descriptors)
+	s.log.Info("counter reset", "rule", in.Rule, "api_key", s.logKey(req.APIKey))
 	return &pb.ResetKeyResponse{}, nil
 }
 
@@ -208,7 +211,7 @@ func (s adminServer) Grant(ctx context.Context, in *pb.GrantRequest) (*pb.GrantR
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	s.log.Info("quota granted", "rule", in.Rule, "descriptors", in.Request.Descriptors, "amount", in.Amount)
+	s.log.Info("quota granted", "rule", in.Rule, "api_key", s.logKey(req.APIKey), "amount", in.Amount)
 	return &pb.GrantResponse{Status: limitProto(&st)}, nil
 }
 
@@ -226,7 +229,7 @@ func (s adminServer) Block(ctx context.Context, in *pb.BlockRequest) (*pb.BlockR
 	if err := s.engine.Block(ctx, b); err != nil {
 		return nil, grpcError(err)
 	}
-	s.log.Info("key pattern blocked", "pattern", in.Pattern, "until", b.Until)
+	s.log.Info("key pattern blocked", "pattern", s.logKey(in.Pattern), "until", b.Until)
 	return &pb.BlockResponse{}, nil
 }
 
@@ -240,7 +243,7 @@ func (s adminServer) Unblock(ctx context.Context, in *pb.UnblockRequest) (*pb.Un
 	if err := s.engine.Unblock(ctx, in.Pattern); err != nil {
 		return nil, grpcError(err)
 	}
-	s.log.Info("key pattern unblocked", "pattern", in.Pattern)
+	s.log.Info("key pattern unblocked", "pattern", s.logKey(in.Pattern))
 	return &pb.UnblockResponse{}, nil
 }
 

@@ -215,10 +215,11 @@ func TestGRPCHealthAndReflection(t *testing.T) {
 }
 
 // TestCheckBatchAnswersWhatItCounts: a batch whose deadline runs out
-// before its last requests (Redis 30 ms away, a store timeout of 200 ms,
-// a deadline of 600 ms, 30 requests) still answers before the deadline:
-// the requests it checked are counted and answered, the rest are marked
-// not counted and counted nothing.
+// before its last requests (Redis 30 ms away, a deadline of 600 ms, 30
+// requests) still answers before the deadline: the requests it checked
+// are counted and answered, the rest are marked not counted and counted
+// nothing. A single request with a deadline shorter than the store's
+// timeout is checked all the same.
 func TestCheckBatchAnswersWhatItCounts(t *testing.T) {
 	v := newEnv(t, envOptions{latency: 15 * time.Millisecond, timeout: 200 * time.Millisecond, rules: `
 rules:
@@ -259,5 +260,11 @@ rules:
 	t.Logf("%d counted, %d not", counted, uncounted)
 	if counted == 0 || uncounted == 0 {
 		t.Fatalf("%d counted, %d not: want the batch cut short in its middle", counted, uncounted)
+	}
+	short, cancel := context.WithTimeout(t.Context(), 150*time.Millisecond)
+	defer cancel()
+	one, err := c.Check(short, &pb.CheckRequest{Requests: in.Requests[29:]})
+	if err != nil || one.Decisions[0].NotCounted || !one.Decisions[0].Allowed {
+		t.Fatalf("one request, its deadline (150 ms) under the store's timeout (200 ms): %v, %v; want checked and allowed", one, err)
 	}
 }

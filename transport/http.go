@@ -300,6 +300,12 @@ func writeDecision(w http.ResponseWriter, d *regional.Decision, now time.Time) {
 	case regional.CodeBlocked:
 		writeError(w, http.StatusForbidden, "KEY_BLOCKED", "the API key is blocked", nil)
 	case regional.CodeKeyLimit:
+		for i := range d.Limits {
+			if d.Limits[i].KeyRefused {
+				l = &d.Limits[i] // the limit that refused the key, not another over its limit
+				break
+			}
+		}
 		retry := max(1, ceilSeconds(l.RetryAfter))
 		writeError(w, http.StatusTooManyRequests, "KEY_LIMIT",
 			fmt.Sprintf("rule %q tracks its maximum of %d keys and this key is not among them; retry in %ds", l.Rule.ID, l.Rule.MaxKeys, retry),
@@ -523,7 +529,7 @@ func (s *Server) handleBlock(w http.ResponseWriter, r *http.Request) {
 		s.writeInputError(w, err)
 		return
 	}
-	s.log.Info("key pattern blocked", "pattern", b.Pattern, "until", blk.Until)
+	s.log.Info("key pattern blocked", "pattern", s.logKey(b.Pattern), "until", blk.Until)
 	writeJSON(w, http.StatusOK, map[string]any{})
 }
 
@@ -541,7 +547,7 @@ func (s *Server) handleUnblock(w http.ResponseWriter, r *http.Request) {
 		s.writeInputError(w, err)
 		return
 	}
-	s.log.Info("key pattern unblocked", "pattern", b.Pattern)
+	s.log.Info("key pattern unblocked", "pattern", s.logKey(b.Pattern))
 	writeJSON(w, http.StatusOK, map[string]any{})
 }
 

@@ -319,6 +319,22 @@ rules:
 	if got := metricLine(t, v, `geoquota_checks_total{decision="key_limit",rule="capped"}`); got != "2" {
 		t.Fatalf("geoquota_checks_total of key_limit: %q, want 2", got)
 	}
+
+	// Another limit over too, with a longer wait: the answer still names
+	// the rule that refused the key.
+	v = newEnv(t, envOptions{rules: `
+rules:
+  - { id: capped, match: { endpoint: /capped }, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m, max_keys: 1 }
+  - { id: shared, match: { endpoint: /capped }, by: [endpoint], algorithm: fixed_window, limit: 1, window: 1h }
+`})
+	v.check("first", "/capped")
+	v.check("first", "/capped") // shared is over, and its denial remembered
+	resp = v.check("second", "/capped")
+	b = decodeBody(t, resp)
+	e, _ = b["error"].(map[string]any)
+	if d, _ := e["details"].(map[string]any); e["code"] != "KEY_LIMIT" || d["rule"] != "capped" || d["max_keys"] != float64(1) {
+		t.Fatalf("a key refused beside another limit over: %v", b)
+	}
 }
 
 // metricLine returns the value of one series on the server's /metrics.

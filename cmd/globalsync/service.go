@@ -153,7 +153,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("globalsync: bucket %s: %w", cfg.Names.LeaderBucket(), err)
 	}
 	node, err := gossip.New(gossip.Config{Region: coord.Name, Replica: coord.Name + "-" + cfg.ID, Instance: control.NewInstance(),
-		Names: cfg.Names, AntiEntropy: cfg.AntiEntropy, Observer: true, Counters: locked{s}, Heartbeats: locked{s}}, cfg.Clock())
+		Names: cfg.Names, AntiEntropy: cfg.AntiEntropy, Observer: true, Regions: cfg.Regions, Counters: locked{s}, Heartbeats: locked{s}}, cfg.Clock())
 	if err != nil {
 		return nil, fmt.Errorf("globalsync: %w", err)
 	}

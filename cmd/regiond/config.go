@@ -188,6 +188,9 @@ func (c *config) check() error {
 	if err := c.natsAuth.Check(); err != nil {
 		return err
 	}
+	if err := c.redisAuth.Check(); err != nil {
+		return err
+	}
 	if c.requireAuth {
 		if c.nats != "" && !c.natsAuth.Authenticated(c.nats) {
 			return errors.New("--require-auth: the NATS connection would not authenticate: give --nats-creds, --nats-nkey, --nats-user or --nats-token")

@@ -361,6 +361,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--dev", "--nats-token", "t", "--nats-user", "u", "--nats-password", "p"}, nil, "--nats-user and --nats-token"},
 		{[]string{"--dev", "--nats-nkey", "/nonexistent.nk"}, nil, "--nats-nkey"},
 		{[]string{"--dev", "--nats-tls-cert", "c.pem"}, nil, "--nats-tls-key"},
+		{[]string{"--dev", "--redis-cert", "c.pem"}, nil, "--redis-key"},
 	} {
 		_, err := parseFlags(tc.args, func(k string) string { return tc.env[k] })
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -505,7 +506,11 @@ func printState(out io.Writer, st harness.DeploymentState) {
 		}
 	}
 	for _, d := range st.GlobalSyncs {
-		fmt.Fprintf(out, "globalsync %s grpc %s  http http://%s (dashboard)  pid %d\n", d.Name, d.GRPC, d.HTTP, d.PID)
+		dashboard := "http://" + d.HTTP + "/"
+		if st.AdminToken != "" {
+			dashboard += "#token=" + url.QueryEscape(st.AdminToken) // its reads need the token
+		}
+		fmt.Fprintf(out, "globalsync %s grpc %s  dashboard %s  pid %d\n", d.Name, d.GRPC, dashboard, d.PID)
 	}
 	var cut []string
 	for _, l := range st.Links {

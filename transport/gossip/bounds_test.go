@@ -87,7 +87,6 @@ func TestWhatSendersMayMakeANodeHoldIsBounded(t *testing.T) {
 	}
 
 	for _, m := range []Message{
-		ask("mars", "m1", 1),
 		{Subject: names.Delta("mars"), Header: Header{Replica: "m2", Instance: "x", Seq: 1}, Data: []byte("x")},
 		{Subject: names.Heartbeat("mars"), Header: Header{Replica: "m3", Instance: "x", Seq: 1}, Body: Heartbeat{Region: "mars", Replica: "m3"}},
 	} {
@@ -96,10 +95,17 @@ func TestWhatSendersMayMakeANodeHoldIsBounded(t *testing.T) {
 			t.Errorf("%s: answered %d, unknown-region %d → %d; want refused and counted", m.Subject, len(out), before, n.stats.UnknownRegion.Load())
 		}
 	}
+	// An ask from a region outside the set is answered (a region being
+	// added asks before the others list it), but the region is not heard.
+	before := n.stats.UnknownRegion.Load()
+	n.Step(ctx, now, ask("mars", "m1", 1))
+	if n.stats.UnknownRegion.Load() != before || n.stats.AsksAnswered.Load() == 0 {
+		t.Errorf("an ask from mars: refused %d, answered %d; want answered", n.stats.UnknownRegion.Load()-before, n.stats.AsksAnswered.Load())
+	}
 	if _, heard := n.LastHeard("mars"); heard {
 		t.Error("a region outside the set was noted as heard")
 	}
-	before := n.stats.UnknownRegion.Load()
+	before = n.stats.UnknownRegion.Load()
 	n.Step(ctx, now, ask(namespace.GlobalSync, "gs-1", 1))
 	n.Step(ctx, now, ask("us", "us-1", 1))
 	if n.stats.UnknownRegion.Load() != before {
@@ -123,11 +129,32 @@ func TestWhatSendersMayMakeANodeHoldIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range maxHeard + 50 {
-		r := fmt.Sprint("r", i)
-		o.Step(ctx, now, Message{Subject: names.Heartbeat(r), Header: Header{Replica: r + "-1", Instance: "x", Seq: 1}, Body: Heartbeat{Region: r, Replica: r + "-1"}})
+	hb := func(o *Node, r string, at time.Time) {
+		o.Step(ctx, at, Message{Subject: names.Heartbeat(r), Header: Header{Replica: r + "-1", Instance: "x", Seq: uint64(at.UnixNano())},
+			Body: Heartbeat{Region: r, Replica: r + "-1"}})
 	}
-	if len(o.heard) != maxHeard || o.stats.UnknownRegion.Load() != 50 {
-		t.Fatalf("an observer heard of %d regions, refused %d; want %d and %d", len(o.heard), o.stats.UnknownRegion.Load(), maxHeard, 50)
+	for i := range maxHeard + 50 {
+		hb(o, fmt.Sprint("r", i), now.Add(time.Duration(i)*time.Millisecond))
+	}
+	if len(o.heard) != maxHeard || o.stats.UnknownRegion.Load() != 0 {
+		t.Fatalf("an observer heard of %d regions, refused %d; want %d, the least lately heard forgotten", len(o.heard), o.stats.UnknownRegion.Load(), maxHeard)
+	}
+	// A real region still gets in after a flood of made-up names.
+	hb(o, "eu", now.Add(time.Hour))
+	if _, heard := o.LastHeard("eu"); !heard {
+		t.Error("eu not heard after a flood of names")
+	}
+	// An observer given its regions hears them alone.
+	o2, err := New(Config{Region: namespace.GlobalSync, Replica: "gs-2", Instance: "1", Counters: e, Observer: true, Regions: []string{"eu", "us"}}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb(o2, "mars", now)
+	hb(o2, "eu", now)
+	if _, heard := o2.LastHeard("mars"); heard || o2.stats.UnknownRegion.Load() != 1 {
+		t.Errorf("an observer of eu and us heard mars (refused %d)", o2.stats.UnknownRegion.Load())
+	}
+	if _, heard := o2.LastHeard("eu"); !heard {
+		t.Error("an observer of eu and us did not hear eu")
 	}
 }

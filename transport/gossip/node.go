@@ -49,6 +49,10 @@ type Config struct {
 	// heartbeats to Heartbeats, and neither answers asks nor sends
 	// heartbeats. That is globalsync's part.
 	Observer bool
+	// Regions, for an observer, are the regions it hears (globalsync's
+	// --regions); empty: any, the least lately heard forgotten first
+	// beyond maxHeard. A replica hears its engine's regions.
+	Regions []string
 	// Elected, if set, says whether this replica is the one its region
 	// elected to ask the other regions for what it lacks, and to send a
 	// region that lost its own slots its copy of them; the others leave
@@ -462,11 +466,15 @@ func (n *Node) Step(ctx context.Context, now time.Time, m Message) []Message {
 		n.stats.Malformed.Add(1)
 		return nil
 	}
-	if !n.knownSender(from) {
+	known := n.knownSender(from)
+	if !known && k != namespace.Ask {
+		// A region outside the set is heard only asking: a region being
+		// added may ask before every other lists it, and answers are
+		// paced per asker (at most maxAskers of them).
 		n.stats.UnknownRegion.Add(1)
 		return nil
 	}
-	heard, ok := n.accept(now, k, from, m.Header)
+	heard, ok := n.accept(now, k, from, known, m.Header)
 	if !ok {
 		return nil
 	}
@@ -499,12 +507,12 @@ func (n *Node) Step(ctx context.Context, now time.Time, m Message) []Message {
 
 // accept checks a message's sender: a replica that numbers its messages,
 // under the name of one region only, and not a replay. It notes that the
-// region was heard, and reports whether to ask the region's replicas how
+// region was heard, if listed (see knownSender), and reports whether to ask the region's replicas how
 // far their versions run: a region heard again after a silence (a
 // partition healed), which is asked again twice (see Config.Rejoin) and
 // at its first ask or answer since, or, by an observer, one heard for the
 // first time.
-func (n *Node) accept(now time.Time, k namespace.Kind, from string, h Header) (ask, ok bool) {
+func (n *Node) accept(now time.Time, k namespace.Kind, from string, listed bool, h Header) (ask, ok bool) {
 	if h.Replica == "" || h.Seq == 0 {
 		n.stats.Malformed.Add(1)
 		return false, false
@@ -524,7 +532,14 @@ func (n *Node) accept(now time.Time, k namespace.Kind, from string, h Header) (a
 		n.dropSender()
 	}
 	n.senders[s] = senderSeen{region: from, seq: h.Seq, at: now}
+	if !listed {
+		n.mu.Unlock()
+		return false, true
+	}
 	last, heard := n.heard[from]
+	if !heard && n.cfg.Observer && len(n.heard) >= maxHeard {
+		n.dropHeard()
+	}
 	n.heard[from] = now
 	counted := from != n.cfg.Region && (n.cfg.Observer || slices.Contains(n.regions, from))
 	back := counted && heard && now.Sub(last) > n.StaleAfter()
@@ -649,17 +664,27 @@ func (n *Node) askAll(region string) Ask {
 	return a
 }
 
-// knownSender reports whether a message under region's name may be
-// heard: a replica hears its regions (its own included) and globalsync;
-// an observer, any region while it has heard of fewer than maxHeard.
+// knownSender reports whether a region is one the node hears: a
+// replica, its regions (its own included) and globalsync; an observer, its
+// configured regions, or any.
 func (n *Node) knownSender(region string) bool {
 	if !n.cfg.Observer {
 		return region == namespace.GlobalSync || slices.Contains(n.regions, region)
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	_, heard := n.heard[region]
-	return heard || len(n.heard) < maxHeard
+	return len(n.cfg.Regions) == 0 || slices.Contains(n.cfg.Regions, region)
+}
+
+// dropHeard forgets the region heard least lately. The caller holds n.mu.
+func (n *Node) dropHeard() {
+	var oldest string
+	var at time.Time
+	for r, t := range n.heard {
+		if at.IsZero() || t.Before(at) {
+			oldest, at = r, t
+		}
+	}
+	delete(n.heard, oldest)
+	delete(n.rejoined, oldest)
 }
 
 // dropSender forgets the replay record of the sender heard least lately.

@@ -26,8 +26,10 @@ const MaxDeploymentLen = 32
 //	<prefix>.push.budgets          budget documents, pushed beside the KV bucket
 //	<prefix>.push.rules            the published rules, pushed beside the KV bucket
 //
-// where the prefix is "geoquota", or "geoquota.<deployment>" for a named
-// deployment; and the buckets geoquota-budgets, geoquota-rules and
+// where the prefix is "geoquota", or "geoquota.d.<deployment>" for a named
+// deployment (a token no subject of the unnamed one has there, so that
+// none of either's subjects, or what their permissions allow, is the
+// other's); and the buckets geoquota-budgets, geoquota-rules and
 // geoquota-leader, or geoquota-<deployment>-budgets and so on. The region
 // that sends comes last in a subject, so that a subscriber can tell it
 // without reading the message. The zero value is the unnamed deployment's.
@@ -55,7 +57,7 @@ func (n Names) Prefix() string {
 	if n.deployment == "" {
 		return Root
 	}
-	return Root + "." + n.deployment
+	return Root + ".d." + n.deployment
 }
 
 // bucket names one of the deployment's buckets.
@@ -74,6 +76,19 @@ func (n Names) RulesBucket() string { return n.bucket("rules") }
 
 // LeaderBucket holds the leading globalsync's claim.
 func (n Names) LeaderBucket() string { return n.bucket("leader") }
+
+// Subscriptions are the wildcards that cover every subject of the
+// deployment, and no other deployment's.
+func (n Names) Subscriptions() []string {
+	if n.deployment != "" {
+		return []string{n.Prefix() + ".>"}
+	}
+	var subs []string
+	for _, k := range []string{"delta", "ask", "repair", "heartbeat", "push"} {
+		subs = append(subs, Root+"."+k+".>")
+	}
+	return subs
+}
 
 // Kind is what a gossip subject carries.
 type Kind uint8

@@ -1,6 +1,7 @@
 package namespace
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -21,9 +22,9 @@ func TestNames(t *testing.T) {
 		{def.BudgetsBucket(), "geoquota-budgets"},
 		{def.RulesBucket(), "geoquota-rules"},
 		{def.LeaderBucket(), "geoquota-leader"},
-		{prod.Delta("us"), "geoquota.prod.delta.us"},
-		{prod.Ask("eu", GlobalSync), "geoquota.prod.ask.eu.globalsync"},
-		{prod.PushRules(), "geoquota.prod.push.rules"},
+		{prod.Delta("us"), "geoquota.d.prod.delta.us"},
+		{prod.Ask("eu", GlobalSync), "geoquota.d.prod.ask.eu.globalsync"},
+		{prod.PushRules(), "geoquota.d.prod.push.rules"},
 		{prod.BudgetsBucket(), "geoquota-prod-budgets"},
 		{prod.LeaderBucket(), "geoquota-prod-leader"},
 	} {
@@ -80,7 +81,7 @@ func TestPermissionsStayInTheDeployment(t *testing.T) {
 	prod, _ := New("prod")
 	for _, p := range []Permissions{prod.Region("us"), prod.GlobalSync()} {
 		for _, s := range p.Publish {
-			ok := strings.HasPrefix(s, "geoquota.prod.") || strings.Contains(s, "geoquota-prod-") ||
+			ok := strings.HasPrefix(s, "geoquota.d.prod.") || strings.Contains(s, "geoquota-prod-") ||
 				s == "$JS.API.INFO" || s == "$JS.FC.>" || s == "$JS.ACK.>"
 			if !ok {
 				t.Errorf("may publish %q, outside deployment prod", s)
@@ -95,4 +96,53 @@ func TestPermissionsStayInTheDeployment(t *testing.T) {
 			t.Errorf("region us may write a bucket: %q", s)
 		}
 	}
+}
+
+// TestDeploymentsCannotReachEachOther: no subject one deployment's
+// identities may publish or subscribe to (wildcards and all) matches a
+// subject of another, whatever the names (those of subject kinds
+// included).
+func TestDeploymentsCannotReachEachOther(t *testing.T) {
+	var all []Names
+	for _, name := range []string{"", "ask", "delta", "repair", "heartbeat", "push", "d", "prod"} {
+		n, err := New(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, n)
+	}
+	subjects := func(n Names) []string {
+		return []string{n.Delta("us"), n.Delta("eu"), n.Ask("eu", "us"), n.Ask("us", GlobalSync), n.Repair("eu", "us"),
+			n.Heartbeat("us"), n.PushBudgets(), n.PushRules()}
+	}
+	for _, a := range all {
+		for _, b := range all {
+			if a == b {
+				continue
+			}
+			for _, p := range []Permissions{a.Region("us"), a.GlobalSync()} {
+				for _, pattern := range append(slices.Clone(p.Publish), p.Subscribe...) {
+					for _, s := range subjects(b) {
+						if matches(pattern, s) {
+							t.Errorf("deployment %q may use %q, which matches %q of deployment %q", a.Deployment(), pattern, s, b.Deployment())
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// matches is NATS's subject matching: * one token, > the rest.
+func matches(pattern, subject string) bool {
+	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, tok := range p {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (tok != "*" && tok != s[i]) {
+			return false
+		}
+	}
+	return len(p) == len(s)
 }

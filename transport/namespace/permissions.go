@@ -22,7 +22,7 @@ func (n Names) Region(region string) Permissions {
 			"$JS.API.CONSUMER.INFO."+stream+".>", "$JS.API.CONSUMER.DELETE."+stream+".>",
 			"$JS.API.STREAM.MSG.GET."+stream, "$JS.API.DIRECT.GET."+stream, "$JS.API.DIRECT.GET."+stream+".>")
 	}
-	return Permissions{Publish: pub, Subscribe: []string{n.Prefix() + ".>", "_INBOX.>"}}
+	return Permissions{Publish: pub, Subscribe: append(n.Subscriptions(), "_INBOX.>")}
 }
 
 // GlobalSync returns globalsync's permissions: its own asks, the pushes of
@@ -37,5 +37,5 @@ func (n Names) GlobalSync() Permissions {
 			"$JS.API.CONSUMER.*."+stream, "$JS.API.CONSUMER.*."+stream+".>",
 			"$JS.API.DIRECT.GET."+stream, "$JS.API.DIRECT.GET."+stream+".>")
 	}
-	return Permissions{Publish: pub, Subscribe: []string{n.Prefix() + ".>", "_INBOX.>"}}
+	return Permissions{Publish: pub, Subscribe: append(n.Subscriptions(), "_INBOX.>")}
 }
