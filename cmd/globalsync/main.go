@@ -154,13 +154,13 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	daemon.Insecure(reg, map[string]bool{"nats": insecure})
 	natsErrors := daemon.NewNATSErrors(log)
+	names, _ := namespace.New(c.deployment) // checked by parseFlags
 	nc, err := nats.Connect(c.nats, append(natsOpts, nats.Name("globalsync "+c.id), nats.MaxReconnects(-1), nats.Timeout(5*time.Second),
-		natsErrors.Option())...)
+		natsErrors.Option(), nats.CustomInboxPrefix(names.Inbox(namespace.GlobalSync)))...)
 	if err != nil {
 		return fmt.Errorf("--nats: %w", err)
 	}
 	defer nc.Close()
-	names, _ := namespace.New(c.deployment) // checked by parseFlags
 	svc, err := Start(ctx, nc, Config{ID: c.id, Names: names, RedactKeys: c.redactKeys, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
 		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules)})
 	if err != nil {

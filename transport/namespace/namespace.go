@@ -77,6 +77,18 @@ func (n Names) RulesBucket() string { return n.bucket("rules") }
 // LeaderBucket holds the leading globalsync's claim.
 func (n Names) LeaderBucket() string { return n.bucket("leader") }
 
+// Inbox is the prefix of an identity's reply subjects (a region's
+// replicas, by the region's name, or GlobalSync): its own, so that no
+// other identity may subscribe to its replies, JetStream's included. The
+// daemons set it (nats.CustomInboxPrefix); the servers' permissions let
+// each identity subscribe to its own alone.
+func (n Names) Inbox(identity string) string {
+	if n.deployment == "" {
+		return "_INBOX_GQ." + identity
+	}
+	return "_INBOX_GQ_D." + n.deployment + "." + identity
+}
+
 // Subscriptions are the wildcards that cover every subject of the
 // deployment, and no other deployment's.
 func (n Names) Subscriptions() []string {

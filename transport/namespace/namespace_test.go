@@ -113,7 +113,7 @@ func TestDeploymentsCannotReachEachOther(t *testing.T) {
 	}
 	subjects := func(n Names) []string {
 		return []string{n.Delta("us"), n.Delta("eu"), n.Ask("eu", "us"), n.Ask("us", GlobalSync), n.Repair("eu", "us"),
-			n.Heartbeat("us"), n.PushBudgets(), n.PushRules()}
+			n.Heartbeat("us"), n.PushBudgets(), n.PushRules(), n.Inbox("us") + ".x1", n.Inbox(GlobalSync) + ".x2"}
 	}
 	for _, a := range all {
 		for _, b := range all {
@@ -145,4 +145,19 @@ func matches(pattern, subject string) bool {
 		}
 	}
 	return len(p) == len(s)
+}
+
+// TestInboxesApart: an identity may subscribe to its own replies alone.
+func TestInboxesApart(t *testing.T) {
+	var n Names
+	for _, pattern := range n.Region("us").Subscribe {
+		for _, other := range []string{n.Inbox("eu") + ".x", n.Inbox(GlobalSync) + ".x", "_INBOX.x"} {
+			if matches(pattern, other) {
+				t.Errorf("us may subscribe to %q, which matches %q", pattern, other)
+			}
+		}
+	}
+	if !slices.ContainsFunc(n.Region("us").Subscribe, func(p string) bool { return matches(p, n.Inbox("us")+".x") }) {
+		t.Error("us may not subscribe to its own replies")
+	}
 }

@@ -4,7 +4,7 @@ package namespace
 // publish and subscribe to: what a NATS server's authorization gives it
 // (deploy/nats/accounts.conf, and deploy/local's servers, are written from
 // these). A reply to a request it received is allowed besides
-// (allow_responses).
+// (allow_responses); replies to its own requests come to its Inbox.
 type Permissions struct {
 	Publish, Subscribe []string
 }
@@ -22,7 +22,7 @@ func (n Names) Region(region string) Permissions {
 			"$JS.API.CONSUMER.INFO."+stream+".>", "$JS.API.CONSUMER.DELETE."+stream+".>",
 			"$JS.API.STREAM.MSG.GET."+stream, "$JS.API.DIRECT.GET."+stream, "$JS.API.DIRECT.GET."+stream+".>")
 	}
-	return Permissions{Publish: pub, Subscribe: append(n.Subscriptions(), "_INBOX.>")}
+	return Permissions{Publish: pub, Subscribe: append(n.Subscriptions(), n.Inbox(region)+".>")}
 }
 
 // GlobalSync returns globalsync's permissions: its own asks, the pushes of
@@ -37,5 +37,5 @@ func (n Names) GlobalSync() Permissions {
 			"$JS.API.CONSUMER.*."+stream, "$JS.API.CONSUMER.*."+stream+".>",
 			"$JS.API.DIRECT.GET."+stream, "$JS.API.DIRECT.GET."+stream+".>")
 	}
-	return Permissions{Publish: pub, Subscribe: append(n.Subscriptions(), "_INBOX.>")}
+	return Permissions{Publish: pub, Subscribe: append(n.Subscriptions(), n.Inbox(GlobalSync)+".>")}
 }

@@ -71,17 +71,21 @@ func TestIdentitiesKeepToTheirSubjects(t *testing.T) {
 		} else if !errors.Is(err, nats.ErrAuthorization) && !strings.Contains(strings.ToLower(err.Error()), "authorization") {
 			t.Fatalf("anonymous client: %v, want an authorization violation", err)
 		}
-		as := func(id *Identity, cluster string) (*nats.Conn, *violations) {
+		as := func(id *Identity, cluster, inbox string) (*nats.Conn, *violations) {
 			o, err := id.Option()
 			if err != nil {
 				t.Fatal(err)
 			}
 			v := new(violations)
-			return connect(t, sc.Cluster(cluster).ClientURLs(), o, nats.ErrorHandler(v.handler)), v
+			opts := []nats.Option{o, nats.ErrorHandler(v.handler)}
+			if inbox != "" {
+				opts = append(opts, nats.CustomInboxPrefix(inbox))
+			}
+			return connect(t, sc.Cluster(cluster).ClientURLs(), opts...), v
 		}
-		gsc, _ := as(gs, "eu")
-		usc, usv := as(us, "us")
-		opc, _ := as(op, "us")
+		gsc, _ := as(gs, "eu", s.Inbox(namespace.GlobalSync))
+		usc, usv := as(us, "us", s.Inbox("us"))
+		opc, _ := as(op, "us", "")
 
 		// globalsync makes the buckets and writes a budget; us watches it.
 		gsJS, _ := jetstream.New(gsc)
@@ -142,6 +146,25 @@ func TestIdentitiesKeepToTheirSubjects(t *testing.T) {
 			for _, subject := range []string{s.Delta("eu"), s.Heartbeat("eu"), s.PushBudgets(), s.Ask("eu", "globalsync")} {
 				if !usv.has(subject) {
 					return errors.New("no permissions violation reported for " + subject)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		// us reads no one's replies but its own.
+		for _, subject := range []string{"_INBOX.>", s.Inbox(namespace.GlobalSync) + ".>"} {
+			if _, err := usc.SubscribeSync(subject); err != nil {
+				t.Fatal(err)
+			}
+		}
+		usc.Flush()
+		err = poll(ctx, func(context.Context) error {
+			for _, subject := range []string{"_INBOX.>", s.Inbox(namespace.GlobalSync) + ".>"} {
+				if !usv.has(subject) {
+					return errors.New("no permissions violation reported for a subscription to " + subject)
 				}
 			}
 			return nil
