@@ -153,7 +153,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		log.Warn(daemon.InsecureNATS)
 	}
 	daemon.Insecure(reg, map[string]bool{"nats": insecure})
-	natsErrors := daemon.NewNATSErrors(log)
+	natsErrors := daemon.NewNATSErrors(log, reg)
 	names, _ := namespace.New(c.deployment) // checked by parseFlags
 	nc, err := nats.Connect(c.nats, append(natsOpts, nats.Name("globalsync "+c.id), nats.MaxReconnects(-1), nats.Timeout(5*time.Second),
 		natsErrors.Option(), nats.CustomInboxPrefix(names.Inbox(namespace.GlobalSync)))...)

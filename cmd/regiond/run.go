@@ -116,7 +116,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		// NATS down at start is no reason not to serve: the region
 		// enforces alone on its floor and connects when it can.
 		nc, err := nats.Connect(natsURL, append(natsOpts, nats.Name("regiond "+c.region), nats.MaxReconnects(-1),
-			nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second), daemon.NewNATSErrors(log).Option(),
+			nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second), daemon.NewNATSErrors(log, metrics.Registry).Option(),
 			nats.CustomInboxPrefix(c.names.Inbox(c.region)))...)
 		if err != nil {
 			return fmt.Errorf("--nats: %w", err)

@@ -168,15 +168,22 @@ const InsecureNATS = "NATS: connecting without authentication: anyone who can re
 // give its subjects. Each subject refused is logged at most once a minute;
 // Last returns the latest, for an error at start.
 type NATSErrors struct {
-	log  *slog.Logger
-	mu   sync.Mutex
-	last error
-	seen map[string]time.Time
+	log     *slog.Logger
+	refused prometheus.Counter
+	mu      sync.Mutex
+	last    error
+	seen    map[string]time.Time
 }
 
-// NewNATSErrors returns a handler logging to log.
-func NewNATSErrors(log *slog.Logger) *NATSErrors {
-	return &NATSErrors{log: log, seen: map[string]time.Time{}}
+// NewNATSErrors returns a handler logging to log, and counting the
+// servers' permission violations in geoquota_nats_refused_total on reg.
+func NewNATSErrors(log *slog.Logger, reg prometheus.Registerer) *NATSErrors {
+	h := &NATSErrors{log: log, seen: map[string]time.Time{}, refused: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "geoquota_nats_refused_total",
+		Help: "What the NATS servers refused this daemon (permission violations): its identity is not the one they allow its subjects.",
+	})}
+	reg.MustRegister(h.refused)
+	return h
 }
 
 // Option is the nats.Option that installs the handler.
@@ -185,6 +192,10 @@ func (h *NATSErrors) Option() nats.Option {
 }
 
 func (h *NATSErrors) handle(err error) {
+	violation := errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(strings.ToLower(err.Error()), "permissions violation")
+	if violation {
+		h.refused.Inc()
+	}
 	h.mu.Lock()
 	h.last = err
 	msg := err.Error()
@@ -197,7 +208,7 @@ func (h *NATSErrors) handle(err error) {
 	}
 	h.seen[msg] = time.Now()
 	h.mu.Unlock()
-	if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(strings.ToLower(msg), "permissions violation") {
+	if violation {
 		h.log.Error("NATS refused what this daemon sent: its identity (--nats-nkey, --nats-creds, …) is not the one the servers allow these subjects, or their permissions are wrong (deploy/nats/accounts.conf)", "err", msg)
 		return
 	}

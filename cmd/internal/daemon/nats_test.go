@@ -151,7 +151,8 @@ func TestNATSErrorsAreLoggedOnce(t *testing.T) {
 	url := startNATS(t, natsserver.Options{Users: []*natsserver.User{{Username: "r", Password: "p",
 		Permissions: &natsserver.Permissions{Publish: &natsserver.SubjectPermission{Allow: []string{"mine"}}}}}})
 	var logged bytes.Buffer
-	h := NewNATSErrors(slog.New(slog.NewTextHandler(&logged, nil)))
+	reg := prometheus.NewRegistry()
+	h := NewNATSErrors(slog.New(slog.NewTextHandler(&logged, nil)), reg)
 	nc, err := nats.Connect(url, nats.UserInfo("r", "p"), h.Option())
 	if err != nil {
 		t.Fatal(err)
@@ -171,5 +172,8 @@ func TestNATSErrorsAreLoggedOnce(t *testing.T) {
 	}
 	if n := strings.Count(logged.String(), "NATS refused"); n != 1 || !strings.Contains(logged.String(), "level=ERROR") {
 		t.Fatalf("logged %d times:\n%s", n, logged.String())
+	}
+	if n := testutil.ToFloat64(h.refused); n < 1 {
+		t.Fatalf("geoquota_nats_refused_total %v, want every refusal counted", n)
 	}
 }
