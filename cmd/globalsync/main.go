@@ -61,6 +61,7 @@ type config struct {
 	reserve                                                             float64
 	regionList                                                          []string
 	deployment                                                          string
+	names                                                               namespace.Names
 	tls                                                                 daemon.TLS
 	redactKeys                                                          bool
 	natsAuth                                                            daemon.NATSAuth
@@ -97,7 +98,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	if c.nats == "" {
 		return c, errors.New("--nats is required")
 	}
-	if _, err := namespace.New(c.deployment); err != nil {
+	if c.names, err = namespace.New(c.deployment); err != nil {
 		return c, fmt.Errorf("--deployment: %w", err)
 	}
 	if err := c.tls.Check(); err != nil {
@@ -154,14 +155,13 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	daemon.Insecure(reg, map[string]bool{"nats": insecure})
 	natsErrors := daemon.NewNATSErrors(log, reg)
-	names, _ := namespace.New(c.deployment) // checked by parseFlags
 	nc, err := nats.Connect(c.nats, append(natsOpts, nats.Name("globalsync "+c.id), nats.MaxReconnects(-1), nats.Timeout(5*time.Second),
-		natsErrors.Option(), nats.CustomInboxPrefix(names.Inbox(namespace.GlobalSync)))...)
+		natsErrors.Option(), nats.CustomInboxPrefix(c.names.Inbox(namespace.GlobalSync)))...)
 	if err != nil {
 		return fmt.Errorf("--nats: %w", err)
 	}
 	defer nc.Close()
-	svc, err := Start(ctx, nc, Config{ID: c.id, Names: names, RedactKeys: c.redactKeys, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
+	svc, err := Start(ctx, nc, Config{ID: c.id, Names: c.names, RedactKeys: c.redactKeys, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
 		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules)})
 	if err != nil {
 		if last := natsErrors.Last(); last != nil {

@@ -349,20 +349,7 @@ func TestGlobalSyncAPI(t *testing.T) {
 	eu := w.region("eu", ns.ClientURL(), regions, rules)
 	w.region("us", ns.ClientURL(), regions, rules)
 	svc := w.service("gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 200 * time.Millisecond})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	pb.RegisterGlobalSyncServer(srv, grpcServer{s: svc})
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	client := pb.NewGlobalSyncClient(conn)
+	client := pb.NewGlobalSyncClient(serveGRPC(t, svc))
 	ctx := t.Context()
 
 	w.waitFor(100*time.Millisecond, "eu holds a lease", func() bool { _, ok := eu.lease(); return ok })
@@ -371,6 +358,7 @@ func TestGlobalSyncAPI(t *testing.T) {
 		eu.engine.Check(ctx, &regional.Request{APIKey: "k7", Endpoint: "/x"}, &d)
 	}
 	var u *pb.GetGlobalUsageResponse
+	var err error
 	w.waitFor(100*time.Millisecond, "globalsync's copy has eu's 7", func() bool {
 		u, err = client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "g", Key: "k7"})
 		return err == nil && u.GetGlobalUsed() == 7
@@ -599,20 +587,7 @@ func TestReadsNeedTheToken(t *testing.T) {
 		}
 	}
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(requireToken("s3cret")))
-	pb.RegisterGlobalSyncServer(srv, grpcServer{s: svc})
-	healthpb.RegisterHealthServer(srv, health.NewServer())
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveGRPC(t, svc, grpc.UnaryInterceptor(requireToken("s3cret")))
 	client := pb.NewGlobalSyncClient(conn)
 	ctx := t.Context()
 	if _, err := client.GetBudgets(ctx, &pb.GetBudgetsRequest{}); status.Code(err) != codes.Unauthenticated {
@@ -627,4 +602,25 @@ func TestReadsNeedTheToken(t *testing.T) {
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Errorf("health without the token: %v", err)
 	}
+}
+
+// serveGRPC serves geoquota.v1.GlobalSync and health from svc on loopback
+// with opts, and returns a connection to it; both end with the test.
+func serveGRPC(t *testing.T, svc *Service, opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(opts...)
+	pb.RegisterGlobalSyncServer(srv, grpcServer{s: svc})
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

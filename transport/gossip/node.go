@@ -676,13 +676,7 @@ func (n *Node) knownSender(region string) bool {
 
 // dropHeard forgets the region heard least lately. The caller holds n.mu.
 func (n *Node) dropHeard() {
-	var oldest string
-	var at time.Time
-	for r, t := range n.heard {
-		if at.IsZero() || t.Before(at) {
-			oldest, at = r, t
-		}
-	}
+	oldest := leastLately(n.heard, func(t time.Time) time.Time { return t })
 	delete(n.heard, oldest)
 	delete(n.rejoined, oldest)
 }
@@ -690,27 +684,25 @@ func (n *Node) dropHeard() {
 // dropSender forgets the replay record of the sender heard least lately.
 // The caller holds n.mu.
 func (n *Node) dropSender() {
-	var oldest stream
-	var at time.Time
-	for s, seen := range n.senders {
-		if at.IsZero() || seen.at.Before(at) {
-			oldest, at = s, seen.at
-		}
-	}
-	delete(n.senders, oldest)
+	delete(n.senders, leastLately(n.senders, func(s senderSeen) time.Time { return s.at }))
 }
 
 // dropStream forgets the versions of the replica heard least lately. The
 // caller holds n.mu.
 func (n *Node) dropStream() {
-	var oldest streamID
+	delete(n.streams, leastLately(n.streams, func(s *streamMark) time.Time { return s.at }))
+}
+
+// leastLately returns the key of m whose value was heard least lately.
+func leastLately[K comparable, V any](m map[K]V, heard func(V) time.Time) K {
+	var oldest K
 	var at time.Time
-	for id, s := range n.streams {
-		if at.IsZero() || s.at.Before(at) {
-			oldest, at = id, s.at
+	for k, v := range m {
+		if t := heard(v); at.IsZero() || t.Before(at) {
+			oldest, at = k, t
 		}
 	}
-	delete(n.streams, oldest)
+	return oldest
 }
 
 // answer handles another region's ask (or globalsync's): this replica's

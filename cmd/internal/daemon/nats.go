@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -97,13 +96,9 @@ func (a NATSAuth) Options() ([]nats.Option, error) {
 	if a.CA != "" || a.Cert != "" {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 		if a.CA != "" {
-			pem, err := os.ReadFile(a.CA)
+			pool, err := certPool("--nats-tls-ca", a.CA)
 			if err != nil {
-				return nil, fmt.Errorf("--nats-tls-ca: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("--nats-tls-ca %s: no PEM certificate in it", a.CA)
+				return nil, err
 			}
 			cfg.RootCAs = pool
 		}

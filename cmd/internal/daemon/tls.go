@@ -58,14 +58,23 @@ func (t TLS) GRPC() (*tls.Config, error) {
 	if cfg == nil || err != nil || t.ClientCA == "" {
 		return cfg, err
 	}
-	pem, err := os.ReadFile(t.ClientCA)
+	pool, err := certPool("--tls-client-ca", t.ClientCA)
 	if err != nil {
-		return nil, fmt.Errorf("--tls-client-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--tls-client-ca %s: no PEM certificate in it", t.ClientCA)
+		return nil, err
 	}
 	cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	return cfg, nil
+}
+
+// certPool reads the PEM file of CAs a flag names.
+func certPool(flag, path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s: no PEM certificate in it", flag, path)
+	}
+	return pool, nil
 }
