@@ -353,14 +353,7 @@ func (e *Engine) Maintain(ctx context.Context) error {
 		}
 		// A rule's window, or its refill period: every limit of a rule
 		// has the same, whatever its tier.
-		tr, idle := v.(*keyTracker), r.Base.WindowMicros()
-		tr.seen.sweep(func(_ string, seen *int64) bool {
-			if us-*seen > idle {
-				tr.n.Add(-1)
-				return true
-			}
-			return false
-		})
+		v.(*keyTracker).forget(us, r.Base.WindowMicros())
 		return true
 	})
 	if vs := e.violations.drain(); len(vs) > 0 {

@@ -318,7 +318,7 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	sc := e.scratch.Get().(*scratch)
 	defer e.scratch.Put(sc)
 	sc.items, sc.keys = sc.items[:0], sc.keys[:0]
-	if err := e.collect(sc, rs, req, addr, now); err != nil {
+	if err := e.collect(ctx, sc, rs, req, addr, now); err != nil {
 		return err
 	}
 	if len(sc.items) == 0 {
@@ -388,7 +388,7 @@ func costError(r *Rule, p Params, cost int64) error {
 }
 
 // collect finds the limits that apply, their keys, numbers and costs.
-func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr, now time.Time) error {
+func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Request, addr netip.Addr, now time.Time) error {
 	tier := rs.Tier(req)
 	for _, r := range rs.candidates(req.Endpoint) {
 		if !r.matches(req, tier, addr) {
@@ -409,7 +409,7 @@ func (e *Engine) collect(sc *scratch, rs *RuleSet, req *Request, addr netip.Addr
 		}
 		folded := false
 		if r.MaxKeys > 0 {
-			switch e.admitKey(r, sc.keys[ks:], now) {
+			switch e.admitKey(ctx, r, sc.keys[ks:], now) {
 			case keyFolded:
 				folded = true
 			case keyRefused:

@@ -223,7 +223,7 @@ func TestDenialCacheSparesRedis(t *testing.T) {
 		s := openTestRedisStore(t, srv.URL(), RedisOptions{})
 		return New(Config{Store: s, OnDenied: onDenied}, mustParse(t, `
 rules:
-  - { id: hot, by: [api_key], capacity: 5, refill_per_second: 0.01 }
+  - { id: hot, by: [api_key], capacity: 5, refill_per_second: 0.01, max_keys: 0 }
 `)), s
 	}
 	var told []Denial
@@ -306,7 +306,7 @@ func TestLeasesServeFromMemory(t *testing.T) {
 	clock := newVirtualClock()
 	e := New(Config{Store: store, Clock: clock.Now, BatchTTL: time.Second, Timeout: slowOK}, mustParse(t, `
 rules:
-  - { id: hot, by: [api_key], capacity: 100, refill_per_second: 0.001, lease: 10 }
+  - { id: hot, by: [api_key], capacity: 100, refill_per_second: 0.001, lease: 10, max_keys: 0 }
 `))
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
 	defer admin.Close()
@@ -409,6 +409,93 @@ rules:
 	}
 	if e.Stats().KeysFolded.Load() != 3 {
 		t.Fatalf("folded %d", e.Stats().KeysFolded.Load())
+	}
+}
+
+// A rule's cap holds for the region: replicas on one Redis count their
+// keys together, and a key one replica tracks passes at another.
+func TestKeyCapCountsTheRegion(t *testing.T) {
+	store, srv := newTestRedisStore(t, RedisOptions{Timeout: slowOK})
+	clock := newVirtualClock()
+	rules := "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m, max_keys: 10 }\n"
+	a := New(Config{Store: store, Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
+	b := New(Config{Store: openTestRedisStore(t, srv.URL(), RedisOptions{Timeout: slowOK}), Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
+	for i := range 10 {
+		e := a
+		if i >= 6 {
+			e = b
+		}
+		if d := mustCheck(t, e, Request{APIKey: fmt.Sprint("k", i)}); !d.Allowed {
+			t.Fatalf("key %d of 10: %+v", i, d)
+		}
+	}
+	for name, e := range map[string]*Engine{"a": a, "b": b} {
+		if d := mustCheck(t, e, Request{APIKey: "k10"}); d.Allowed || d.Code != CodeKeyLimit {
+			t.Fatalf("an 11th key at %s: %+v, want KEY_LIMIT", name, d)
+		}
+		// A key the other replica tracks is the region's: it passes.
+		if d := mustCheck(t, e, Request{APIKey: "k0"}); !d.Allowed {
+			t.Fatalf("k0 at %s: %+v", name, d)
+		}
+		if d := mustCheck(t, e, Request{APIKey: "k9"}); !d.Allowed {
+			t.Fatalf("k9 at %s: %+v", name, d)
+		}
+	}
+	if a.Stats().KeysRefused.Load() != 1 || b.Stats().KeysRefused.Load() != 1 {
+		t.Fatalf("refused %d and %d, want 1 each", a.Stats().KeysRefused.Load(), b.Stats().KeysRefused.Load())
+	}
+	// A window later the keys not seen since have lapsed: new ones pass.
+	clock.AdvanceBy(2 * time.Minute)
+	for _, e := range []*Engine{a, b} {
+		if err := e.Maintain(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := mustCheck(t, b, Request{APIKey: "k10"}); !d.Allowed {
+		t.Fatalf("k10 two windows later: %+v", d)
+	}
+}
+
+// Without max_keys a rule keys by descriptors is capped at DefaultMaxKeys;
+// max_keys: 0 says no cap, and a rule of one counter needs none.
+func TestKeyCapOnByDefault(t *testing.T) {
+	rs := mustParse(t, `
+rules:
+  - { id: keyed, match: { endpoint: /a }, by: [api_key], capacity: 5, refill_per_second: 1 }
+  - { id: open, match: { endpoint: /b }, by: [api_key], capacity: 5, refill_per_second: 1, max_keys: 0 }
+  - { id: one, match: { endpoint: /c }, capacity: 5, refill_per_second: 1 }
+`)
+	for id, want := range map[string]int{"keyed": DefaultMaxKeys, "open": 0, "one": 0} {
+		if got := rs.Rule(id).MaxKeys; got != want {
+			t.Errorf("rule %s: max_keys %d, want %d", id, got, want)
+		}
+	}
+	_, err := Parse("rules.yaml", []byte("rules:\n  - { id: r, by: [api_key], capacity: 5, refill_per_second: 1, max_keys: -1 }\n"))
+	if err == nil || !strings.Contains(err.Error(), "max_keys") {
+		t.Fatalf("max_keys -1: %v, want an error naming max_keys", err)
+	}
+}
+
+// The in-memory store holds no more counters of a rule than its cap,
+// however many keys are sent.
+func TestKeyCapBoundsTheMemoryStore(t *testing.T) {
+	clock := newVirtualClock()
+	e := New(Config{Clock: clock.Now}, mustParse(t, "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m, max_keys: 100 }\n"))
+	refused := 0
+	for i := range 1000 {
+		if d := mustCheck(t, e, Request{APIKey: fmt.Sprint("k", i)}); d.Code == CodeKeyLimit {
+			refused++
+		}
+	}
+	if refused != 900 {
+		t.Fatalf("refused %d of 1,000 keys, want 900", refused)
+	}
+	n := 0
+	for i := range e.local.shards {
+		n += len(e.local.shards[i].entries)
+	}
+	if n != 100 {
+		t.Fatalf("the store holds %d counters, want 100", n)
 	}
 }
 

@@ -1,8 +1,11 @@
 package regional
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -308,30 +311,123 @@ const (
 )
 
 // keyTracker counts the keys a rule tracks in this replica, and when each
-// was last seen.
+// was last seen. It holds a 64-bit hash of each key, seeded afresh in each
+// process (no one can aim two keys at one hash), not the key: a check of a
+// known key costs one lookup in a map of integers.
 type keyTracker struct {
-	n    atomic.Int64
-	seen *shardMap[*int64] // key to µs last seen, updated in place
+	n      atomic.Int64
+	seed   maphash.Seed
+	shards [64]struct {
+		mu sync.Mutex
+		m  map[uint64]int64 // hash of the key to µs last seen
+		_  [48]byte         // separate cache lines
+	}
 }
 
-// admitKey applies a rule's cap on tracked keys.
-func (e *Engine) admitKey(r *Rule, key []byte, now time.Time) keyAdmission {
+func newKeyTracker() *keyTracker {
+	tr := &keyTracker{seed: maphash.MakeSeed()}
+	for i := range tr.shards {
+		tr.shards[i].m = map[uint64]int64{}
+	}
+	return tr
+}
+
+// keySeenEvery is how stale a known key's last-seen time may grow, as a
+// fraction of its rule's window, before a check writes it again: most
+// checks of a known key only read.
+const keySeenEvery = 16
+
+// known reports whether the tracker holds key (hash h), noting it seen.
+func (tr *keyTracker) known(h uint64, us, idle int64) bool {
+	sh := &tr.shards[h%uint64(len(tr.shards))]
+	sh.mu.Lock()
+	seen, ok := sh.m[h]
+	if ok && us-seen > idle/keySeenEvery {
+		sh.m[h] = us
+	}
+	sh.mu.Unlock()
+	return ok
+}
+
+// add tracks key (hash h) from now on.
+func (tr *keyTracker) add(h uint64, us int64) {
+	sh := &tr.shards[h%uint64(len(tr.shards))]
+	sh.mu.Lock()
+	if _, ok := sh.m[h]; !ok {
+		tr.n.Add(1)
+	}
+	sh.m[h] = us
+	sh.mu.Unlock()
+}
+
+// forget drops the keys not seen for longer than idle (µs).
+func (tr *keyTracker) forget(us, idle int64) {
+	idle += idle / keySeenEvery // a last-seen time may be that much behind
+	for i := range tr.shards {
+		sh := &tr.shards[i]
+		sh.mu.Lock()
+		for h, seen := range sh.m {
+			if us-seen > idle {
+				delete(sh.m, h)
+				tr.n.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// TrackedKeys calls f for each rule with a cap on its keys: the keys this
+// replica tracks of it, and the cap.
+func (e *Engine) TrackedKeys(f func(rule string, tracked int64, max int)) {
+	for _, r := range e.rules.Load().Rules() {
+		if r.MaxKeys == 0 {
+			continue
+		}
+		var n int64
+		if v, ok := e.trackers.Load(r.ID); ok {
+			n = v.(*keyTracker).n.Load()
+		}
+		f(r.ID, n, r.MaxKeys)
+	}
+}
+
+// regionKeys is a store shared by a region's replicas that counts a rule's
+// keys across them, so that max_keys holds for the region, not for each
+// replica. A replica asks it only of a key it does not track itself.
+type regionKeys interface {
+	admitKey(ctx context.Context, rule string, key []byte, max int, windowUs, nowUs int64, deadline time.Time) (bool, error)
+}
+
+// admitKey applies a rule's cap on tracked keys: a key this replica
+// tracks passes; a new one is asked of the region (a shared store that
+// counts keys across replicas), or, when the store cannot answer or keeps
+// no count, held to the cap by this replica's own count.
+func (e *Engine) admitKey(ctx context.Context, r *Rule, key []byte, now time.Time) keyAdmission {
 	v, ok := e.trackers.Load(r.ID)
 	if !ok {
-		v, _ = e.trackers.LoadOrStore(r.ID, &keyTracker{seen: newShardMap[*int64]()})
+		v, _ = e.trackers.LoadOrStore(r.ID, newKeyTracker())
 	}
 	tr := v.(*keyTracker)
-	us := now.UnixMicro()
-	known := false
-	tr.seen.with(key, func(m map[string]*int64) {
-		if seen := m[string(key)]; seen != nil {
-			*seen, known = us, true
-		}
-	})
-	if known {
+	us, idle := now.UnixMicro(), r.Base.WindowMicros()
+	h := maphash.Bytes(tr.seed, key)
+	if tr.known(h, us, idle) {
 		return keyAdmitted
 	}
-	if tr.n.Load() >= int64(r.MaxKeys) {
+	admit, asked := false, false
+	if rk, ok := e.store.(regionKeys); ok && e.shared && e.breaker.State() == BreakerClosed {
+		// Timeouts are real time, whatever clock the engine runs on; the
+		// breaker is the decision's call to judge.
+		ok, err := rk.admitKey(ctx, r.ID, key, r.MaxKeys, idle, us, time.Now().Add(e.cfg.Timeout))
+		if err == nil {
+			admit, asked = ok, true
+		} else if ctx.Err() == nil {
+			e.storeError(err, us)
+		}
+	}
+	if !asked {
+		admit = tr.n.Load() < int64(r.MaxKeys)
+	}
+	if !admit {
 		if r.FoldOverflow {
 			e.stats.KeysFolded.Add(1)
 			return keyFolded
@@ -339,16 +435,7 @@ func (e *Engine) admitKey(r *Rule, key []byte, now time.Time) keyAdmission {
 		e.stats.KeysRefused.Add(1)
 		return keyRefused
 	}
-	tr.seen.with(key, func(m map[string]*int64) {
-		if seen := m[string(key)]; seen != nil {
-			*seen = us
-			return
-		}
-		tr.n.Add(1)
-		seen := new(int64) // only a new key allocates
-		*seen = us
-		m[string(key)] = seen
-	})
+	tr.add(h, us)
 	return keyAdmitted
 }
 

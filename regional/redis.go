@@ -2,7 +2,9 @@ package regional
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -24,6 +26,11 @@ var limitsLua string
 var mergeLua string
 
 var mergeScript = redis.NewScript(mergeLua)
+
+//go:embed lua/keys.lua
+var keysLua string
+
+var keysScript = redis.NewScript(keysLua)
 
 var (
 	limitsScript = redis.NewScript(limitsLua)
@@ -397,6 +404,30 @@ func (s *RedisStore) Reset(ctx context.Context, key []byte, p Params) error {
 		keys = append(keys, string(key)+":log")
 	}
 	return s.client.Del(ctx, keys...).Err()
+}
+
+// admitKey counts a rule's keys across the region's replicas (see
+// lua/keys.lua): a set of the keys' hashes per generation of windowUs, so
+// Redis holds at most about twice maxKeys hashes of a rule (72 bytes each
+// in Redis 7.0). The hash (the first 8 bytes of SHA-256) is the same
+// in every replica, and costly to aim two keys at.
+func (s *RedisStore) admitKey(ctx context.Context, rule string, key []byte, maxKeys int, windowUs, nowUs int64, deadline time.Time) (bool, error) {
+	windowUs = max(windowUs, int64(time.Second/time.Microsecond))
+	gen := nowUs / windowUs
+	sum := sha256.Sum256(key)
+	member := strconv.FormatInt(int64(binary.BigEndian.Uint64(sum[:8])), 10)
+	name := func(g int64) string { return "gq:keys:{" + rule + "}:" + strconv.FormatInt(g, 10) }
+	ttl := 2 * windowUs / 1000
+	if s.testMinTTL > ttl {
+		ttl = s.testMinTTL
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	n, err := keysScript.Run(ctx, s.client, []string{name(gen), name(gen - 1)}, member, maxKeys, ttl).Int64()
+	if err != nil {
+		return false, fmt.Errorf("regional: redis key count of rule %q: %w", rule, err)
+	}
+	return n == 1, nil
 }
 
 func (s *RedisStore) worker() {

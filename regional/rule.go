@@ -130,7 +130,8 @@ type Rule struct {
 	Batch    int64
 	Fallback Fallback
 	Penalty  *Penalty
-	// MaxKeys caps the counters this rule tracks per replica; 0 is no cap.
+	// MaxKeys caps the keys this rule tracks in a region (see
+	// DefaultMaxKeys); 0 is no cap.
 	MaxKeys int
 	// FoldOverflow counts keys beyond MaxKeys in one shared counter
 	// instead of refusing them.
@@ -139,6 +140,12 @@ type Rule struct {
 	match    matcher
 	overflow Params // the shared counter of keys beyond MaxKeys
 }
+
+// DefaultMaxKeys is the cap on the keys a rule tracks in a region when
+// its rule sets no max_keys: ten times the 100,000 tenants a deployment is
+// built for, so that a flood of made-up keys (a botnet's addresses, forged
+// API keys) cannot grow a store without bound.
+const DefaultMaxKeys = 1_000_000
 
 // smallestLimit is the smallest limit the rule can apply.
 func (r *Rule) smallestLimit() int64 {

@@ -88,7 +88,7 @@ type ruleSpec struct {
 	Lease           int64            `yaml:"lease"` // batch's older name
 	Fallback        string           `yaml:"fallback"`
 	Penalty         *penaltySpec     `yaml:"penalty"`
-	MaxKeys         int              `yaml:"max_keys"`
+	MaxKeys         *int             `yaml:"max_keys"`
 	OnKeyOverflow   string           `yaml:"on_key_overflow"`
 }
 
@@ -397,10 +397,16 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 		}
 		r.Penalty = &Penalty{Base: p.Base, Max: p.Max}
 	}
-	if s.MaxKeys < 0 {
-		return nil, fail("max_keys", "must not be negative")
+	switch {
+	case s.MaxKeys == nil:
+		if len(r.By) > 0 { // a rule of one counter has one key
+			r.MaxKeys = DefaultMaxKeys
+		}
+	case *s.MaxKeys < 0:
+		return nil, fail("max_keys", "%d: must not be negative (0 is no cap)", *s.MaxKeys)
+	default:
+		r.MaxKeys = *s.MaxKeys
 	}
-	r.MaxKeys = s.MaxKeys
 	switch s.OnKeyOverflow {
 	case "", "refuse":
 		r.FoldOverflow = false
@@ -409,7 +415,7 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 	default:
 		return nil, fail("on_key_overflow", "%q: want refuse or fold", s.OnKeyOverflow)
 	}
-	if s.OnKeyOverflow != "" && s.MaxKeys == 0 {
+	if s.OnKeyOverflow != "" && r.MaxKeys == 0 {
 		return nil, fail("on_key_overflow", "needs max_keys")
 	}
 	// Keys beyond the cap share one counter, at the rule's own limit (or

@@ -319,6 +319,12 @@ rules:
 	if got := metricLine(t, v, `geoquota_checks_total{decision="key_limit",rule="capped"}`); got != "2" {
 		t.Fatalf("geoquota_checks_total of key_limit: %q, want 2", got)
 	}
+	if got := metricLine(t, v, `geoquota_tracked_keys{rule="capped"}`); got != "1" {
+		t.Fatalf("geoquota_tracked_keys: %q, want 1", got)
+	}
+	if got := metricLine(t, v, `geoquota_max_keys{rule="capped"}`); got != "1" {
+		t.Fatalf("geoquota_max_keys: %q, want 1", got)
+	}
 
 	// Another limit over too, with a longer wait: the answer still names
 	// the rule that refused the key.

@@ -103,7 +103,28 @@ func (m *Metrics) Attach(e *regional.Engine) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "geoquota_sibling_denials_refused_total", Help: siblingHelp,
 			ConstLabels: prometheus.Labels{"reason": "unknown_rule"}}, func() float64 { return float64(st.DenialsUnknownRule.Load()) }),
 		counter("geoquota_sibling_denials_capped_total", "Siblings' denials held for less than they asked: no longer than one of the rule's can last.", st.DenialsCapped.Load),
+		keyCaps{e},
 	)
+}
+
+// keyCaps exports, per rule with a cap on its keys, the keys this replica
+// tracks and the cap: a rule nearing its cap is seen before it refuses.
+type keyCaps struct{ e *regional.Engine }
+
+var (
+	trackedKeysDesc = prometheus.NewDesc("geoquota_tracked_keys",
+		"Keys of the rule this replica tracks (seen in the rule's last window), under its max_keys.", []string{"rule"}, nil)
+	maxKeysDesc = prometheus.NewDesc("geoquota_max_keys",
+		"The rule's cap on the keys it tracks in the region (max_keys).", []string{"rule"}, nil)
+)
+
+func (keyCaps) Describe(ch chan<- *prometheus.Desc) { ch <- trackedKeysDesc; ch <- maxKeysDesc }
+
+func (k keyCaps) Collect(ch chan<- prometheus.Metric) {
+	k.e.TrackedKeys(func(rule string, tracked int64, max int) {
+		ch <- prometheus.MustNewConstMetric(trackedKeysDesc, prometheus.GaugeValue, float64(tracked), rule)
+		ch <- prometheus.MustNewConstMetric(maxKeysDesc, prometheus.GaugeValue, float64(max), rule)
+	})
 }
 
 // ObserveRedis is a regional.RedisOptions.Observe: one pipeline.
