@@ -38,7 +38,10 @@
 // first), Retry-After when denied, and X-RateLimit-Degraded: true when a
 // limit was decided without the shared store. Errors are JSON,
 // {"error": {"code", "message", "details"}}; a 400 names the field at
-// fault in details.field. Admin endpoints need Authorization: Bearer with
+// fault in details.field. A JSON body declared as another type is 415
+// UNSUPPORTED_MEDIA_TYPE; no Content-Type, application/json, a +json type
+// and application/x-www-form-urlencoded (curl -d's) are read as JSON.
+// Admin endpoints need Authorization: Bearer with
 // the admin token (401 UNAUTHENTICATED without it; 403 PERMISSION_DENIED
 // when regiond has none, for then admin calls are off).
 //

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"mime"
 	"net/http"
 	"slices"
 	"strconv"
@@ -97,6 +98,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // writeInputError answers 400 naming the field at fault, or 500 for an
 // error that is not about input.
 func (s *Server) writeInputError(w http.ResponseWriter, err error) {
+	if me := (*mediaTypeError)(nil); errors.As(err, &me) {
+		writeError(w, http.StatusUnsupportedMediaType, "UNSUPPORTED_MEDIA_TYPE", err.Error(), map[string]any{"field": "Content-Type"})
+		return
+	}
 	if field, ok := invalidField(err); ok {
 		writeError(w, http.StatusBadRequest, "INVALID_ARGUMENT", err.Error(), map[string]any{"field": field})
 		return
@@ -113,9 +118,36 @@ func (s *Server) writeInputError(w http.ResponseWriter, err error) {
 	writeError(w, http.StatusServiceUnavailable, "RATE_LIMITER_UNAVAILABLE", err.Error(), nil)
 }
 
+// mediaTypeError is a body declared as something other than JSON: 415.
+type mediaTypeError struct{ contentType string }
+
+func (e *mediaTypeError) Error() string {
+	return fmt.Sprintf("Content-Type %q: want application/json", e.contentType)
+}
+
+// jsonBody refuses a body declared as something other than JSON. No
+// Content-Type, application/json and the +json types are JSON; so is
+// application/x-www-form-urlencoded, which is what curl -d declares
+// whatever it sends (the README's examples): a form would fail as JSON,
+// with a 400 naming the body.
+func jsonBody(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "application/x-www-form-urlencoded") {
+		return nil
+	}
+	return &mediaTypeError{ct}
+}
+
 // decodeJSON reads a JSON object into v: at most maxBody bytes, no unknown
 // fields, nothing after it. Errors name the field they are about.
 func decodeJSON(r *http.Request, v any) error {
+	if err := jsonBody(r); err != nil {
+		return err
+	}
 	body, err := readBody(nil, r)
 	if err != nil {
 		return err
@@ -257,6 +289,10 @@ func rfc3339(t time.Time) string {
 }
 
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	if err := jsonBody(r); err != nil {
+		s.writeInputError(w, err)
+		return
+	}
 	body, err := readBody(w, r)
 	if err != nil {
 		s.writeInputError(w, err)

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -246,8 +247,29 @@ func TestHTTPBadInputCountsNothing(t *testing.T) {
 			t.Errorf("%s: %s %v, want 400 INVALID_ARGUMENT naming %s", tc.name, resp.Status, b, tc.field)
 		}
 	}
+	// A body declared as something other than JSON: 415, naming the
+	// header; JSON, a +json type and curl -d's form type are read.
+	good := `{"descriptors":{"api_key":"ct","endpoint":"/minute"}}`
+	for _, ct := range []string{"text/plain", "application/xml", "multipart/form-data; boundary=x", "nonsense;;"} {
+		resp := v.post("/v1/check", good, "Content-Type", ct)
+		b := decodeBody(t, resp)
+		e, _ := b["error"].(map[string]any)
+		if resp.StatusCode != http.StatusUnsupportedMediaType || e["code"] != "UNSUPPORTED_MEDIA_TYPE" || e["details"].(map[string]any)["field"] != "Content-Type" {
+			t.Errorf("Content-Type %s: %s %v, want 415 naming Content-Type", ct, resp.Status, b)
+		}
+	}
+	admin := newEnv(t, envOptions{adminToken: "secret"})
+	if resp := admin.post("/v1/admin/grant", `{}`, "Content-Type", "text/plain", "Authorization", "Bearer secret"); resp.StatusCode != http.StatusUnsupportedMediaType {
+		t.Errorf("admin grant as text/plain: %s, want 415", resp.Status)
+	}
 	if n := v.dbsize(); n != 0 {
 		t.Fatalf("bad requests left %d keys in Redis", n)
+	}
+	for i, ct := range []string{"application/json", "application/json; charset=utf-8", "application/vnd.api+json", "application/x-www-form-urlencoded"} {
+		body := fmt.Sprintf(`{"descriptors":{"api_key":"ct%d","endpoint":"/minute"}}`, i)
+		if resp := v.post("/v1/check", body, "Content-Type", ct); resp.StatusCode != http.StatusOK {
+			t.Errorf("Content-Type %s: %s, want 200", ct, resp.Status)
+		}
 	}
 	// An endpoint the API does not have, a method it does not take.
 	if resp := v.post("/v1/chek", `{}`); resp.StatusCode != http.StatusNotFound || decodeBody(t, resp)["error"] == nil {

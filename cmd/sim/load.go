@@ -117,6 +117,7 @@ func newCaller(c loadConfig) (caller, func(), error) {
 			if err != nil {
 				return false, err
 			}
+			req.Header.Set("Content-Type", "application/json")
 			resp, err := client.Do(req)
 			if err != nil {
 				return false, err
