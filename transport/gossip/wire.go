@@ -1,9 +1,14 @@
 package gossip
 
 import (
+	"bytes"
+	"compress/flate"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"sync"
 
 	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/transport/namespace"
@@ -49,7 +54,7 @@ func (m *Message) Encode() ([]byte, error) {
 	var err error
 	switch b := m.Body.(type) {
 	case crdt.Delta:
-		m.Data, err = crdt.AppendDelta(nil, b)
+		m.Data, err = appendDelta(nil, b)
 	case Ask:
 		m.Data, err = json.Marshal(b)
 	case Heartbeat:
@@ -187,7 +192,7 @@ func (m *Message) decode(k namespace.Kind) (any, error) {
 	}
 	switch k {
 	case namespace.Delta, namespace.Repair:
-		d, err := crdt.DecodeDelta(m.Data)
+		d, err := decodeDelta(m.Data)
 		if err != nil {
 			return nil, err
 		}
@@ -201,4 +206,80 @@ func (m *Message) decode(k namespace.Kind) (any, error) {
 		}
 		return hb, nil
 	}
+}
+
+// A delta travels as crdt encodes it, or, when that takes more than
+// compressAbove bytes, compressed: the magic "gz" (where crdt's is "gq"),
+// the uvarint length of crdt's encoding, then that encoding as a raw
+// DEFLATE stream (RFC 1951) at its fastest level. Keys are sorted and
+// share prefixes already; what is left to gain is mostly the entropy of
+// their characters: 24 random base-62 characters of an API key are 18
+// bytes of information in 24 (docs/benchmarks.md, Gossip).
+const (
+	compressAbove = 512
+	// maxInflated bounds what a compressed delta may claim to hold, and
+	// maxInflation how many times its size: a small message cannot make a
+	// receiver allocate much.
+	maxInflated  = 16 << 20
+	maxInflation = 16
+)
+
+var (
+	deflaters = sync.Pool{New: func() any {
+		w, _ := flate.NewWriter(nil, flate.BestSpeed)
+		return w
+	}}
+	inflaters sync.Pool
+)
+
+// appendDelta appends the encoding of d as it travels.
+func appendDelta(dst []byte, d crdt.Delta) ([]byte, error) {
+	raw, err := crdt.AppendDelta(nil, d)
+	if err != nil || len(raw) <= compressAbove {
+		return append(dst, raw...), err
+	}
+	var buf bytes.Buffer
+	buf.Write(dst)
+	buf.WriteString("gz")
+	buf.Write(binary.AppendUvarint(nil, uint64(len(raw))))
+	w := deflaters.Get().(*flate.Writer)
+	defer deflaters.Put(w)
+	w.Reset(&buf)
+	if _, err := w.Write(raw); err != nil {
+		return dst, err
+	}
+	if err := w.Close(); err != nil {
+		return dst, err
+	}
+	return buf.Bytes(), nil
+}
+
+// decodeDelta decodes a delta as it travels (see appendDelta).
+func decodeDelta(b []byte) (crdt.Delta, error) {
+	if len(b) < 2 || b[0] != 'g' || b[1] != 'z' {
+		return crdt.DecodeDelta(b)
+	}
+	n, k := binary.Uvarint(b[2:])
+	body := b[2+max(k, 0):]
+	if k <= 0 || n == 0 || n > maxInflated || n > uint64(maxInflation*len(b)) {
+		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta claiming %d bytes in %d", errMalformed, n, len(b))
+	}
+	r, _ := inflaters.Get().(io.ReadCloser)
+	if r == nil {
+		r = flate.NewReader(bytes.NewReader(body))
+	} else if err := r.(flate.Resetter).Reset(bytes.NewReader(body), nil); err != nil {
+		return crdt.Delta{}, err
+	}
+	defer inflaters.Put(r)
+	raw := make([]byte, n)
+	if _, err := io.ReadFull(r, raw); err != nil {
+		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta shorter than the %d bytes it claims: %v", errMalformed, n, err)
+	}
+	if k, err := r.Read(make([]byte, 1)); k != 0 || err != io.EOF {
+		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta longer than the %d bytes it claims", errMalformed, n)
+	}
+	if len(raw) <= compressAbove {
+		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta of %d bytes, which travels as it is", errMalformed, n)
+	}
+	return crdt.DecodeDelta(raw)
 }

@@ -1,0 +1,141 @@
+package gossip
+
+import (
+	"bytes"
+	"compress/flate"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"github.com/geoquota/geoquota/crdt"
+)
+
+// randomKeys are API keys of 24 random base-62 characters, as
+// BenchmarkGossipTraffic's.
+func randomKeys(n int) []string {
+	const alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	rng := rand.New(rand.NewPCG(1, 2))
+	keys := make([]string, n)
+	for i := range keys {
+		b := []byte("sk_live_")
+		for range 24 {
+			b = append(b, alphabet[rng.IntN(len(alphabet))])
+		}
+		keys[i] = string(b)
+	}
+	return keys
+}
+
+// deltaOf is a delta of one region's slots of the given keys.
+func deltaOf(keys []string) crdt.Delta {
+	d := crdt.Delta{Origin: "us", From: 0, To: 1}
+	for i, k := range keys {
+		d.Entries = append(d.Entries, crdt.Entry{ID: crdt.ID{Key: "gq:{tenant-global:" + k + "}", Epoch: 1_800_000_000_000},
+			Slots: []crdt.Slot{{Region: "us", P: uint64(1 + i%50)}}})
+	}
+	d.Normalize()
+	return d
+}
+
+// A delta of more than compressAbove bytes travels compressed, a smaller
+// one as crdt encodes it; both decode to what was sent.
+func TestDeltasTravelCompressed(t *testing.T) {
+	for _, n := range []int{1, 1_000} {
+		d := deltaOf(randomKeys(n))
+		raw, err := crdt.AppendDelta(nil, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := Message{Subject: "geoquota.delta.us", Body: d}
+		data, err := m.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		compressed := bytes.HasPrefix(data, []byte("gz"))
+		if compressed != (len(raw) > compressAbove) {
+			t.Fatalf("%d keys, %d bytes raw: compressed %v", n, len(raw), compressed)
+		}
+		if compressed && len(data) >= len(raw)*85/100 {
+			t.Fatalf("%d random keys: %d bytes compressed, %d raw: want at least 15%% less", n, len(data), len(raw))
+		}
+		got, err := decodeDelta(data)
+		if err != nil || !reflect.DeepEqual(got, d) {
+			t.Fatalf("%d keys: decoded %v, %v", n, err, got.Slots())
+		}
+	}
+}
+
+// A compressed delta is refused, whole, when it claims more than a receiver
+// will inflate, is shorter or longer than it claims, or compresses what
+// would travel as it is.
+func TestCompressedDeltasAreBounded(t *testing.T) {
+	raw, _ := crdt.AppendDelta(nil, deltaOf(randomKeys(1_000)))
+	small, _ := crdt.AppendDelta(nil, deltaOf(randomKeys(1)))
+	zero := make([]byte, 1<<20) // a bomb: a megabyte of zeros deflates to about a kilobyte
+	wrap := func(claim int, body []byte) []byte {
+		var buf bytes.Buffer
+		buf.WriteString("gz")
+		buf.Write(binary.AppendUvarint(nil, uint64(claim)))
+		w, _ := flate.NewWriter(&buf, flate.BestCompression)
+		w.Write(body)
+		w.Close()
+		return buf.Bytes()
+	}
+	for name, data := range map[string][]byte{
+		"a bomb":              wrap(len(zero), zero),
+		"claims beyond bound": wrap(maxInflated+1, raw),
+		"shorter than claims": wrap(len(raw)+10, raw),
+		"longer than claims":  wrap(len(raw)-10, raw),
+		"claims nothing":      wrap(0, raw),
+		"small, compressed":   wrap(len(small), small),
+		"no length":           []byte("gz"),
+		"not deflate":         append([]byte("gz\x10"), bytes.Repeat([]byte{0xff}, 40)...),
+	} {
+		if _, err := decodeDelta(data); err == nil {
+			t.Errorf("%s: decoded", name)
+		} else if !errors.Is(err, errMalformed) && !errors.Is(err, crdt.ErrMalformed) {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+	if _, err := decodeDelta(wrap(len(raw), raw)); err != nil {
+		t.Fatalf("a well-formed compressed delta: %v", err)
+	}
+}
+
+// BenchmarkDeltaWire: encoding and decoding a delta of 1,000 changed
+// counters as it travels, random API keys.
+func BenchmarkDeltaWire(b *testing.B) {
+	d := deltaOf(randomKeys(1_000))
+	raw, _ := crdt.AppendDelta(nil, d)
+	data, _ := appendDelta(nil, d)
+	b.Run("encode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			appendDelta(nil, d)
+		}
+		b.ReportMetric(float64(len(data))/1000, "B/counter")
+		b.ReportMetric(float64(len(raw))/1000, "raw-B/counter")
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeDelta(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decode-raw", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			crdt.DecodeDelta(raw)
+		}
+	})
+	b.Run("encode-raw", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			crdt.AppendDelta(nil, d)
+		}
+	})
+}
