@@ -456,6 +456,28 @@ func TestKeyCapCountsTheRegion(t *testing.T) {
 	}
 }
 
+// Keys that stay in use stay counted: each replica counts the keys it
+// tracks in the region's every generation, so that the region's count is
+// of the keys in use, not of the keys new since the last turn.
+func TestKeyCapCountsKeysThatStay(t *testing.T) {
+	store, srv := newTestRedisStore(t, RedisOptions{Timeout: slowOK})
+	clock := newVirtualClock()
+	rules := "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 100, window: 1m, max_keys: 3 }\n"
+	a := New(Config{Store: store, Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
+	b := New(Config{Store: openTestRedisStore(t, srv.URL(), RedisOptions{Timeout: slowOK}), Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
+	for turn := range 3 {
+		for _, k := range []string{"k0", "k1", "k2"} {
+			if d := mustCheck(t, a, Request{APIKey: k}); !d.Allowed {
+				t.Fatalf("turn %d, %s at a: %+v", turn, k, d)
+			}
+		}
+		if d := mustCheck(t, b, Request{APIKey: "new"}); d.Allowed || d.Code != CodeKeyLimit {
+			t.Fatalf("turn %d: a fourth key at b: %+v, want KEY_LIMIT", turn, d)
+		}
+		clock.AdvanceBy(time.Minute)
+	}
+}
+
 // Without max_keys a rule keys by descriptors is capped at DefaultMaxKeys;
 // max_keys: 0 says no cap, and a rule of one counter needs none.
 func TestKeyCapOnByDefault(t *testing.T) {

@@ -319,15 +319,19 @@ type keyTracker struct {
 	seed   maphash.Seed
 	shards [64]struct {
 		mu sync.Mutex
-		m  map[uint64]int64 // hash of the key to µs last seen
-		_  [48]byte         // separate cache lines
+		m  map[uint64]keySeen // by the key's hash
+		_  [48]byte           // separate cache lines
 	}
 }
+
+// keySeen is when a tracked key was last seen (µs), and the generation of
+// the region's count (see regionKeys) it was last counted in.
+type keySeen struct{ seen, gen int64 }
 
 func newKeyTracker() *keyTracker {
 	tr := &keyTracker{seed: maphash.MakeSeed()}
 	for i := range tr.shards {
-		tr.shards[i].m = map[uint64]int64{}
+		tr.shards[i].m = map[uint64]keySeen{}
 	}
 	return tr
 }
@@ -337,26 +341,27 @@ func newKeyTracker() *keyTracker {
 // checks of a known key only read.
 const keySeenEvery = 16
 
-// known reports whether the tracker holds key (hash h), noting it seen.
-func (tr *keyTracker) known(h uint64, us, idle int64) bool {
+// known reports whether the tracker holds key (hash h), noting it seen,
+// and the generation it was last counted in.
+func (tr *keyTracker) known(h uint64, us, idle int64) (found bool, gen int64) {
 	sh := &tr.shards[h%uint64(len(tr.shards))]
 	sh.mu.Lock()
-	seen, ok := sh.m[h]
-	if ok && us-seen > idle/keySeenEvery {
-		sh.m[h] = us
+	k, found := sh.m[h]
+	if found && us-k.seen > idle/keySeenEvery {
+		sh.m[h] = keySeen{us, k.gen}
 	}
 	sh.mu.Unlock()
-	return ok
+	return found, k.gen
 }
 
-// add tracks key (hash h) from now on.
-func (tr *keyTracker) add(h uint64, us int64) {
+// add tracks key (hash h) from now on, counted in generation gen.
+func (tr *keyTracker) add(h uint64, us, gen int64) {
 	sh := &tr.shards[h%uint64(len(tr.shards))]
 	sh.mu.Lock()
 	if _, ok := sh.m[h]; !ok {
 		tr.n.Add(1)
 	}
-	sh.m[h] = us
+	sh.m[h] = keySeen{us, gen}
 	sh.mu.Unlock()
 }
 
@@ -366,8 +371,8 @@ func (tr *keyTracker) forget(us, idle int64) {
 	for i := range tr.shards {
 		sh := &tr.shards[i]
 		sh.mu.Lock()
-		for h, seen := range sh.m {
-			if us-seen > idle {
+		for h, k := range sh.m {
+			if us-k.seen > idle {
 				delete(sh.m, h)
 				tr.n.Add(-1)
 			}
@@ -393,10 +398,19 @@ func (e *Engine) TrackedKeys(f func(rule string, tracked int64, max int)) {
 
 // regionKeys is a store shared by a region's replicas that counts a rule's
 // keys across them, so that max_keys holds for the region, not for each
-// replica. A replica asks it only of a key it does not track itself.
+// replica. It counts in generations of regionKeysGen(window): a key seen in
+// a generation is counted in it, and a new key passes only while neither
+// this generation nor the one before holds max keys, so that it holds at
+// most about twice max. A replica asks it of a key new to it, and of each
+// key it tracks once a generation, to count the key in it.
 type regionKeys interface {
-	admitKey(ctx context.Context, rule string, key []byte, max int, windowUs, nowUs int64, deadline time.Time) (bool, error)
+	admitKey(ctx context.Context, rule string, key []byte, max int, gen, genUs int64, deadline time.Time) (bool, error)
 }
+
+// regionKeysGen is the length (µs) of a generation of the region's count
+// of a rule's keys, for a rule of the given window: at least a minute, so
+// that a replica asks about each key it tracks at most once a minute.
+func regionKeysGen(windowUs int64) int64 { return max(windowUs, int64(time.Minute/time.Microsecond)) }
 
 // admitKey applies a rule's cap on tracked keys: a key this replica
 // tracks passes; a new one is asked of the region (a shared store that
@@ -409,23 +423,28 @@ func (e *Engine) admitKey(ctx context.Context, r *Rule, key []byte, now time.Tim
 	}
 	tr := v.(*keyTracker)
 	us, idle := now.UnixMicro(), r.Base.WindowMicros()
+	genUs := regionKeysGen(idle)
+	gen := us / genUs
 	h := maphash.Bytes(tr.seed, key)
-	if tr.known(h, us, idle) {
+	found, counted := tr.known(h, us, idle)
+	rk, region := e.store.(regionKeys)
+	region = region && e.shared
+	if found && (counted == gen || !region) {
 		return keyAdmitted
 	}
 	admit, asked := false, false
-	if rk, ok := e.store.(regionKeys); ok && e.shared && e.breaker.State() == BreakerClosed {
+	if region && e.breaker.State() == BreakerClosed {
 		// Timeouts are real time, whatever clock the engine runs on; the
 		// breaker is the decision's call to judge.
-		ok, err := rk.admitKey(ctx, r.ID, key, r.MaxKeys, idle, us, time.Now().Add(e.cfg.Timeout))
+		ok, err := rk.admitKey(ctx, r.ID, key, r.MaxKeys, gen, genUs, time.Now().Add(e.cfg.Timeout))
 		if err == nil {
 			admit, asked = ok, true
 		} else if ctx.Err() == nil {
 			e.storeError(err, us)
 		}
 	}
-	if !asked {
-		admit = tr.n.Load() < int64(r.MaxKeys)
+	if !asked { // a key it tracks stays; a new one within its own count
+		admit = found || tr.n.Load() < int64(r.MaxKeys)
 	}
 	if !admit {
 		if r.FoldOverflow {
@@ -435,7 +454,7 @@ func (e *Engine) admitKey(ctx context.Context, r *Rule, key []byte, now time.Tim
 		e.stats.KeysRefused.Add(1)
 		return keyRefused
 	}
-	tr.add(h, us)
+	tr.add(h, us, gen) // unasked, it is asked again next generation
 	return keyAdmitted
 }
 

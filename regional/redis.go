@@ -407,17 +407,15 @@ func (s *RedisStore) Reset(ctx context.Context, key []byte, p Params) error {
 }
 
 // admitKey counts a rule's keys across the region's replicas (see
-// lua/keys.lua): a set of the keys' hashes per generation of windowUs, so
-// Redis holds at most about twice maxKeys hashes of a rule (72 bytes each
-// in Redis 7.0). The hash (the first 8 bytes of SHA-256) is the same
-// in every replica, and costly to aim two keys at.
-func (s *RedisStore) admitKey(ctx context.Context, rule string, key []byte, maxKeys int, windowUs, nowUs int64, deadline time.Time) (bool, error) {
-	windowUs = max(windowUs, int64(time.Second/time.Microsecond))
-	gen := nowUs / windowUs
+// regionKeys and lua/keys.lua): a set of the keys' hashes per generation,
+// so Redis holds at most about twice maxKeys hashes of a rule in each of
+// two sets (72 bytes each in Redis 7.0). The hash (the first 8 bytes of
+// SHA-256) is the same in every replica, and costly to aim two keys at.
+func (s *RedisStore) admitKey(ctx context.Context, rule string, key []byte, maxKeys int, gen, genUs int64, deadline time.Time) (bool, error) {
 	sum := sha256.Sum256(key)
 	member := strconv.FormatInt(int64(binary.BigEndian.Uint64(sum[:8])), 10)
 	name := func(g int64) string { return "gq:keys:{" + rule + "}:" + strconv.FormatInt(g, 10) }
-	ttl := 2 * windowUs / 1000
+	ttl := 2 * genUs / 1000
 	if s.testMinTTL > ttl {
 		ttl = s.testMinTTL
 	}
