@@ -490,6 +490,19 @@ func (c *Counters) Observe(id ID, p, n uint64) bool {
 	return true
 }
 
+// Others returns the sums of the other regions' slots of counter id: their
+// increments and their decrements.
+func (c *Counters) Others(id ID) (p, n uint64) {
+	if e := c.entries[id]; e != nil {
+		for _, s := range e.slots {
+			if s.region != uint32(c.self) {
+				p, n = addSat(p, s.p), addSat(n, s.n)
+			}
+		}
+	}
+	return p, n
+}
+
 // Own returns the local region's slot of counter id.
 func (c *Counters) Own(id ID) (p, n uint64) {
 	if e := c.entries[id]; e != nil {

@@ -53,12 +53,13 @@
 // region; SetLease puts the budget lease globalsync hands out in force
 // (package budget), and before one, or once it lapses, the region keeps to
 // its floor. A strict rule admits within the region's allowance; an elastic
-// one also up to the global count its store holds, less a headroom and any
-// debt. The engine keeps a copy of the global counters, and one API over
+// one also up to the global count its store holds (an engine's own memory
+// holds the region's slots alone: the others' come from the copy), less a
+// headroom and any debt. The engine keeps a copy of the global counters, and one API over
 // it drives the gossip (transport/gossip): OwnDeltas is what the region
 // counted since a version of the copy, RegionState what the copy holds of
 // a region that lost its own, MergeRemote takes in other regions' slots (per-slot
-// maximum, into the copy and the store), HeardFrom notes a region heard,
+// maximum, into the copy and a shared store), HeardFrom notes a region heard,
 // GlobalReport what the region was asked for, for the budgets. Maintain
 // drops the windows the store no longer keeps from the copy.
 //

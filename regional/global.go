@@ -12,7 +12,8 @@ import (
 // colon and the window's start in Unix milliseconds (GlobalKey). The Redis
 // and in-memory stores keep the same fields; gossip brings in the other
 // regions' slots (MergeGlobal), each the maximum of what was held and what
-// arrived.
+// arrived — into a shared store: an engine whose store is its own memory
+// keeps them in its copy of the counters alone (Op.Others).
 //
 // A region admits a request if its own count stays within its allowance
 // (its budget lease, in units of the limit) or, in elastic mode, if the

@@ -178,12 +178,17 @@ rules:
 // floor; a lease raises it; elastic mode borrows global slack that gossip
 // shows, and no more; a region alone enforces the whole limit.
 func TestEngineGlobalLimits(t *testing.T) {
-	for _, kind := range []string{"memory", "redis"} {
+	// "own" is the engine's own memory (--dev, the simulator), which keeps
+	// the other regions' slots in the engine's copy alone.
+	for _, kind := range []string{"memory", "redis", "own"} {
 		t.Run(kind, func(t *testing.T) {
 			clock := newVirtualClock()
 			regions := []string{"eu", "us"}
 			engine := func(region string) *Engine {
 				var store Store
+				if kind == "own" {
+					return New(Config{Region: region, Clock: clock.Now, Global: GlobalConfig{Regions: regions, Lag: noLag}}, mustParse(t, globalRules))
+				}
 				if kind == "redis" {
 					rs, _ := newTestRedisStore(t, RedisOptions{Region: region, Timeout: slowOK})
 					rs.testNow = clock.micros
@@ -240,6 +245,16 @@ func TestEngineGlobalLimits(t *testing.T) {
 			}
 			if got := countAllowed(t, eu, "e_1", 1000); got != 990-60 {
 				t.Fatalf("eu admitted %d, want the ceiling 990 less us's 60 = 930", got)
+			}
+			u, err := eu.Usage(t.Context(), "g-elastic", &Request{APIKey: "e_1", Endpoint: "/x"})
+			if err != nil || u.GlobalUsed != 990 || len(u.Regions) != 2 || u.Regions[1].Region != "us" || u.Regions[1].Used != 60 {
+				t.Fatalf("eu's usage of e_1: %+v, %v; want 990 used, 60 of them by us", u, err)
+			}
+			if kind == "own" {
+				slots, _ := eu.local.ReadGlobal(t.Context(), []byte(CounterKey("g-elastic", "e_1")), u.WindowStart.UnixMilli())
+				if len(slots) != 1 || slots[0].Region != "eu" {
+					t.Fatalf("eu's own memory holds %+v: want eu's slot alone", slots)
+				}
 			}
 			// eu silent for longer than StaleAfter: us stops borrowing
 			// (its floor of 50 is spent on e_1), and borrows again once

@@ -467,7 +467,10 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 		// budget of its own is not in its leases.
 		op.Ceiling = 0
 	}
-	if !borrows && !e.shared {
+	// An elastic decision reads the other regions' count: a shared store
+	// holds it, the engine's own memory does not (the copy does).
+	readOthers := !e.shared && (borrows || elastic && own)
+	if !e.shared && !readOthers {
 		return
 	}
 	// What this replica knows the region counted in the window: in case
@@ -477,7 +480,17 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	start := us / window * window
 	id := crdt.ID{Key: string(op.Key), Epoch: start / 1000}
 	var p, n uint64
-	e.global.usage.with(func(c *crdt.Counters) { p, n = c.Own(id) })
+	e.global.usage.with(func(c *crdt.Counters) {
+		p, n = c.Own(id)
+		if readOthers {
+			// The engine's own memory keeps this region's slots; the
+			// others' are in the copy alone.
+			op.Others = others(c, id)
+			if op.Params.Algorithm == SlidingWindowCounter {
+				op.PrevOthers = others(c, crdt.ID{Key: id.Key, Epoch: (start - window) / 1000})
+			}
+		}
+	})
 	if e.shared {
 		op.KnownStart, op.KnownP, op.KnownN = id.Epoch, p, n
 	}
@@ -491,6 +504,13 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 			op.Ceiling = max(0, ceiling-e.inFlight(op, p, n, us, start))
 		}
 	}
+}
+
+// others is the other regions' count of a window in the copy: their P
+// less their N.
+func others(c *crdt.Counters, id crdt.ID) float64 {
+	p, n := c.Others(id)
+	return float64(p) - float64(n)
 }
 
 // inFlight is what the other regions may have admitted of an op's counter
@@ -690,8 +710,9 @@ func counted(since int64, now time.Time) time.Duration {
 const MaxAhead = 5 * time.Second
 
 // MergeRemote takes in another region's delta: into the engine's copy of
-// the counters and, for every slot of a known region, into the store, so
-// that the region's checks see it. It returns what the copy made of the
+// the counters and, for every slot of a known region, into a shared store,
+// so that the region's checks see it (the engine's own memory keeps only
+// this region's slots: its decisions read the others' from the copy). It returns what the copy made of the
 // delta; a delta from an unknown origin changes nothing, the windows the
 // store no longer keeps are left out (counted as stale), and so are those
 // that start more than MaxAhead after the engine's clock (counted as
@@ -700,7 +721,17 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	rs, now := e.rules.Load(), e.now()
 	d, ahead := d.Until(now.Add(MaxAhead).UnixMilli())
 	d, unknown := d.Keep(func(en *crdt.Entry) bool { return rs.OfGlobalRules(en.Key) })
-	windows, expired := globalWindowsOf(rs, d, e.global.known, now)
+	var windows []GlobalWindow
+	expired := 0
+	if e.shared {
+		windows, expired = globalWindowsOf(rs, d, e.global.known, now)
+	} else {
+		for _, en := range d.Entries {
+			if globalKeep(rs, en.Key, en.Epoch, now) <= 0 {
+				expired++
+			}
+		}
+	}
 	stale := 0
 	if expired > 0 {
 		// Windows over and done with, which the copy may have dropped
@@ -722,7 +753,10 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 		return rep, nil
 	}
 	gs, ok := e.store.(GlobalStore)
-	if !ok {
+	if !ok || !e.shared {
+		// The engine's own memory keeps this region's slots alone: the
+		// copy has the others', and hands them to the decisions that
+		// read them (globalOp).
 		return rep, nil
 	}
 	_, err := gs.MergeGlobal(ctx, windows)

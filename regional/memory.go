@@ -217,10 +217,12 @@ func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) *
 		g = m.raiseGlobal(sh, g, k, op, start, now)
 	}
 	cur := g.view()
+	cur.total += op.Others
 	var prev globalView
 	if op.Params.Algorithm == SlidingWindowCounter {
 		pg, _ := m.globalWindow(sh, op.Key, prevStart, now, buf[:])
 		prev = pg.view()
+		prev.total += op.PrevOthers
 	}
 	*r = Result{}
 	decideGlobal(&op.Params, &cur, &prev, float64(now), float64(op.Cost), float64(op.Allowance), float64(op.Ceiling), r)
