@@ -449,6 +449,7 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
 	op.KnownStart, op.KnownP, op.KnownN = 0, 0, 0
+	op.Others, op.PrevOthers = 0, 0
 	// Elastic mode borrows while the region has heard from every other
 	// lately, and its store has every region's slots (one coming back
 	// after an outage, the breaker's probe included, may have lost the
