@@ -353,7 +353,7 @@ func (e *Engine) Maintain(ctx context.Context) error {
 		}
 		// A rule's window, or its refill period: every limit of a rule
 		// has the same, whatever its tier.
-		v.(*keyTracker).forget(us, r.Base.WindowMicros())
+		v.(*keyTracker).forget(us, regionKeysGen(r.Base.WindowMicros()))
 		return true
 	})
 	if vs := e.violations.drain(); len(vs) > 0 {

@@ -478,6 +478,34 @@ func TestKeyCapCountsKeysThatStay(t *testing.T) {
 	}
 }
 
+// A replica asks Redis about a key it tracks once a generation (a minute
+// here), not at every check, even when the rule's window is shorter than
+// the time between two checks of the key.
+func TestKeyCapAsksRedisOnceAGeneration(t *testing.T) {
+	calls := map[string]int64{}
+	for _, extra := range []string{"", ", max_keys: 0"} {
+		store, srv := newTestRedisStore(t, RedisOptions{Timeout: slowOK})
+		admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
+		defer admin.Close()
+		clock := newVirtualClock()
+		e := New(Config{Store: store, Clock: clock.Now, Timeout: slowOK}, mustParse(t, "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 100, window: 1s"+extra+" }\n"))
+		for range 20 { // 40 s: one generation's turn at most
+			if d := mustCheck(t, e, Request{APIKey: "k"}); !d.Allowed {
+				t.Fatalf("%+v", d)
+			}
+			clock.AdvanceBy(2 * time.Second)
+			if err := e.Maintain(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		calls[extra] = commandCalls(t, admin, "evalsha") + commandCalls(t, admin, "eval")
+	}
+	// EVALSHA of the keys' script is refused once (NOSCRIPT), then EVAL.
+	if capped, open := calls[""], calls[", max_keys: 0"]; capped > open+2*2 {
+		t.Fatalf("20 checks of one key 2 s apart: %d script calls with the cap, %d without: want at most 2 more asks", capped, open)
+	}
+}
+
 // Without max_keys a rule keys by descriptors is capped at DefaultMaxKeys;
 // max_keys: 0 says no cap, and a rule of one counter needs none.
 func TestKeyCapOnByDefault(t *testing.T) {

@@ -337,8 +337,8 @@ func newKeyTracker() *keyTracker {
 }
 
 // keySeenEvery is how stale a known key's last-seen time may grow, as a
-// fraction of its rule's window, before a check writes it again: most
-// checks of a known key only read.
+// fraction of how long a key is tracked unseen (regionKeysGen), before a
+// check writes it again: most checks of a known key only read.
 const keySeenEvery = 16
 
 // known reports whether the tracker holds key (hash h), noting it seen,
@@ -362,6 +362,17 @@ func (tr *keyTracker) add(h uint64, us, gen int64) {
 		tr.n.Add(1)
 	}
 	sh.m[h] = keySeen{us, gen}
+	sh.mu.Unlock()
+}
+
+// remove stops tracking key (hash h).
+func (tr *keyTracker) remove(h uint64) {
+	sh := &tr.shards[h%uint64(len(tr.shards))]
+	sh.mu.Lock()
+	if _, ok := sh.m[h]; ok {
+		delete(sh.m, h)
+		tr.n.Add(-1)
+	}
 	sh.mu.Unlock()
 }
 
@@ -409,7 +420,10 @@ type regionKeys interface {
 
 // regionKeysGen is the length (µs) of a generation of the region's count
 // of a rule's keys, for a rule of the given window: at least a minute, so
-// that a replica asks about each key it tracks at most once a minute.
+// that a replica asks about each key it tracks at most once a minute. It
+// is also how long a replica tracks a key unseen: a key counts while it
+// was seen in the last window of the rule, and at least in the last
+// minute.
 func regionKeysGen(windowUs int64) int64 { return max(windowUs, int64(time.Minute/time.Microsecond)) }
 
 // admitKey applies a rule's cap on tracked keys: a key this replica
@@ -422,11 +436,10 @@ func (e *Engine) admitKey(ctx context.Context, r *Rule, key []byte, now time.Tim
 		v, _ = e.trackers.LoadOrStore(r.ID, newKeyTracker())
 	}
 	tr := v.(*keyTracker)
-	us, idle := now.UnixMicro(), r.Base.WindowMicros()
-	genUs := regionKeysGen(idle)
+	us, genUs := now.UnixMicro(), regionKeysGen(r.Base.WindowMicros())
 	gen := us / genUs
 	h := maphash.Bytes(tr.seed, key)
-	found, counted := tr.known(h, us, idle)
+	found, counted := tr.known(h, us, genUs)
 	rk, region := e.store.(regionKeys)
 	region = region && e.shared
 	if found && (counted == gen || !region) {
@@ -447,6 +460,12 @@ func (e *Engine) admitKey(ctx context.Context, r *Rule, key []byte, now time.Tim
 		admit = found || tr.n.Load() < int64(r.MaxKeys)
 	}
 	if !admit {
+		if found {
+			// Unseen for a generation, the region no longer counts it,
+			// and has no room for it again: forgotten here too, so that
+			// it is asked about once, not at every check.
+			tr.remove(h)
+		}
 		if r.FoldOverflow {
 			e.stats.KeysFolded.Add(1)
 			return keyFolded

@@ -547,10 +547,12 @@ func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 // loadScripts loads the scripts on every primary.
 func (s *RedisStore) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c redis.Scripter) error {
-		if err := c.ScriptLoad(ctx, limitsLua).Err(); err != nil {
-			return err
+		for _, src := range []string{limitsLua, mergeLua, keysLua} {
+			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+				return err
+			}
 		}
-		return c.ScriptLoad(ctx, mergeLua).Err()
+		return nil
 	}
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })

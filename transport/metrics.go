@@ -113,7 +113,7 @@ type keyCaps struct{ e *regional.Engine }
 
 var (
 	trackedKeysDesc = prometheus.NewDesc("geoquota_tracked_keys",
-		"Keys of the rule this replica tracks (seen in the rule's last window), under its max_keys.", []string{"rule"}, nil)
+		"Keys of the rule this replica tracks (seen in the rule's last window, or the last minute if longer), under its max_keys.", []string{"rule"}, nil)
 	maxKeysDesc = prometheus.NewDesc("geoquota_max_keys",
 		"The rule's cap on the keys it tracks in the region (max_keys).", []string{"rule"}, nil)
 )

@@ -217,11 +217,14 @@ func (m *Message) decode(k namespace.Kind) (any, error) {
 // bytes of information in 24 (docs/benchmarks.md, Gossip).
 const (
 	compressAbove = 512
-	// maxInflated bounds what a compressed delta may claim to hold, and
-	// maxInflation how many times its size: a small message cannot make a
-	// receiver allocate much.
-	maxInflated  = 16 << 20
-	maxInflation = 16
+	// maxInflated bounds what a compressed delta may hold: NATS's default
+	// payload limit, what an uncompressed one can be, so that compression
+	// lets no message make a receiver hold more than before (crdt bounds
+	// what a delta of that size can expand to). A larger delta goes as it
+	// is (and fails if NATS will not carry it, as before). A ratio is no
+	// bound: sorted keys that share prefixes, or one key's many windows,
+	// compress a hundred times and more.
+	maxInflated = 1 << 20
 )
 
 var (
@@ -235,7 +238,7 @@ var (
 // appendDelta appends the encoding of d as it travels.
 func appendDelta(dst []byte, d crdt.Delta) ([]byte, error) {
 	raw, err := crdt.AppendDelta(nil, d)
-	if err != nil || len(raw) <= compressAbove {
+	if err != nil || len(raw) <= compressAbove || len(raw) > maxInflated {
 		return append(dst, raw...), err
 	}
 	var buf bytes.Buffer
@@ -260,14 +263,16 @@ func decodeDelta(b []byte) (crdt.Delta, error) {
 		return crdt.DecodeDelta(b)
 	}
 	n, k := binary.Uvarint(b[2:])
-	body := b[2+max(k, 0):]
-	if k <= 0 || n == 0 || n > maxInflated || n > uint64(maxInflation*len(b)) {
-		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta claiming %d bytes in %d", errMalformed, n, len(b))
+	if k <= 0 || n == 0 || n > maxInflated {
+		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta claiming %d bytes, at most %d", errMalformed, n, maxInflated)
 	}
+	// A bytes.Reader is an io.ByteReader: the inflater reads no further
+	// than the stream's end, so what is left after it is known.
+	body := bytes.NewReader(b[2+k:])
 	r, _ := inflaters.Get().(io.ReadCloser)
 	if r == nil {
-		r = flate.NewReader(bytes.NewReader(body))
-	} else if err := r.(flate.Resetter).Reset(bytes.NewReader(body), nil); err != nil {
+		r = flate.NewReader(body)
+	} else if err := r.(flate.Resetter).Reset(body, nil); err != nil {
 		return crdt.Delta{}, err
 	}
 	defer inflaters.Put(r)
@@ -277,6 +282,9 @@ func decodeDelta(b []byte) (crdt.Delta, error) {
 	}
 	if k, err := r.Read(make([]byte, 1)); k != 0 || err != io.EOF {
 		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta longer than the %d bytes it claims", errMalformed, n)
+	}
+	if body.Len() != 0 {
+		return crdt.Delta{}, fmt.Errorf("%w: %d bytes after a compressed delta's end", errMalformed, body.Len())
 	}
 	if len(raw) <= compressAbove {
 		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta of %d bytes, which travels as it is", errMalformed, n)

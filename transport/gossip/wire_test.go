@@ -5,6 +5,7 @@ import (
 	"compress/flate"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -68,8 +69,9 @@ func TestDeltasTravelCompressed(t *testing.T) {
 }
 
 // A compressed delta is refused, whole, when it claims more than a receiver
-// will inflate, is shorter or longer than it claims, or compresses what
-// would travel as it is.
+// will inflate (what NATS would carry uncompressed), is shorter or longer
+// than it claims, has bytes after its end, or compresses what would travel
+// as it is.
 func TestCompressedDeltasAreBounded(t *testing.T) {
 	raw, _ := crdt.AppendDelta(nil, deltaOf(randomKeys(1_000)))
 	small, _ := crdt.AppendDelta(nil, deltaOf(randomKeys(1)))
@@ -86,6 +88,7 @@ func TestCompressedDeltasAreBounded(t *testing.T) {
 	for name, data := range map[string][]byte{
 		"a bomb":              wrap(len(zero), zero),
 		"claims beyond bound": wrap(maxInflated+1, raw),
+		"padded":              append(wrap(len(raw), raw), make([]byte, 64)...),
 		"shorter than claims": wrap(len(raw)+10, raw),
 		"longer than claims":  wrap(len(raw)-10, raw),
 		"claims nothing":      wrap(0, raw),
@@ -101,6 +104,32 @@ func TestCompressedDeltasAreBounded(t *testing.T) {
 	}
 	if _, err := decodeDelta(wrap(len(raw), raw)); err != nil {
 		t.Fatalf("a well-formed compressed delta: %v", err)
+	}
+}
+
+// Deltas that compress a hundred times and more, as sorted keys sharing
+// prefixes and one key's many windows do, are taken in.
+func TestHighlyCompressibleDeltasAreTakenIn(t *testing.T) {
+	one := crdt.Delta{Origin: "us", To: 1}
+	seq := crdt.Delta{Origin: "us", To: 1}
+	for i := range 20_000 {
+		one.Entries = append(one.Entries, crdt.Entry{ID: crdt.ID{Key: "gq:{tenant-global:acme}", Epoch: 1_800_000_000_000 + int64(i)*1000},
+			Slots: []crdt.Slot{{Region: "us", P: 5}}})
+		seq.Entries = append(seq.Entries, crdt.Entry{ID: crdt.ID{Key: fmt.Sprintf("gq:{tenant-global:tenant-%06d}", i), Epoch: 1_800_000_000_000},
+			Slots: []crdt.Slot{{Region: "us", P: 1}}})
+	}
+	for name, d := range map[string]crdt.Delta{"one key, 20,000 windows": one, "20,000 sequential tenants": seq} {
+		d.Normalize()
+		raw, _ := crdt.AppendDelta(nil, d)
+		data, err := appendDelta(nil, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeDelta(data)
+		if err != nil || len(got.Entries) != len(d.Entries) {
+			t.Fatalf("%s (%d bytes, %d compressed): %v", name, len(raw), len(data), err)
+		}
+		t.Logf("%s: %d bytes, %d compressed (%.0f times)", name, len(raw), len(data), float64(len(raw))/float64(len(data)))
 	}
 }
 
