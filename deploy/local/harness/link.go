@@ -141,9 +141,10 @@ func (l *Link) Stop() {
 // gatewayFrom is a toxic that lets through only gateway connections dialled
 // by one cluster: it reads the CONNECT a gateway sends first and closes the
 // connection unless its "gateway" names that cluster. NATS servers tell
-// each other every gateway address they know, so without it a server
-// cut off from another on its own link would redial it through a link
-// meant for a third cluster.
+// each other every gateway address they know (gatewayGossip keeps the
+// links' addresses out of that), and without it a server cut off from
+// another on its own link would redial it through a link meant for a
+// third cluster.
 type gatewayFrom struct {
 	Cluster string `json:"cluster"`
 }
@@ -195,11 +196,82 @@ func (t *gatewayFrom) Pipe(stub *toxics.ToxicStub) {
 	}
 }
 
-func init() {
-	toxics.Register(gatewayFromToxic, new(gatewayFrom))
+// gatewayGossip is a toxic on what a gateway link carries back to the
+// server that dialled: it drops the INFO lines that gossip other
+// clusters' gateway addresses ("gateway_cmd": 1). A server tells each
+// server that dials it the addresses it dials the other clusters at — its
+// own links — and the dialler adds them to those it redials: cut off from
+// b on its own link, a would dial b through c's link to b, and be seen
+// connected until gatewayFrom closed it (nats-server's
+// gossipGatewaysToInboundGateway, processImplicitGateway). What the
+// accepting side of a gateway sends is lines alone (INFO, PING, PONG,
+// interest): messages go out only on the dialler's side.
+type gatewayGossip struct{}
+
+// gatewayGossipState is a line not yet complete.
+type gatewayGossipState struct{ partial []byte }
+
+func (t *gatewayGossip) NewState() any { return new(gatewayGossipState) }
+
+func (t *gatewayGossip) Pipe(stub *toxics.ToxicStub) {
+	st := stub.State.(*gatewayGossipState)
+	crlf := []byte("\r\n")
+	for {
+		select {
+		case <-stub.Interrupt:
+			return
+		case c := <-stub.Input:
+			if c == nil {
+				stub.Close()
+				return
+			}
+			st.partial = append(st.partial, c.Data...)
+			var out []byte
+			rest := st.partial
+			for {
+				line, after, complete := bytes.Cut(rest, crlf)
+				if !complete {
+					break
+				}
+				if !isGatewayGossip(line) {
+					out = append(append(out, line...), crlf...)
+				}
+				rest = after
+			}
+			st.partial = append([]byte(nil), rest...)
+			if len(st.partial) > 1<<20 {
+				stub.Close()
+				return
+			}
+			if len(out) > 0 {
+				stub.Output <- &stream.StreamChunk{Data: out, Timestamp: c.Timestamp}
+			}
+		}
+	}
 }
 
-const gatewayFromToxic = "geoquota_gateway_from"
+// isGatewayGossip reports whether a line is an INFO gossiping gateway
+// addresses.
+func isGatewayGossip(line []byte) bool {
+	js, ok := bytes.CutPrefix(line, []byte("INFO "))
+	if !ok {
+		return false
+	}
+	var info struct {
+		Cmd int `json:"gateway_cmd"`
+	}
+	return json.Unmarshal(js, &info) == nil && info.Cmd == 1
+}
+
+func init() {
+	toxics.Register(gatewayFromToxic, new(gatewayFrom))
+	toxics.Register(gatewayGossipToxic, new(gatewayGossip))
+}
+
+const (
+	gatewayFromToxic   = "geoquota_gateway_from"
+	gatewayGossipToxic = "geoquota_gateway_gossip"
+)
 
 // startGatewayLink starts a link to a NATS server's gateway port that only
 // cluster from's gateway connections may use.
@@ -208,10 +280,14 @@ func startGatewayLink(upstream, from string) (*Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	js := fmt.Sprintf(`{"name":"gateway_from","type":%q,"stream":"upstream","attributes":{"cluster":%q}}`, gatewayFromToxic, from)
-	if _, err := l.proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
-		l.Stop()
-		return nil, fmt.Errorf("harness: gateway link from %s to %s: %w", from, upstream, err)
+	for _, js := range []string{
+		fmt.Sprintf(`{"name":"gateway_from","type":%q,"stream":"upstream","attributes":{"cluster":%q}}`, gatewayFromToxic, from),
+		fmt.Sprintf(`{"name":"gateway_gossip","type":%q,"stream":"downstream"}`, gatewayGossipToxic),
+	} {
+		if _, err := l.proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+			l.Stop()
+			return nil, fmt.Errorf("harness: gateway link from %s to %s: %w", from, upstream, err)
+		}
 	}
 	return l, nil
 }

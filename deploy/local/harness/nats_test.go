@@ -256,6 +256,28 @@ func outboundGateway(ctx context.Context, n *NATS, cluster string) (int, error) 
 	return gatewayz.Outbound[cluster].Connection.Port, nil
 }
 
+// gatewayURLs returns the addresses a server dials cluster's gateways at
+// (host:port), as its monitoring reports them.
+func gatewayURLs(ctx context.Context, n *NATS, cluster string) ([]string, error) {
+	var varz struct {
+		Gateway struct {
+			Gateways []struct {
+				Name string   `json:"name"`
+				URLs []string `json:"urls"`
+			} `json:"gateways"`
+		} `json:"gateway"`
+	}
+	if err := n.monitor(ctx, "/varz", &varz); err != nil {
+		return nil, err
+	}
+	for _, g := range varz.Gateway.Gateways {
+		if g.Name == cluster {
+			return g.URLs, nil
+		}
+	}
+	return nil, fmt.Errorf("nats: no gateway %s in /varz", cluster)
+}
+
 // TestSuperclusterLinks: with Links, every gateway connection goes
 // through a link; cutting a cluster's links both ways cuts it off from
 // that cluster alone, it does not find its way around them while cut, and
@@ -289,6 +311,22 @@ func TestSuperclusterLinks(t *testing.T) {
 				}
 				if want := sc.Link(from, to)[0].port(); port != want {
 					t.Errorf("%s's gateway to %s is connected to port %d, not its link's %d", from, to, port, want)
+				}
+				// The addresses it would redial: its own links and the
+				// advertised nowhere, none it was told of by the
+				// others (another cluster's link to to).
+				urls, err := gatewayURLs(ctx, sc.Cluster(from).Servers[0], to)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, u := range urls {
+					own := u == "127.0.0.1:1"
+					for _, l := range sc.Link(from, to) {
+						own = own || u == l.Addr()
+					}
+					if !own {
+						t.Errorf("%s would redial %s at %s, not a link of its own (%v)", from, to, u, urls)
+					}
 				}
 			}
 		}
