@@ -412,14 +412,20 @@ rules:
 	}
 }
 
+// twoReplicas returns two engines of one region on one Redis, with the
+// given rules, and their clock.
+func twoReplicas(t *testing.T, rules string) (a, b *Engine, clock *virtualClock) {
+	store, srv := newTestRedisStore(t, RedisOptions{Timeout: slowOK})
+	clock = newVirtualClock()
+	a = New(Config{Store: store, Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
+	b = New(Config{Store: openTestRedisStore(t, srv.URL(), RedisOptions{Timeout: slowOK}), Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
+	return a, b, clock
+}
+
 // A rule's cap holds for the region: replicas on one Redis count their
 // keys together, and a key one replica tracks passes at another.
 func TestKeyCapCountsTheRegion(t *testing.T) {
-	store, srv := newTestRedisStore(t, RedisOptions{Timeout: slowOK})
-	clock := newVirtualClock()
-	rules := "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m, max_keys: 10 }\n"
-	a := New(Config{Store: store, Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
-	b := New(Config{Store: openTestRedisStore(t, srv.URL(), RedisOptions{Timeout: slowOK}), Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
+	a, b, clock := twoReplicas(t, "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m, max_keys: 10 }\n")
 	for i := range 10 {
 		e := a
 		if i >= 6 {
@@ -460,11 +466,7 @@ func TestKeyCapCountsTheRegion(t *testing.T) {
 // tracks in the region's every generation, so that the region's count is
 // of the keys in use, not of the keys new since the last turn.
 func TestKeyCapCountsKeysThatStay(t *testing.T) {
-	store, srv := newTestRedisStore(t, RedisOptions{Timeout: slowOK})
-	clock := newVirtualClock()
-	rules := "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 100, window: 1m, max_keys: 3 }\n"
-	a := New(Config{Store: store, Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
-	b := New(Config{Store: openTestRedisStore(t, srv.URL(), RedisOptions{Timeout: slowOK}), Clock: clock.Now, Timeout: slowOK}, mustParse(t, rules))
+	a, b, clock := twoReplicas(t, "rules:\n  - { id: r, by: [api_key], algorithm: fixed_window, limit: 100, window: 1m, max_keys: 3 }\n")
 	for turn := range 3 {
 		for _, k := range []string{"k0", "k1", "k2"} {
 			if d := mustCheck(t, a, Request{APIKey: k}); !d.Allowed {
