@@ -159,39 +159,43 @@ func (t *gatewayFrom) NewState() any { return new(gatewayFromState) }
 
 func (t *gatewayFrom) Pipe(stub *toxics.ToxicStub) {
 	st := stub.State.(*gatewayFromState)
+	pipe(stub, func(c *stream.StreamChunk) bool {
+		if st.passed {
+			stub.Output <- c
+			return true
+		}
+		st.head = append(st.head, c.Data...)
+		line, _, complete := bytes.Cut(st.head, []byte("\r\n"))
+		if !complete {
+			return len(st.head) <= 64<<10
+		}
+		var connect struct {
+			Gateway string `json:"gateway"`
+		}
+		js, isConnect := bytes.CutPrefix(line, []byte("CONNECT "))
+		if !isConnect || json.Unmarshal(js, &connect) != nil || connect.Gateway != t.Cluster {
+			return false
+		}
+		st.passed = true
+		stub.Output <- &stream.StreamChunk{Data: st.head, Timestamp: c.Timestamp}
+		st.head = nil
+		return true
+	})
+}
+
+// pipe runs a toxic: f takes each chunk that comes in, until the stub is
+// interrupted (toxics changed: the state carries on), the stream ends, or
+// f returns false, which closes the connection.
+func pipe(stub *toxics.ToxicStub, f func(c *stream.StreamChunk) bool) {
 	for {
 		select {
 		case <-stub.Interrupt:
 			return
 		case c := <-stub.Input:
-			if c == nil {
+			if c == nil || !f(c) {
 				stub.Close()
 				return
 			}
-			if st.passed {
-				stub.Output <- c
-				continue
-			}
-			st.head = append(st.head, c.Data...)
-			line, _, complete := bytes.Cut(st.head, []byte("\r\n"))
-			if !complete {
-				if len(st.head) > 64<<10 {
-					stub.Close()
-					return
-				}
-				continue
-			}
-			var connect struct {
-				Gateway string `json:"gateway"`
-			}
-			js, isConnect := bytes.CutPrefix(line, []byte("CONNECT "))
-			if !isConnect || json.Unmarshal(js, &connect) != nil || connect.Gateway != t.Cluster {
-				stub.Close()
-				return
-			}
-			st.passed = true
-			stub.Output <- &stream.StreamChunk{Data: st.head, Timestamp: c.Timestamp}
-			st.head = nil
 		}
 	}
 }
@@ -216,38 +220,26 @@ func (t *gatewayGossip) NewState() any { return new(gatewayGossipState) }
 func (t *gatewayGossip) Pipe(stub *toxics.ToxicStub) {
 	st := stub.State.(*gatewayGossipState)
 	crlf := []byte("\r\n")
-	for {
-		select {
-		case <-stub.Interrupt:
-			return
-		case c := <-stub.Input:
-			if c == nil {
-				stub.Close()
-				return
+	pipe(stub, func(c *stream.StreamChunk) bool {
+		st.partial = append(st.partial, c.Data...)
+		var out []byte
+		rest := st.partial
+		for {
+			line, after, complete := bytes.Cut(rest, crlf)
+			if !complete {
+				break
 			}
-			st.partial = append(st.partial, c.Data...)
-			var out []byte
-			rest := st.partial
-			for {
-				line, after, complete := bytes.Cut(rest, crlf)
-				if !complete {
-					break
-				}
-				if !isGatewayGossip(line) {
-					out = append(append(out, line...), crlf...)
-				}
-				rest = after
+			if !isGatewayGossip(line) {
+				out = append(append(out, line...), crlf...)
 			}
-			st.partial = append([]byte(nil), rest...)
-			if len(st.partial) > 1<<20 {
-				stub.Close()
-				return
-			}
-			if len(out) > 0 {
-				stub.Output <- &stream.StreamChunk{Data: out, Timestamp: c.Timestamp}
-			}
+			rest = after
 		}
-	}
+		st.partial = append([]byte(nil), rest...)
+		if len(out) > 0 {
+			stub.Output <- &stream.StreamChunk{Data: out, Timestamp: c.Timestamp}
+		}
+		return len(st.partial) <= 1<<20
+	})
 }
 
 // isGatewayGossip reports whether a line is an INFO gossiping gateway
