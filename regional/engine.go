@@ -73,7 +73,8 @@ type Engine struct {
 	denials     *shardMap[*denial]
 	denialCount atomic.Int64 // entries in denials: none, no lookups
 	batches     *shardMap[*batch]
-	trackers    sync.Map // rule id -> *keyTracker
+	trackers    sync.Map   // rule id -> *keyTracker
+	keys        regionKeys // the shared store's count of keys across replicas, if it keeps one
 	blocks      atomic.Pointer[[]block]
 	blockMu     sync.Mutex
 
@@ -127,6 +128,7 @@ func New(cfg Config, rules *RuleSet) *Engine {
 	e.local = NewMemoryStore(e.now)
 	e.local.SetRegion(e.cfg.Region)
 	e.store, e.shared = cfg.Store, cfg.Store != nil
+	e.keys, _ = cfg.Store.(regionKeys)
 	if e.store == nil {
 		e.store = e.local
 	}

@@ -722,31 +722,7 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	rs, now := e.rules.Load(), e.now()
 	d, ahead := d.Until(now.Add(MaxAhead).UnixMilli())
 	d, unknown := d.Keep(func(en *crdt.Entry) bool { return rs.OfGlobalRules(en.Key) })
-	var windows []GlobalWindow
-	expired := 0
-	if e.shared {
-		windows, expired = globalWindowsOf(rs, d, e.global.known, now)
-	} else {
-		for _, en := range d.Entries {
-			if globalKeep(rs, en.Key, en.Epoch, now) <= 0 {
-				expired++
-			}
-		}
-	}
-	stale := 0
-	if expired > 0 {
-		// Windows over and done with, which the copy may have dropped
-		// (Maintain), are not brought back: they would be gossiped again.
-		kept := make([]crdt.Entry, 0, len(d.Entries)-expired)
-		for _, en := range d.Entries {
-			if globalKeep(rs, en.Key, en.Epoch, now) > 0 {
-				kept = append(kept, en)
-			} else {
-				stale += len(en.Slots)
-			}
-		}
-		d.Entries = kept
-	}
+	d, stale := dropExpired(rs, d, now)
 	var rep crdt.MergeReport
 	e.global.usage.with(func(c *crdt.Counters) { rep = c.Merge(d) })
 	rep.Stale, rep.Ahead, rep.UnknownRule = rep.Stale+stale, ahead, unknown
@@ -760,8 +736,34 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 		// read them (globalOp).
 		return rep, nil
 	}
+	windows, _ := globalWindowsOf(rs, d, e.global.known, now)
 	_, err := gs.MergeGlobal(ctx, windows)
 	return rep, err
+}
+
+// dropExpired leaves out of d the windows over and done with, which the
+// copy may have dropped (Maintain): they are not brought back, or they
+// would be gossiped again. It returns how many slots it left out, and
+// copies d's entries only if it leaves one out.
+func dropExpired(rs *RuleSet, d crdt.Delta, now time.Time) (crdt.Delta, int) {
+	stale := 0
+	var kept []crdt.Entry
+	for i, en := range d.Entries {
+		if globalKeep(rs, en.Key, en.Epoch, now) > 0 {
+			if kept != nil {
+				kept = append(kept, en)
+			}
+			continue
+		}
+		if kept == nil {
+			kept = append(make([]crdt.Entry, 0, len(d.Entries)-1), d.Entries[:i]...)
+		}
+		stale += len(en.Slots)
+	}
+	if kept != nil {
+		d.Entries = kept
+	}
+	return d, stale
 }
 
 // OfGlobalRules reports whether a counter key (CounterKey) is of a

@@ -440,16 +440,14 @@ func (e *Engine) admitKey(ctx context.Context, r *Rule, key []byte, now time.Tim
 	gen := us / genUs
 	h := maphash.Bytes(tr.seed, key)
 	found, counted := tr.known(h, us, genUs)
-	rk, region := e.store.(regionKeys)
-	region = region && e.shared
-	if found && (counted == gen || !region) {
+	if found && (counted == gen || e.keys == nil) {
 		return keyAdmitted
 	}
 	admit, asked := false, false
-	if region && e.breaker.State() == BreakerClosed {
+	if e.keys != nil && e.breaker.State() == BreakerClosed {
 		// Timeouts are real time, whatever clock the engine runs on; the
 		// breaker is the decision's call to judge.
-		ok, err := rk.admitKey(ctx, r.ID, key, r.MaxKeys, gen, genUs, time.Now().Add(e.cfg.Timeout))
+		ok, err := e.keys.admitKey(ctx, r.ID, key, r.MaxKeys, gen, genUs, time.Now().Add(e.cfg.Timeout))
 		if err == nil {
 			admit, asked = ok, true
 		} else if ctx.Err() == nil {

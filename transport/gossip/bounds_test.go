@@ -42,7 +42,7 @@ func FuzzStep(f *testing.F) {
 	f.Add(uint8(namespace.Ask), "us", "us-1", uint64(2), []byte(`{"streams":[{"replica":"eu-1","instance":"1","since":0}],"others":true,"own":true}`))
 	f.Add(uint8(namespace.Heartbeat), "us", "us-1", uint64(3), []byte(`{"region":"us","replica":"us-1","rules":{"g":{"admitted":3}}}`))
 	f.Add(uint8(namespace.Repair), namespace.GlobalSync, "gs", uint64(1), d)
-	big, _ := appendDelta(nil, deltaOf(randomKeys(100))) // compressed
+	big, _ := encodeDelta(deltaOf(randomKeys(100))) // compressed
 	f.Add(uint8(namespace.Delta), "us", "us-2", uint64(1), big)
 	now := time.Unix(1_800_000_000, 0)
 	n, _ := testNode(f, now)

@@ -54,7 +54,7 @@ func (m *Message) Encode() ([]byte, error) {
 	var err error
 	switch b := m.Body.(type) {
 	case crdt.Delta:
-		m.Data, err = appendDelta(nil, b)
+		m.Data, err = encodeDelta(b)
 	case Ask:
 		m.Data, err = json.Marshal(b)
 	case Heartbeat:
@@ -235,29 +235,28 @@ var (
 	inflaters sync.Pool
 )
 
-// appendDelta appends the encoding of d as it travels.
-func appendDelta(dst []byte, d crdt.Delta) ([]byte, error) {
+// encodeDelta returns the encoding of d as it travels.
+func encodeDelta(d crdt.Delta) ([]byte, error) {
 	raw, err := crdt.AppendDelta(nil, d)
 	if err != nil || len(raw) <= compressAbove || len(raw) > maxInflated {
-		return append(dst, raw...), err
+		return raw, err
 	}
 	var buf bytes.Buffer
-	buf.Write(dst)
 	buf.WriteString("gz")
 	buf.Write(binary.AppendUvarint(nil, uint64(len(raw))))
 	w := deflaters.Get().(*flate.Writer)
 	defer deflaters.Put(w)
 	w.Reset(&buf)
 	if _, err := w.Write(raw); err != nil {
-		return dst, err
+		return nil, err
 	}
 	if err := w.Close(); err != nil {
-		return dst, err
+		return nil, err
 	}
 	return buf.Bytes(), nil
 }
 
-// decodeDelta decodes a delta as it travels (see appendDelta).
+// decodeDelta decodes a delta as it travels (see encodeDelta).
 func decodeDelta(b []byte) (crdt.Delta, error) {
 	if len(b) < 2 || b[0] != 'g' || b[1] != 'z' {
 		return crdt.DecodeDelta(b)

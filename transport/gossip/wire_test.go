@@ -121,7 +121,7 @@ func TestHighlyCompressibleDeltasAreTakenIn(t *testing.T) {
 	for name, d := range map[string]crdt.Delta{"one key, 20,000 windows": one, "20,000 sequential tenants": seq} {
 		d.Normalize()
 		raw, _ := crdt.AppendDelta(nil, d)
-		data, err := appendDelta(nil, d)
+		data, err := encodeDelta(d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,11 +138,11 @@ func TestHighlyCompressibleDeltasAreTakenIn(t *testing.T) {
 func BenchmarkDeltaWire(b *testing.B) {
 	d := deltaOf(randomKeys(1_000))
 	raw, _ := crdt.AppendDelta(nil, d)
-	data, _ := appendDelta(nil, d)
+	data, _ := encodeDelta(d)
 	b.Run("encode", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			appendDelta(nil, d)
+			encodeDelta(d)
 		}
 		b.ReportMetric(float64(len(data))/1000, "B/counter")
 		b.ReportMetric(float64(len(raw))/1000, "raw-B/counter")
