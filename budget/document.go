@@ -59,7 +59,13 @@ type LeaseDoc struct {
 
 // NewDocument puts one rebalance's leases of a rule in a document.
 func NewDocument(leader string, leases []Lease) Document {
-	d := Document{Leader: leader, Leases: make(map[string]LeaseDoc, len(leases))}
+	n := 0 // the rule's leases; the rest are counters'
+	for _, l := range leases {
+		if l.Key == "" {
+			n++
+		}
+	}
+	d := Document{Leader: leader, Leases: make(map[string]LeaseDoc, n)}
 	for _, l := range leases {
 		d.Rule, d.Seq, d.Issued = l.Rule, l.Seq, l.Issued
 		if l.Key != "" {

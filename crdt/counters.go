@@ -20,25 +20,27 @@ type Counters struct {
 	self    int               // index of the local region
 	regions []string          // sorted; a slot's region is an index into it
 	index   map[string]uint32 // region name to index
-	entries map[ID]*entry
+	// keys holds each key's newest window; its older ones follow it
+	// (entry.older). Looking a key up by its bytes allocates nothing.
+	keys map[string]*entry
+	n    int // windows held
 	// Entries form a list in order of their last change, oldest first, so
 	// that the changes after a version are a suffix of the list.
 	head, tail *entry
 	version    uint64
 }
 
+// entry is one window of a counter.
 type entry struct {
 	id         ID
-	slots      []slot // sorted by region index
+	slots      []slot // one per region, by index: zero if it counted nothing
 	ver        uint64 // the version of its last change
 	own        uint64 // the version of its own slot's last change
 	prev, next *entry
+	older      *entry // the same key's window before this one, if held
 }
 
-type slot struct {
-	region uint32
-	p, n   uint64
-}
+type slot struct{ p, n uint64 }
 
 // NewCounters returns an empty collection for the region self, which must be
 // one of regions. Slots of regions not listed are refused by Merge.
@@ -62,7 +64,7 @@ func NewCounters(self string, regions []string) (*Counters, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: local region %q is not among %q", ErrInvalidRegions, self, regions)
 	}
-	return &Counters{self: int(self32), regions: sorted, index: index, entries: make(map[ID]*entry)}, nil
+	return &Counters{self: int(self32), regions: sorted, index: index, keys: make(map[string]*entry)}, nil
 }
 
 // Self returns the local region.
@@ -75,7 +77,28 @@ func (c *Counters) Regions() []string { return slices.Clone(c.regions) }
 func (c *Counters) Version() uint64 { return c.version }
 
 // Len returns the number of counters held.
-func (c *Counters) Len() int { return len(c.entries) }
+func (c *Counters) Len() int { return c.n }
+
+// lookup returns the window epoch of key, or nil.
+func (c *Counters) lookup(key string, epoch int64) *entry { return c.keys[key].window(epoch) }
+
+// lookupBytes is lookup by the key's bytes: the map finds them without
+// making a string.
+func (c *Counters) lookupBytes(key []byte, epoch int64) *entry {
+	return c.keys[string(key)].window(epoch)
+}
+
+// window returns the window epoch among e and the older windows of its
+// key, or nil.
+func (e *entry) window(epoch int64) *entry {
+	for e != nil && e.id.Epoch > epoch {
+		e = e.older
+	}
+	if e != nil && e.id.Epoch == epoch {
+		return e
+	}
+	return nil
+}
 
 // Inc adds n to the local region's increments of counter id.
 func (c *Counters) Inc(id ID, n uint64) {
@@ -84,7 +107,7 @@ func (c *Counters) Inc(id ID, n uint64) {
 	}
 	e, s := c.ownSlot(id)
 	s.p = addSat(s.p, n)
-	c.touch(e, s)
+	c.touch(e, c.self)
 }
 
 // Dec adds n to the local region's decrements of counter id.
@@ -94,13 +117,13 @@ func (c *Counters) Dec(id ID, n uint64) {
 	}
 	e, s := c.ownSlot(id)
 	s.n = addSat(s.n, n)
-	c.touch(e, s)
+	c.touch(e, c.self)
 }
 
 // Value returns the value of counter id, summed over all regions: total
 // increments minus total decrements. An unknown counter is 0.
 func (c *Counters) Value(id ID) int64 {
-	e := c.entries[id]
+	e := c.lookup(id.Key, id.Epoch)
 	if e == nil {
 		return 0
 	}
@@ -114,13 +137,28 @@ func (c *Counters) Value(id ID) int64 {
 // Get returns a copy of counter id, with a slot per region that counted.
 func (c *Counters) Get(id ID) PNCounter {
 	var pn PNCounter
-	if e := c.entries[id]; e != nil {
-		for _, s := range e.slots {
-			pn.P.Inc(c.regions[s.region], s.p)
-			pn.N.Inc(c.regions[s.region], s.n)
+	if e := c.lookup(id.Key, id.Epoch); e != nil {
+		for i, s := range e.slots {
+			pn.P.Inc(c.regions[i], s.p)
+			pn.N.Inc(c.regions[i], s.n)
 		}
 	}
 	return pn
+}
+
+// Slots returns the slots of counter id that counted, in region order.
+func (c *Counters) Slots(id ID) []Slot {
+	e := c.lookup(id.Key, id.Epoch)
+	if e == nil {
+		return nil
+	}
+	var out []Slot
+	for i, s := range e.slots {
+		if s.p != 0 || s.n != 0 {
+			out = append(out, Slot{Region: c.regions[i], P: s.p, N: s.n})
+		}
+	}
+	return out
 }
 
 // MergeReport says what Merge did with each slot of a delta. Each slot is
@@ -171,7 +209,7 @@ func (c *Counters) Merge(d Delta) MergeReport {
 	// is kept.
 	lastName, lastIndex := d.Origin, origin
 	for _, de := range d.Entries {
-		e := c.entries[de.ID]
+		e := c.lookup(de.ID.Key, de.ID.Epoch)
 		for _, ds := range de.Slots {
 			ri := lastIndex
 			if ds.Region != lastName {
@@ -184,9 +222,7 @@ func (c *Counters) Merge(d Delta) MergeReport {
 			}
 			var cur slot
 			if e != nil {
-				if i, ok := e.find(ri); ok {
-					cur = e.slots[i]
-				}
+				cur = e.slots[ri]
 			}
 			lower := ds.P < cur.p || ds.N < cur.n
 			switch {
@@ -206,9 +242,9 @@ func (c *Counters) Merge(d Delta) MergeReport {
 			if e == nil {
 				e = c.insert(de.ID)
 			}
-			s := e.slot(ri)
+			s := &e.slots[ri]
 			s.p, s.n = max(s.p, ds.P), max(s.n, ds.N)
-			c.touch(e, s)
+			c.touch(e, int(ri))
 		}
 	}
 	return r
@@ -248,8 +284,8 @@ func (c *Counters) deltaSince(v uint64, only int) Delta {
 		}
 	}
 	slices.SortFunc(changed, func(a, b *entry) int { return a.id.Compare(b.id) })
-	return c.appendEntries(d, changed, nslots, func(s *slot) bool {
-		return only < 0 || int(s.region) == only
+	return c.appendEntries(d, changed, nslots, func(region int) bool {
+		return only < 0 || region == only
 	})
 }
 
@@ -271,10 +307,8 @@ func (c *Counters) OwnDeltas(v uint64, max int) []Delta {
 	}
 	var changed []change
 	for e := c.tail; e != nil && e.ver > v; e = e.prev {
-		if i, ok := e.find(uint32(c.self)); ok && e.own > v {
-			if s := &e.slots[i]; s.p != 0 || s.n != 0 {
-				changed = append(changed, change{e, s, e.own})
-			}
+		if s := &e.slots[c.self]; e.own > v && (s.p != 0 || s.n != 0) {
+			changed = append(changed, change{e, s, e.own})
 		}
 	}
 	if len(changed) == 0 {
@@ -319,24 +353,24 @@ func (c *Counters) RegionState(region string) Delta {
 	}
 	var held []*entry
 	for e := c.head; e != nil; e = e.next {
-		if i, ok := e.find(ri); ok && (e.slots[i].p != 0 || e.slots[i].n != 0) {
+		if e.slots[ri].p != 0 || e.slots[ri].n != 0 {
 			held = append(held, e)
 		}
 	}
 	slices.SortFunc(held, func(a, b *entry) int { return a.id.Compare(b.id) })
-	return c.appendEntries(d, held, len(held), func(s *slot) bool { return s.region == ri })
+	return c.appendEntries(d, held, len(held), func(region int) bool { return region == int(ri) })
 }
 
 // appendEntries adds to d the slots of entries that keep accepts, in entry
 // order, dropping entries left without slots. All slots share one
 // allocation of size nslots.
-func (c *Counters) appendEntries(d Delta, entries []*entry, nslots int, keep func(*slot) bool) Delta {
+func (c *Counters) appendEntries(d Delta, entries []*entry, nslots int, keep func(region int) bool) Delta {
 	buf := make([]Slot, 0, nslots)
 	for _, e := range entries {
 		start := len(buf)
 		for i := range e.slots {
-			if s := &e.slots[i]; keep(s) && (s.p != 0 || s.n != 0) {
-				buf = append(buf, Slot{Region: c.regions[s.region], P: s.p, N: s.n})
+			if s := &e.slots[i]; keep(i) && (s.p != 0 || s.n != 0) {
+				buf = append(buf, Slot{Region: c.regions[i], P: s.p, N: s.n})
 			}
 		}
 		if len(buf) > start {
@@ -356,7 +390,7 @@ func (c *Counters) Expire(expired func(ID) bool) int {
 		next := e.next
 		if expired(e.id) {
 			c.unlink(e)
-			delete(c.entries, e.id)
+			c.remove(e)
 			removed++
 		}
 		e = next
@@ -365,27 +399,62 @@ func (c *Counters) Expire(expired func(ID) bool) int {
 }
 
 func (c *Counters) ownSlot(id ID) (*entry, *slot) {
-	e := c.entries[id]
+	e := c.lookup(id.Key, id.Epoch)
 	if e == nil {
 		e = c.insert(id)
 	}
-	return e, e.slot(uint32(c.self))
+	return e, &e.slots[c.self]
 }
 
+// insert adds an empty window id, which must not be held, at its place
+// among its key's windows and at the end of the change list.
 func (c *Counters) insert(id ID) *entry {
 	e := newEntry(len(c.regions))
 	e.id = id
-	c.entries[id] = e
+	c.n++
+	at := c.keys[id.Key]
+	if at != nil {
+		e.id.Key = at.id.Key // one string for the key's windows
+	}
+	if at == nil || at.id.Epoch < id.Epoch {
+		e.older = at
+		c.keys[e.id.Key] = e
+	} else {
+		for at.older != nil && at.older.id.Epoch > id.Epoch {
+			at = at.older
+		}
+		e.older, at.older = at.older, e
+	}
 	c.pushBack(e)
 	return e
 }
 
-// touch records a change of slot s in entry e: a new version for both, and
-// e moves to the end of the change list.
-func (c *Counters) touch(e *entry, s *slot) {
+// remove takes window e out of its key's windows.
+func (c *Counters) remove(e *entry) {
+	c.n--
+	at := c.keys[e.id.Key]
+	if at == e {
+		if e.older == nil {
+			delete(c.keys, e.id.Key)
+		} else {
+			c.keys[e.id.Key] = e.older
+		}
+		return
+	}
+	for at != nil && at.older != e {
+		at = at.older
+	}
+	if at != nil {
+		at.older = e.older
+	}
+}
+
+// touch records a change of region's slot in entry e: a new version for
+// both, and e moves to the end of the change list.
+func (c *Counters) touch(e *entry, region int) {
 	c.version++
 	e.ver = c.version
-	if s.region == uint32(c.self) {
+	if region == c.self {
 		e.own = c.version
 	}
 	if c.tail != e {
@@ -418,29 +487,29 @@ func (c *Counters) unlink(e *entry) {
 	e.prev, e.next = nil, nil
 }
 
-// newEntry returns an entry with room for n regions' slots (in a busy
+// newEntry returns an entry with a slot for each of n regions (in a busy
 // window all of them count), in the same allocation as the entry up to 8
-// regions: finding a slot then reads the memory the entry is in.
+// regions: reading a slot then reads the memory the entry is in.
 func newEntry(n int) *entry {
 	switch n {
 	case 1:
-		return inlineEntry(func(a *[1]slot) []slot { return a[:0] })
+		return inlineEntry(func(a *[1]slot) []slot { return a[:] })
 	case 2:
-		return inlineEntry(func(a *[2]slot) []slot { return a[:0] })
+		return inlineEntry(func(a *[2]slot) []slot { return a[:] })
 	case 3:
-		return inlineEntry(func(a *[3]slot) []slot { return a[:0] })
+		return inlineEntry(func(a *[3]slot) []slot { return a[:] })
 	case 4:
-		return inlineEntry(func(a *[4]slot) []slot { return a[:0] })
+		return inlineEntry(func(a *[4]slot) []slot { return a[:] })
 	case 5:
-		return inlineEntry(func(a *[5]slot) []slot { return a[:0] })
+		return inlineEntry(func(a *[5]slot) []slot { return a[:] })
 	case 6:
-		return inlineEntry(func(a *[6]slot) []slot { return a[:0] })
+		return inlineEntry(func(a *[6]slot) []slot { return a[:] })
 	case 7:
-		return inlineEntry(func(a *[7]slot) []slot { return a[:0] })
+		return inlineEntry(func(a *[7]slot) []slot { return a[:] })
 	case 8:
-		return inlineEntry(func(a *[8]slot) []slot { return a[:0] })
+		return inlineEntry(func(a *[8]slot) []slot { return a[:] })
 	}
-	return &entry{slots: make([]slot, 0, n)}
+	return &entry{slots: make([]slot, n)}
 }
 
 // inlineEntry allocates an entry and an array of slots A together.
@@ -453,62 +522,103 @@ func inlineEntry[A any](slots func(*A) []slot) *entry {
 	return &b.e
 }
 
-func (e *entry) find(region uint32) (int, bool) {
-	for i, s := range e.slots {
-		if s.region >= region {
-			return i, s.region == region
-		}
-	}
-	return len(e.slots), false
-}
-
-// slot returns region's slot in e, adding an empty one if needed.
-func (e *entry) slot(region uint32) *slot {
-	i, ok := e.find(region)
-	if !ok {
-		e.slots = slices.Insert(e.slots, i, slot{region: region})
-	}
-	return &e.slots[i]
-}
-
 // Observe raises the local region's slot of counter id to at least p
 // increments and n decrements: what the region's store says it counted,
 // when the store, not this collection, keeps the count. It reports whether
 // the slot changed.
 func (c *Counters) Observe(id ID, p, n uint64) bool {
-	e := c.entries[id]
-	if e != nil {
-		if i, ok := e.find(uint32(c.self)); ok && e.slots[i].p >= p && e.slots[i].n >= n {
+	return c.observe(c.lookup(id.Key, id.Epoch), id, p, n)
+}
+
+// observe is Observe of window e (nil: not held yet, id).
+func (c *Counters) observe(e *entry, id ID, p, n uint64) bool {
+	if e == nil {
+		if p == 0 && n == 0 {
 			return false
 		}
-	} else if p == 0 && n == 0 {
+		e = c.insert(id)
+	}
+	s := &e.slots[c.self]
+	if s.p >= p && s.n >= n {
 		return false
 	}
-	e, s := c.ownSlot(id)
 	s.p, s.n = max(s.p, p), max(s.n, n)
-	c.touch(e, s)
+	c.touch(e, c.self)
 	return true
 }
 
 // Others returns the sums of the other regions' slots of counter id: their
 // increments and their decrements.
 func (c *Counters) Others(id ID) (p, n uint64) {
-	if e := c.entries[id]; e != nil {
-		for _, s := range e.slots {
-			if s.region != uint32(c.self) {
-				p, n = addSat(p, s.p), addSat(n, s.n)
-			}
-		}
+	if e := c.lookup(id.Key, id.Epoch); e != nil {
+		p, n = e.others(c.self)
 	}
 	return p, n
 }
 
 // Own returns the local region's slot of counter id.
 func (c *Counters) Own(id ID) (p, n uint64) {
-	if e := c.entries[id]; e != nil {
-		if i, ok := e.find(uint32(c.self)); ok {
-			return e.slots[i].p, e.slots[i].n
-		}
+	if e := c.lookup(id.Key, id.Epoch); e != nil {
+		return e.slots[c.self].p, e.slots[c.self].n
 	}
 	return 0, 0
+}
+
+// others sums the slots of every region but self.
+func (e *entry) others(self int) (p, n uint64) {
+	for i, s := range e.slots {
+		if i != self {
+			p, n = addSat(p, s.p), addSat(n, s.n)
+		}
+	}
+	return p, n
+}
+
+// Tally is one window of a counter as the local region sees it: its own
+// slot, and the other regions' slots summed.
+type Tally struct {
+	P, N             uint64 // the local region's
+	OthersP, OthersN uint64
+}
+
+// Tally returns the window epoch of the counter key (the key's bytes: the
+// lookup makes no string), zero if not held.
+func (c *Counters) Tally(key []byte, epoch int64) Tally {
+	e := c.lookupBytes(key, epoch)
+	if e == nil {
+		return Tally{}
+	}
+	t := Tally{P: e.slots[c.self].p, N: e.slots[c.self].n}
+	t.OthersP, t.OthersN = e.others(c.self)
+	return t
+}
+
+// IncKey is Inc of the window epoch of the counter key: it makes a string
+// of the key only for a window not yet held. It returns the local
+// region's slot after.
+func (c *Counters) IncKey(key []byte, epoch int64, n uint64) (p, m uint64) {
+	e := c.lookupBytes(key, epoch)
+	if e == nil {
+		if n == 0 {
+			return 0, 0
+		}
+		e = c.insert(ID{Key: string(key), Epoch: epoch})
+	}
+	s := &e.slots[c.self]
+	if n > 0 {
+		s.p = addSat(s.p, n)
+		c.touch(e, c.self)
+	}
+	return s.p, s.n
+}
+
+// ObserveKey is Observe of the window epoch of the counter key: it makes
+// a string of the key only for a window not yet held.
+func (c *Counters) ObserveKey(key []byte, epoch int64, p, n uint64) bool {
+	e := c.lookupBytes(key, epoch)
+	var id ID
+	if e == nil && (p != 0 || n != 0) {
+		id = ID{Key: string(key), Epoch: epoch}
+	}
+	return c.observe(e, id, p, n)
 }

@@ -405,18 +405,6 @@ func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Par
 			return Usage{}, err
 		}
 	}
-	if !e.shared {
-		// The engine's own memory keeps this region's slot alone; the
-		// others' are in the copy.
-		var pn crdt.PNCounter
-		id := crdt.ID{Key: string(key.store), Epoch: start / 1000}
-		e.global.usage.with(func(c *crdt.Counters) { pn = c.Get(id) })
-		for _, name := range e.global.regions {
-			if name != e.cfg.Region && (pn.P.Get(name) != 0 || pn.N.Get(name) != 0) {
-				slots = append(slots, crdt.Slot{Region: name, P: pn.P.Get(name), N: pn.N.Get(name)})
-			}
-		}
-	}
 	u := Usage{Algorithm: p.Algorithm, Key: string(key.values), WindowStart: time.UnixMicro(start), Global: true}
 	used := map[string]int64{}
 	for _, s := range slots {

@@ -130,7 +130,10 @@ func New(cfg Config, rules *RuleSet) *Engine {
 	e.store, e.shared = cfg.Store, cfg.Store != nil
 	e.keys, _ = cfg.Store.(regionKeys)
 	if e.store == nil {
+		// The engine's own memory keeps global counters in the copy
+		// alone: one window per counter, every region's slots.
 		e.store = e.local
+		e.local.copy = g.usage
 	}
 	e.breaker = newBreaker(cfg.Breaker, e.now)
 	e.denials, e.batches = newShardMap[*denial](), newShardMap[*batch]()

@@ -12,8 +12,10 @@ import (
 // colon and the window's start in Unix milliseconds (GlobalKey). The Redis
 // and in-memory stores keep the same fields; gossip brings in the other
 // regions' slots (MergeGlobal), each the maximum of what was held and what
-// arrived — into a shared store: an engine whose store is its own memory
-// keeps them in its copy of the counters alone (Op.Others).
+// arrived — into a shared store. An engine whose store is its own memory
+// keeps global counters in its copy of the counters alone, and its store
+// decides against that (MemoryStore.copy): one window per counter, not
+// two.
 //
 // A region admits a request if its own count stays within its allowance
 // (its budget lease, in units of the limit) or, in elastic mode, if the

@@ -449,7 +449,6 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
 	op.KnownStart, op.KnownP, op.KnownN = 0, 0, 0
-	op.Others, op.PrevOthers = 0, 0
 	// Elastic mode borrows while the region has heard from every other
 	// lately, and its store has every region's slots (one coming back
 	// after an outage, the breaker's probe included, may have lost the
@@ -468,32 +467,19 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 		// budget of its own is not in its leases.
 		op.Ceiling = 0
 	}
-	// An elastic decision reads the other regions' count: a shared store
-	// holds it, the engine's own memory does not (the copy does).
-	readOthers := !e.shared && (borrows || elastic && own)
-	if !e.shared && !readOthers {
-		return
+	if !e.shared && !borrows {
+		return // the engine's own memory decides against the copy itself
 	}
 	// What this replica knows the region counted in the window: in case
 	// a shared store lost it (the engine's own memory cannot), and the
 	// pace at which the region admits the counter.
 	us, window := now.UnixMicro(), op.Params.Window
 	start := us / window * window
-	id := crdt.ID{Key: string(op.Key), Epoch: start / 1000}
-	var p, n uint64
-	e.global.usage.with(func(c *crdt.Counters) {
-		p, n = c.Own(id)
-		if readOthers {
-			// The engine's own memory keeps this region's slots; the
-			// others' are in the copy alone.
-			op.Others = others(c, id)
-			if op.Params.Algorithm == SlidingWindowCounter {
-				op.PrevOthers = others(c, crdt.ID{Key: id.Key, Epoch: (start - window) / 1000})
-			}
-		}
-	})
+	var t crdt.Tally
+	e.global.usage.with(func(c *crdt.Counters) { t = c.Tally(op.Key, start/1000) })
+	p, n := t.P, t.N
 	if e.shared {
-		op.KnownStart, op.KnownP, op.KnownN = id.Epoch, p, n
+		op.KnownStart, op.KnownP, op.KnownN = start/1000, p, n
 	}
 	if borrows {
 		ceiling := op.Params.Limit - int64(math.Ceil((e.global.budget.Headroom+debt)*limit-1e-9))
@@ -505,13 +491,6 @@ func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
 			op.Ceiling = max(0, ceiling-e.inFlight(op, p, n, us, start))
 		}
 	}
-}
-
-// others is the other regions' count of a window in the copy: their P
-// less their N.
-func others(c *crdt.Counters, id crdt.ID) float64 {
-	p, n := c.Others(id)
-	return float64(p) - float64(n)
 }
 
 // inFlight is what the other regions may have admitted of an op's counter
@@ -546,12 +525,10 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	r := &it.result
 	window := it.params.Window
 	start := it.storeNow / window * window
-	// The store's count of this region's slot, for the gossip. A denial
-	// by a store only this engine writes (in memory) changed nothing the
-	// copy does not know: no lookup.
-	if (r.OwnP != 0 || r.OwnN != 0) && (e.shared || r.Allowed) {
-		id := crdt.ID{Key: string(it.key), Epoch: start / 1000}
-		e.global.usage.with(func(c *crdt.Counters) { c.Observe(id, r.OwnP, r.OwnN) })
+	// A shared store's count of this region's slot, for the gossip (the
+	// engine's own memory counts in the copy).
+	if e.shared && (r.OwnP != 0 || r.OwnN != 0) {
+		e.global.usage.with(func(c *crdt.Counters) { c.ObserveKey(it.key, start/1000, r.OwnP, r.OwnN) })
 	}
 	d := e.ruleDemand(it.rule.ID)
 	units := it.cost * 1e6 / max(1, it.params.Limit)
@@ -712,8 +689,8 @@ const MaxAhead = 5 * time.Second
 
 // MergeRemote takes in another region's delta: into the engine's copy of
 // the counters and, for every slot of a known region, into a shared store,
-// so that the region's checks see it (the engine's own memory keeps only
-// this region's slots: its decisions read the others' from the copy). It returns what the copy made of the
+// so that the region's checks see it (the engine's own memory decides
+// against the copy itself). It returns what the copy made of the
 // delta; a delta from an unknown origin changes nothing, the windows the
 // store no longer keeps are left out (counted as stale), and so are those
 // that start more than MaxAhead after the engine's clock (counted as
@@ -731,9 +708,8 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	}
 	gs, ok := e.store.(GlobalStore)
 	if !ok || !e.shared {
-		// The engine's own memory keeps this region's slots alone: the
-		// copy has the others', and hands them to the decisions that
-		// read them (globalOp).
+		// The engine's own memory keeps global counters in the copy
+		// alone, and decides against it.
 		return rep, nil
 	}
 	windows, _ := globalWindowsOf(rs, d, e.global.known, now)

@@ -23,6 +23,12 @@ type MemoryStore struct {
 	region string       // this region's slot of global counters
 	seed   maphash.Seed
 	shards [memShards]memShard
+	// copy, if set, is the engine's copy of the global counters, which
+	// the store of an engine on its own memory keeps global counters in:
+	// it decides global limits against every region's slots there and
+	// counts this region's there, under the copy's lock, and its own
+	// windows of global counters stay empty.
+	copy *counters
 }
 
 const (
@@ -217,20 +223,49 @@ func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) *
 		g = m.raiseGlobal(sh, g, k, op, start, now)
 	}
 	cur := g.view()
-	cur.total += op.Others
 	var prev globalView
 	if op.Params.Algorithm == SlidingWindowCounter {
 		pg, _ := m.globalWindow(sh, op.Key, prevStart, now, buf[:])
 		prev = pg.view()
-		prev.total += op.PrevOthers
 	}
+	decideGlobalOp(op, &cur, &prev, now, r)
+	return g
+}
+
+// decideGlobalOp decides a global op on the views of its window and the
+// one before.
+func decideGlobalOp(op *Op, cur, prev *globalView, now int64, r *Result) {
 	*r = Result{}
-	decideGlobal(&op.Params, &cur, &prev, float64(now), float64(op.Cost), float64(op.Allowance), float64(op.Ceiling), r)
+	decideGlobal(&op.Params, cur, prev, float64(now), float64(op.Cost), float64(op.Allowance), float64(op.Ceiling), r)
 	r.OwnP, r.OwnN = uint64(cur.p), uint64(cur.n)
 	if r.Allowed {
 		r.Taken = op.Cost
 	}
-	return g
+}
+
+// tallyView is a window of the copy as decideGlobal reads it.
+func tallyView(t crdt.Tally) globalView {
+	p, n := float64(t.P), float64(t.N)
+	return globalView{p: p, n: n, total: p - n + float64(t.OthersP) - float64(t.OthersN)}
+}
+
+// decideInCopy decides a global op against the copy c (see
+// MemoryStore.copy); the caller holds the copy's lock.
+func decideInCopy(c *crdt.Counters, op *Op, now int64, r *Result) {
+	start, prevStart := globalWindows(&op.Params, float64(now))
+	cur := tallyView(c.Tally(op.Key, int64(start)/1000))
+	var prev globalView
+	if op.Params.Algorithm == SlidingWindowCounter {
+		prev = tallyView(c.Tally(op.Key, int64(prevStart)/1000))
+	}
+	decideGlobalOp(op, &cur, &prev, now, r)
+}
+
+// countInCopy counts an admitted global op in this region's slot of the
+// copy c, and returns the slot after; the caller holds the copy's lock.
+func countInCopy(c *crdt.Counters, op *Op, now int64) (p, n uint64) {
+	start, _ := globalWindows(&op.Params, float64(now))
+	return c.IncKey(op.Key, int64(start)/1000, uint64(max(0, op.Cost)))
 }
 
 // raiseGlobal raises this region's slot of the window g (key k, nil if
@@ -299,6 +334,16 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 		sh.mu.Unlock()
 		return
 	}
+	if len(ops) == 1 && m.copy != nil { // one global limit: the copy's lock alone
+		op, r := &ops[0], &results[0]
+		m.copy.mu.Lock()
+		decideInCopy(m.copy.c, op, now, r)
+		if r.Allowed {
+			r.OwnP, r.OwnN = countInCopy(m.copy.c, op, now)
+		}
+		m.copy.mu.Unlock()
+		return
+	}
 	// Room for requests of up to 3 limits without allocating; more is rare.
 	var shardBuf, lockBuf [3]int
 	var stateBuf [3]State
@@ -310,10 +355,20 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 	}
 	idx := m.lock(shards, lockBuf[:])
 	defer m.unlock(idx)
+	inCopy := m.copy != nil && slices.ContainsFunc(ops, func(op Op) bool { return op.Global })
+	if inCopy { // after the shards' locks, always
+		m.copy.mu.Lock()
+		defer m.copy.mu.Unlock()
+	}
 	for i := range ops {
 		op := &ops[i]
 		if op.Global {
 			next, entries = append(next, State{}), append(entries, nil)
+			if inCopy {
+				decideInCopy(m.copy.c, op, now, &results[i])
+				globals = append(globals, nil)
+				continue
+			}
 			globals = append(globals, m.decideGlobal(&m.shards[shards[i]], op, now, &results[i]))
 			continue
 		}
@@ -325,6 +380,8 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 		for i := range ops {
 			switch r := &results[i]; {
 			case !r.Allowed:
+			case ops[i].Global && inCopy:
+				r.OwnP, r.OwnN = countInCopy(m.copy.c, &ops[i], now)
 			case ops[i].Global:
 				if ops[i].Cost > 0 {
 					r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], globals[i], ops[i].Key, &ops[i].Params, now, false, uint64(ops[i].Cost))
@@ -441,6 +498,9 @@ func giveBack(p Params, s State, now, n, at int64) (State, int64) {
 
 // MergeGlobal implements GlobalStore.
 func (m *MemoryStore) MergeGlobal(_ context.Context, windows []GlobalWindow) (int, error) {
+	if m.copy != nil {
+		return m.mergeIntoCopy(windows), nil
+	}
 	now := m.now()
 	raised := 0
 	var buf [160]byte
@@ -473,8 +533,28 @@ func (m *MemoryStore) MergeGlobal(_ context.Context, windows []GlobalWindow) (in
 	return raised, nil
 }
 
+// mergeIntoCopy is MergeGlobal for a store that keeps global counters in
+// the copy: each slot as gossip from its region would bring it.
+func (m *MemoryStore) mergeIntoCopy(windows []GlobalWindow) int {
+	raised := 0
+	m.copy.with(func(c *crdt.Counters) {
+		for _, w := range windows {
+			id := crdt.ID{Key: string(w.Key), Epoch: w.StartMillis}
+			for _, s := range w.Slots {
+				raised += c.Merge(crdt.Delta{Origin: s.Region, Entries: []crdt.Entry{{ID: id, Slots: []crdt.Slot{s}}}}).Applied
+			}
+		}
+	})
+	return raised
+}
+
 // ReadGlobal implements GlobalStore.
 func (m *MemoryStore) ReadGlobal(_ context.Context, key []byte, startMillis int64) ([]crdt.Slot, error) {
+	if m.copy != nil {
+		var slots []crdt.Slot
+		m.copy.with(func(c *crdt.Counters) { slots = c.Slots(crdt.ID{Key: string(key), Epoch: startMillis}) })
+		return slots, nil
+	}
 	sh := &m.shards[m.shard(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -64,12 +64,6 @@ type Op struct {
 	// (it lost its data) is raised to them before it decides.
 	KnownStart     int64
 	KnownP, KnownN uint64
-	// Others and PrevOthers are the other regions' count (their P less
-	// their N) of the window that holds now and of the one before, that
-	// the store does not hold itself: an engine whose own memory is the
-	// store keeps the other regions' slots in its copy alone (see
-	// Engine.MergeRemote), and hands them to an elastic decision here.
-	Others, PrevOthers float64
 }
 
 // decideOp decides one op against state s, in place (see decide), taking a

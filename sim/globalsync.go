@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/geoquota/geoquota/budget"
@@ -15,11 +16,14 @@ import (
 // regions without loss (a KV watch) but not across a cut link — and the
 // service's outages.
 type globalsync struct {
-	s       *sim
-	cfg     budget.Config
-	c       *coord.Coordinator // nil while down
-	ticks   ticker
-	history []budget.Document // the bucket's revisions, oldest first
+	s     *sim
+	cfg   budget.Config
+	c     *coord.Coordinator // nil while down
+	ticks ticker
+	// history is the bucket's revisions, oldest first, encoded as the
+	// bucket keeps them; latest is the last one published.
+	history [][]byte
+	latest  *budget.Document
 	found   []OverAdmission
 	// closedThrough is the end of the last window whose books were
 	// closed, true virtual time.
@@ -70,7 +74,17 @@ func (g *globalsync) up() {
 		panic(err) // checked in newSim
 	}
 	c.SetRules(g.now(), s.rules)
-	if err := c.Restore([][]budget.Document{g.history}); err != nil {
+	// A leader that starts reads the bucket's revisions, as
+	// cmd/globalsync does.
+	history := make([]budget.Document, 0, len(g.history))
+	for _, b := range g.history {
+		d, err := budget.DecodeDocument(b)
+		if err != nil {
+			panic(err) // the coordinator's own documents
+		}
+		history = append(history, d)
+	}
+	if err := c.Restore([][]budget.Document{history}); err != nil {
 		panic(err)
 	}
 	node, err := gossip.New(gossip.Config{Region: coord.Name, Replica: coord.Name, Instance: clockString(s.now),
@@ -121,10 +135,15 @@ func (g *globalsync) rebalance() {
 		g.closedThrough = max(g.closedThrough, t.Sub(epoch0))
 	}
 	for _, doc := range docs {
-		g.history = append(g.history, doc)
+		b, err := json.Marshal(doc)
+		if err != nil {
+			panic(err) // a document is plain data
+		}
+		g.history = append(g.history, b)
 		if len(g.history) > coord.History {
 			g.history = g.history[1:]
 		}
+		g.latest = &doc
 		g.publish(doc)
 	}
 }
@@ -140,10 +159,10 @@ func (g *globalsync) publish(doc budget.Document) {
 // healed hands the latest document to every region at once, as a KV watch
 // catches up when its connection comes back.
 func (g *globalsync) healed() {
-	if g.c == nil || len(g.history) == 0 {
+	if g.c == nil || g.latest == nil {
 		return
 	}
-	g.publish(g.history[len(g.history)-1])
+	g.publish(*g.latest)
 }
 
 // holds reports whether globalsync's copy holds at least p of a region's
