@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,12 +89,16 @@ func BenchmarkRedis(b *testing.B) {
 	e := New(Config{Store: store, Timeout: time.Second}, mustParse(b,
 		"rules:\n  - { id: bench, by: [api_key], capacity: 1000000000, refill_per_second: 1000000 }\n"))
 	keys := benchKeys(10_000)
-	var engine, ref, ratio []float64
+	var engine, ref, ratio, allocs []float64
 	for range 5 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
 		rate, err := engineLoad(e, keys, 50, 2*time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}
+		runtime.ReadMemStats(&after)
+		allocs = append(allocs, float64(after.Mallocs-before.Mallocs)/(rate*2))
 		r, err := redisBenchmark(srv.Port(), int(max(rate, 20_000)*2))
 		if err != nil {
 			b.Fatal(err)
@@ -103,7 +108,8 @@ func BenchmarkRedis(b *testing.B) {
 	b.ReportMetric(median(engine), "checks/s")
 	b.ReportMetric(median(ref), "redis-benchmark/s")
 	b.ReportMetric(median(ratio), "ratio")
-	b.Logf("rounds: engine %.0f, redis-benchmark %.0f, ratio %.2f", engine, ref, ratio)
+	b.ReportMetric(median(allocs), "allocs/check")
+	b.Logf("rounds: engine %.0f, redis-benchmark %.0f, ratio %.2f, allocations per check %.1f", engine, ref, ratio, allocs)
 }
 
 // engineLoad runs callers goroutines checking for d, and returns checks/s.
@@ -139,20 +145,21 @@ func median(xs []float64) float64 {
 }
 
 // redisBenchmark runs redis-benchmark with the script the engine runs for
-// one token-bucket check, on the same server, and returns requests/s.
+// one token-bucket check (the lean lua/bucket.lua), on the same server,
+// and returns requests/s.
 // It first runs the command once and checks that the script took a token,
 // so that a change to the script's arguments cannot leave the reference
 // measuring a script that does nothing.
 func redisBenchmark(port, requests int) (float64, error) {
-	argv := []string{"", "", "check", "0", "0", "", strconv.Itoa(int(TokenBucket)), "1000000000", "1000000", "0", "1", "0", "0"}
-	probe := append([]string{"-p", strconv.Itoa(port), "EVALSHA", limitsSHA, "1", "gq:{bench:probe}"}, argv...)
+	argv := []string{"", "", "1000000000", "1000000", "1", "0"}
+	probe := append([]string{"-p", strconv.Itoa(port), "EVALSHA", bucketSHA, "1", "gq:{bench:probe}"}, argv...)
 	out, err := exec.Command("redis-cli", probe...).CombinedOutput()
 	// The reply: now, then allowed, remaining, reset_at, retry_after, taken.
 	if f := strings.Fields(string(out)); err != nil || len(f) != 6 || f[1] != "1" || f[5] != "1" {
 		return 0, fmt.Errorf("the reference command does not take a token (%v): %q", err, out)
 	}
 	args := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-c", "50", "-n", strconv.Itoa(requests), "-P", "16", "-r", "10000", "-q",
-		"EVALSHA", limitsSHA, "1", "gq:{bench:sk_prod___rand_int__}"}, argv...)
+		"EVALSHA", bucketSHA, "1", "gq:{bench:sk_prod___rand_int__}"}, argv...)
 	out, err = exec.Command("redis-benchmark", args...).CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("redis-benchmark: %v: %s", err, out)

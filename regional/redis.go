@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
@@ -36,6 +37,22 @@ var (
 	limitsScript = redis.NewScript(limitsLua)
 	limitsSHA    = limitsScript.Hash()
 )
+
+// The lean scripts decide one limit of a common kind alone, for a check
+// that meets it alone: what limits.lua does for it, with nothing else for
+// Redis to run (a third of its time: docs/benchmarks.md).
+var (
+	//go:embed lua/bucket.lua
+	bucketLua string
+	//go:embed lua/fixed.lua
+	fixedLua  string
+	bucketSHA = redis.NewScript(bucketLua).Hash()
+	fixedSHA  = redis.NewScript(fixedLua).Hash()
+)
+
+// scripts are every script the store runs, loaded on every connection
+// and again on NOSCRIPT.
+var scripts = []string{limitsLua, bucketLua, fixedLua, mergeLua, keysLua}
 
 // ErrStoreClosed is returned by a store used after Close.
 var ErrStoreClosed = errors.New("regional: store closed")
@@ -86,6 +103,8 @@ type RedisStore struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	calls   sync.Pool
+	// leanCalls counts the calls a lean script decided.
+	leanCalls atomic.Int64
 
 	// For tests: the time scripts use instead of TIME, in µs, and a floor
 	// on TTLs (ms) so that keys do not expire in real time while a test
@@ -124,8 +143,13 @@ func NewRedisClient(spec string, auth RedisAuth) (client redis.UniversalClient, 
 	onConnect := func(ctx context.Context, cn *redis.Conn) error {
 		// go-redis also runs this on its connections to sentinels, which
 		// have no scripts; the NOSCRIPT path covers any server missed.
-		if err := cn.ScriptLoad(ctx, limitsLua).Err(); err != nil && !strings.HasPrefix(err.Error(), "ERR unknown command") {
-			return err
+		for _, src := range scripts[:3] { // those of every check
+			if err := cn.ScriptLoad(ctx, src).Err(); err != nil {
+				if strings.HasPrefix(err.Error(), "ERR unknown command") {
+					return nil
+				}
+				return err
+			}
 		}
 		return nil
 	}
@@ -233,6 +257,9 @@ type redisCall struct {
 	now      int64
 	err      error
 	done     chan struct{}
+	// timer bounds the caller's wait; pooled with the call (stopped, it
+	// delivers nothing stale: Go 1.23's timers).
+	timer *time.Timer
 }
 
 type redisLimit struct {
@@ -250,7 +277,8 @@ type redisLimit struct {
 // script run that decides them.
 type redisGroup struct {
 	slot   uint16
-	limits []int // indexes into the call's limits
+	sha    string // the script's
+	limits []int  // indexes into the call's limits
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd
@@ -261,6 +289,10 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.limits, c.groups, c.err, c.now = c.limits[:0], c.groups[:0], nil, 0
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
+	lean := leanScript(mode, ops)
+	if lean != "" {
+		s.leanCalls.Add(1)
+	}
 	for i, op := range ops {
 		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, batch: op.Batch,
 			global: op.Global, allowance: op.Allowance, ceiling: op.Ceiling,
@@ -276,20 +308,60 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 			// A pooled call keeps its groups' buffers: reuse them.
 			c.groups = slices.Grow(c.groups, 1)[:g+1]
 			grp := &c.groups[g]
-			grp.slot, grp.limits, grp.keys, grp.cmd = slot, grp.limits[:0], grp.keys[:0], nil
-			grp.args = s.appendArgsHead(grp.args[:0], mode, n, at)
+			grp.slot, grp.limits, grp.keys, grp.cmd, grp.sha = slot, grp.limits[:0], grp.keys[:0], nil, limitsSHA
+			if lean != "" {
+				grp.sha, grp.args = lean, s.appendTestArgs(grp.args[:0])
+			} else {
+				grp.args = s.appendArgsHead(grp.args[:0], mode, n, at)
+			}
 		}
 		grp := &c.groups[g]
 		grp.limits = append(grp.limits, i)
+		if lean != "" {
+			grp.keys, grp.args = c.limits[i].appendLeanArgs(grp.keys, grp.args)
+			continue
+		}
 		grp.keys, grp.args = c.limits[i].appendArgs(grp.keys, grp.args)
 	}
 	return c
+}
+
+// leanScript is the lean script that decides a call's ops, if one can: a
+// check of one limit, not global, a token bucket or a fixed window. "" if
+// none can.
+func leanScript(mode string, ops []Op) string {
+	if mode != "check" || len(ops) != 1 || ops[0].Global {
+		return ""
+	}
+	switch ops[0].Params.Algorithm {
+	case TokenBucket:
+		return bucketSHA
+	case FixedWindow:
+		return fixedSHA
+	}
+	return ""
+}
+
+// appendLeanArgs appends a lean script's key and arguments for the limit
+// (see lua/bucket.lua, lua/fixed.lua).
+func (l *redisLimit) appendLeanArgs(keys []string, args []any) ([]string, []any) {
+	keys = append(keys, l.key)
+	if l.params.Algorithm == TokenBucket {
+		return keys, append(args, l.params.Limit, strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.cost, l.batch)
+	}
+	return keys, append(args, l.params.Limit, l.params.Window, l.cost, l.batch)
 }
 
 // appendArgsHead appends the script's first arguments: the time (tests),
 // the minimum TTL (tests), the mode, and the amount given back and when it
 // was taken.
 func (s *RedisStore) appendArgsHead(args []any, mode string, n, at int64) []any {
+	return append(s.appendTestArgs(args), mode, n, at, s.opts.Region)
+}
+
+// appendTestArgs appends a lean script's first arguments: the time and
+// the minimum TTL, both empty but in tests.
+func (s *RedisStore) appendTestArgs(args []any) []any {
 	now, minTTL := "", ""
 	if s.testNow != nil {
 		now = strconv.FormatInt(s.testNow(), 10)
@@ -297,7 +369,7 @@ func (s *RedisStore) appendArgsHead(args []any, mode string, n, at int64) []any 
 	if s.testMinTTL > 0 {
 		minTTL = strconv.FormatInt(s.testMinTTL, 10)
 	}
-	return append(args, now, minTTL, mode, n, at, s.opts.Region)
+	return append(args, now, minTTL)
 }
 
 // refundArgs are the script's keys and arguments to give n back to a
@@ -334,8 +406,14 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 		deadline = d
 	}
 	c.deadline = deadline
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
+	if c.timer == nil {
+		c.timer = time.NewTimer(time.Until(deadline))
+	} else {
+		c.timer.Reset(time.Until(deadline))
+	}
+	// A call given up on is not pooled again, and its timer, unstopped,
+	// goes with it (Go 1.23 collects timers no longer referenced).
+	timer := c.timer
 	select {
 	case s.queue <- c:
 	case <-s.stop:
@@ -349,6 +427,7 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 	case <-c.done:
 		now, err := c.now, c.err
 		copy(results, c.results)
+		timer.Stop() // before the call is pooled: its next user resets it
 		s.calls.Put(c)
 		return now, err
 	case <-ctx.Done():
@@ -534,7 +613,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, want func(*re
 	for _, c := range batch {
 		for gi := range c.groups {
 			if g := &c.groups[gi]; want == nil || want(g) {
-				g.cmd = pipe.EvalSha(ctx, limitsSHA, g.keys, g.args...)
+				g.cmd = pipe.EvalSha(ctx, g.sha, g.keys, g.args...)
 			}
 		}
 	}
@@ -547,7 +626,7 @@ func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 // loadScripts loads the scripts on every primary.
 func (s *RedisStore) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c redis.Scripter) error {
-		for _, src := range []string{limitsLua, mergeLua, keysLua} {
+		for _, src := range scripts {
 			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
 				return err
 			}

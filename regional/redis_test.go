@@ -129,6 +129,10 @@ func TestStoresDecideAlike(t *testing.T) {
 			}
 		}
 	})
+	// Checks of one token bucket or fixed window ran the lean scripts.
+	if rs.leanCalls.Load() == 0 {
+		t.Fatal("no check ran a lean script")
+	}
 }
 
 // commandCalls reads a command's call count from INFO commandstats.

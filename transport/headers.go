@@ -4,7 +4,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/geoquota/geoquota/regional"
@@ -38,37 +37,67 @@ type header struct{ name, value string }
 
 // rateLimitHeaders returns the headers of a decision, at now.
 func rateLimitHeaders(d *regional.Decision, now time.Time) []header {
-	var hs []header
+	return appendRateLimitHeaders(nil, d, now)
+}
+
+// maxHeaders is the most headers a decision has.
+const maxHeaders = 7
+
+// appendRateLimitHeaders appends the headers of a decision, at now, to
+// hs. Their values are written into one buffer and made one string, which
+// they share: one allocation for all of them.
+func appendRateLimitHeaders(hs []header, d *regional.Decision, now time.Time) []header {
+	var names [maxHeaders]string
+	var ends [maxHeaders]int
+	var buf [256]byte
+	b, n := buf[:0], 0
+	value := func(name string) { names[n], ends[n], n = name, len(b), n+1 } // the value written since the last
 	if l := speaking(d); l != nil {
 		reset := l.ResetAt.Unix()
 		if l.ResetAt.Nanosecond() > 0 {
 			reset++ // rounded up to the next whole second
 		}
-		hs = append(hs,
-			header{"X-RateLimit-Limit", strconv.FormatInt(l.Limit, 10)},
-			header{"X-RateLimit-Remaining", strconv.FormatInt(l.Remaining, 10)},
-			header{"X-RateLimit-Reset", strconv.FormatInt(reset, 10)})
-		var policy, state strings.Builder
-		for i := range d.Limits {
-			x := &d.Limits[i]
-			if x.Shadow {
-				continue
+		b = strconv.AppendInt(b, l.Limit, 10)
+		value("X-RateLimit-Limit")
+		b = strconv.AppendInt(b, l.Remaining, 10)
+		value("X-RateLimit-Remaining")
+		b = strconv.AppendInt(b, reset, 10)
+		value("X-RateLimit-Reset")
+		for pass := range 2 { // RateLimit-Policy, then RateLimit
+			first := true
+			for i := range d.Limits {
+				x := &d.Limits[i]
+				if x.Shadow {
+					continue
+				}
+				if !first {
+					b = append(b, ", "...)
+				}
+				first = false
+				b = strconv.AppendQuote(b, x.Rule.ID)
+				if pass == 0 {
+					b = strconv.AppendInt(append(b, ";q="...), x.Limit, 10)
+					b = strconv.AppendInt(append(b, ";w="...), ceilSeconds(x.Window), 10)
+				} else {
+					b = strconv.AppendInt(append(b, ";r="...), x.Remaining, 10)
+					b = strconv.AppendInt(append(b, ";t="...), ceilSeconds(x.ResetAt.Sub(now)), 10)
+				}
 			}
-			if policy.Len() > 0 {
-				policy.WriteString(", ")
-				state.WriteString(", ")
-			}
-			name := strconv.Quote(x.Rule.ID)
-			policy.WriteString(name + ";q=" + strconv.FormatInt(x.Limit, 10) + ";w=" + strconv.FormatInt(ceilSeconds(x.Window), 10))
-			state.WriteString(name + ";r=" + strconv.FormatInt(x.Remaining, 10) + ";t=" + strconv.FormatInt(ceilSeconds(x.ResetAt.Sub(now)), 10))
+			value([2]string{"RateLimit-Policy", "RateLimit"}[pass])
 		}
-		hs = append(hs, header{"RateLimit-Policy", policy.String()}, header{"RateLimit", state.String()})
 		if !d.Allowed {
-			hs = append(hs, header{"Retry-After", strconv.FormatInt(max(1, ceilSeconds(l.RetryAfter)), 10)})
+			b = strconv.AppendInt(b, max(1, ceilSeconds(l.RetryAfter)), 10)
+			value("Retry-After")
 		}
 	}
 	if d.Degraded {
-		hs = append(hs, header{"X-RateLimit-Degraded", "true"})
+		b = append(b, "true"...)
+		value("X-RateLimit-Degraded")
+	}
+	s, start := string(b), 0
+	for i := range n {
+		hs = append(hs, header{names[i], s[start:ends[i]]})
+		start = ends[i]
 	}
 	return hs
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -37,7 +39,11 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 	if len(in.Descriptors) == 0 || len(in.Descriptors) > maxBatch {
 		return nil, grpcError(&FieldError{Field: "descriptors", Msg: fmt.Sprintf("want 1 to %d descriptors, not %d", maxBatch, len(in.Descriptors))})
 	}
-	reqs := make([]regional.Request, len(in.Descriptors))
+	var one [1]regional.Request // most calls carry one descriptor
+	reqs := one[:]
+	if len(in.Descriptors) > 1 {
+		reqs = make([]regional.Request, len(in.Descriptors))
+	}
 	for i, desc := range in.Descriptors {
 		prefix := func() string { return fmt.Sprintf("descriptors[%d]", i) }
 		entries := make(map[string]string, len(desc.GetEntries()))
@@ -70,28 +76,50 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		}
 		reqs[i] = req
 	}
-	out := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	// The response, its statuses and their durations, its headers and
+	// the decision's limits in one allocation, for one descriptor.
+	type status struct {
+		st    rlsv3.RateLimitResponse_DescriptorStatus
+		reset durationpb.Duration
+	}
+	type response struct {
+		out     rlsv3.RateLimitResponse
+		one     [1]*rlsv3.RateLimitResponse_DescriptorStatus
+		st      [1]status
+		headers [maxHeaders]*corev3.HeaderValue
+		values  [maxHeaders]corev3.HeaderValue
+		limits  [4]regional.LimitStatus
+	}
+	resp := new(response)
+	out, sts := &resp.out, resp.st[:]
+	out.OverallCode, out.Statuses = rlsv3.RateLimitResponse_OK, resp.one[:]
+	if len(reqs) > 1 {
+		sts, out.Statuses = make([]status, len(reqs)), make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(reqs))
+	}
 	// The headers speak for the limits of every descriptor together.
 	all := regional.Decision{Allowed: true}
 	now := time.Now()
-	var d regional.Decision
+	d := regional.Decision{Limits: resp.limits[:0]}
 	for i := range reqs {
 		start := time.Now()
 		if err := s.engine.Check(ctx, &reqs[i], &d); err != nil {
 			return nil, grpcError(fieldPath(fmt.Sprintf("descriptors[%d]", i), err))
 		}
 		s.metrics.envoy.observe(&d, time.Since(start))
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		st := &sts[i].st
+		st.Code = rlsv3.RateLimitResponse_OK
 		if !d.Allowed {
 			st.Code, out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
 			all.Allowed = false
 		}
 		if l := speaking(&d); l != nil {
-			st.CurrentLimit = envoyLimit(l)
+			st.CurrentLimit = s.envoyLimits.of(l)
 			st.LimitRemaining = uint32(min(max(l.Remaining, 0), math.MaxUint32))
-			st.DurationUntilReset = durationpb.New(max(0, l.ResetAt.Sub(now)))
+			reset := max(0, l.ResetAt.Sub(now))
+			sts[i].reset.Seconds, sts[i].reset.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+			st.DurationUntilReset = &sts[i].reset
 		}
-		out.Statuses = append(out.Statuses, st)
+		out.Statuses[i] = st
 		if len(reqs) > 1 {
 			all.Degraded = all.Degraded || d.Degraded
 			all.Limits = append(all.Limits, d.Limits...)
@@ -104,10 +132,49 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		slices.SortStableFunc(all.Limits, func(a, b regional.LimitStatus) int { return regional.SpeaksBefore(a, b, all.Allowed) })
 		headersOf = &all
 	}
-	for _, h := range rateLimitHeaders(headersOf, now) {
-		out.ResponseHeadersToAdd = append(out.ResponseHeadersToAdd, &corev3.HeaderValue{Key: h.name, Value: h.value})
+	var hbuf [maxHeaders]header
+	hs := appendRateLimitHeaders(hbuf[:0], headersOf, now)
+	if len(hs) > 0 {
+		out.ResponseHeadersToAdd = resp.headers[:len(hs)]
+		for i, h := range hs {
+			resp.values[i].Key, resp.values[i].Value = h.name, h.value
+			out.ResponseHeadersToAdd[i] = &resp.values[i]
+		}
 	}
 	return out, nil
+}
+
+// envoyLimits keeps the RateLimit message of each limit as Envoy reads it
+// (a rule, its limit and window), made once and shared by every response
+// that names it: a response only reads it, as gRPC marshals it.
+type envoyLimits struct {
+	m sync.Map // envoyLimitKey -> *rlsv3.RateLimitResponse_RateLimit
+	n atomic.Int64
+}
+
+type envoyLimitKey struct {
+	rule   string
+	limit  int64
+	window time.Duration
+}
+
+// maxEnvoyLimits bounds the messages kept; past it they are made anew.
+// Rules, tiers and windows are few; reloads may add some.
+const maxEnvoyLimits = 4096
+
+// of returns the message of a limit.
+func (e *envoyLimits) of(l *regional.LimitStatus) *rlsv3.RateLimitResponse_RateLimit {
+	k := envoyLimitKey{l.Rule.ID, l.Limit, l.Window}
+	if v, ok := e.m.Load(k); ok {
+		return v.(*rlsv3.RateLimitResponse_RateLimit)
+	}
+	rl := envoyLimit(l)
+	if e.n.Load() < maxEnvoyLimits {
+		if _, loaded := e.m.LoadOrStore(k, rl); !loaded {
+			e.n.Add(1)
+		}
+	}
+	return rl
 }
 
 // envoyLimit expresses a limit as Envoy's requests per unit: the unit

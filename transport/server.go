@@ -43,6 +43,8 @@ type Server struct {
 	serving atomic.Bool
 	// metrics are opts.Metrics bound to each API's label.
 	metrics struct{ grpc, envoy, http apiMetrics }
+	// envoyLimits are the RLS answers' RateLimit messages, shared.
+	envoyLimits envoyLimits
 }
 
 // NewServer returns a server for the engine. It reports itself not ready

@@ -5,6 +5,8 @@
 //	sim run -list
 //	sim accuracy [-keys 1000 -limit 60 -window 1m -duration 10m]
 //	sim load -target 127.0.0.1:8081 -api envoy|grpc|http -keys 10000 -concurrency 50 -duration 20s
+//	sim live -scenario tenants-live [-deployment deploy/local]
+//	sim floor [-grpc-addr 127.0.0.1:18091]
 //
 // sim run runs a scenario (a built-in one, or a YAML file) in the
 // deterministic simulator of package sim, in each of its modes, and prints
@@ -28,6 +30,11 @@
 // request's due time, so that a slow server cannot hide its queue. Runs
 // are bounded (10 minutes) and only loopback targets are accepted.
 //
-// sim live (scenarios against a local multi-region deployment) is not
-// built yet.
+// sim live runs a scenario against a local multi-region deployment
+// (deploy/local) in real time, scaled down, and the simulator beside it.
+//
+// sim floor serves Envoy's rate-limit protocol and answers OK to every
+// request, with the gRPC server and options regiond serves it with: the
+// protocol's own cost on the machine, what deploy/bench/sidebyside.sh
+// measures regiond against.
 package main

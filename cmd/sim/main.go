@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,6 +19,7 @@ commands:
   run       run a scenario in the simulator: deterministic, in virtual time
   accuracy  compare the sliding window counter with the exact sliding window log
   live      run a scenario against a local deployment in real time, and the simulator beside it
+  floor     serve Envoy RLS answering OK to everything: the protocol's floor, for benchmarks
 
 Run "sim <command> -h" for a command's flags.
 `
@@ -81,6 +83,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		if err := runLive(ctx, cfg, stdout, stderr); err != nil {
 			fmt.Fprintln(stderr, "sim live:", err)
+			return 1
+		}
+		return 0
+	case "floor":
+		cfg, err := parseFloorFlags(args[1:])
+		if err != nil {
+			fmt.Fprintln(stderr, "sim floor:", err)
+			return 2
+		}
+		if err := runFloor(ctx, cfg, func(a net.Addr) { fmt.Fprintln(stderr, "sim floor: serving Envoy RLS on", a) }); err != nil {
+			fmt.Fprintln(stderr, "sim floor:", err)
 			return 1
 		}
 		return 0
