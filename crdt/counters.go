@@ -280,7 +280,11 @@ func (c *Counters) deltaSince(v uint64, only int) Delta {
 	for e := c.tail; e != nil && e.ver > v; e = e.prev {
 		if only < 0 || e.own > v {
 			changed = append(changed, e)
-			nslots += len(e.slots)
+			for i, s := range e.slots { // those appendEntries keeps
+				if (only < 0 || i == only) && (s.p != 0 || s.n != 0) {
+					nslots++
+				}
+			}
 		}
 	}
 	slices.SortFunc(changed, func(a, b *entry) int { return a.id.Compare(b.id) })

@@ -422,7 +422,7 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 			}
 		}
 		if folded {
-			sc.keys = append(append(append(sc.keys[:it.start], keyOpen...), r.ID...), "}:overflow"...)
+			sc.keys = overflowKey(sc.keys[:it.start], r.ID)
 			it.params = r.overflow
 		} else {
 			sc.keys = append(sc.keys, keyClose)

@@ -588,3 +588,41 @@ func TestKeysOfUnknownRulesAreRefused(t *testing.T) {
 		t.Errorf("the copy holds %d of %s, want 5", got, known)
 	}
 }
+
+// TestOverflowCounterKeepsItsWindow: the counter that a global rule's keys
+// beyond max_keys share (on_key_overflow: fold) is a counter of the rule:
+// its window is kept as long as the rule's, and gossip carries it. It was
+// read as a counter of no rule, kept two minutes from its window's start;
+// with the copy the only place an engine on its own memory counts, an hour
+// window admitted its limit again every few minutes.
+func TestOverflowCounterKeepsItsWindow(t *testing.T) {
+	clock := newVirtualClock()
+	rules := mustParse(t, `
+rules:
+  - { id: g, match: { endpoint: /g }, by: [api_key], algorithm: fixed_window, limit: 5, window: 1h, scope: global, max_keys: 1, on_key_overflow: fold }
+`)
+	e := New(Config{Clock: clock.Now}, rules)
+	mustCheck(t, e, Request{APIKey: "a", Endpoint: "/g"})
+	admitted := 0
+	for round := range 3 {
+		for i := range 10 {
+			if d := mustCheck(t, e, Request{APIKey: fmt.Sprintf("k%d-%d", round, i), Endpoint: "/g"}); d.Allowed {
+				admitted++
+			}
+		}
+		clock.AdvanceBy(3 * time.Minute)
+		if err := e.Maintain(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("the overflow counter admitted %d in one hour window, want its limit, 5", admitted)
+	}
+	key := string(overflowKey(nil, "g"))
+	if r, limit, ok := rules.GlobalLimitOf(key); !ok || r.ID != "g" || limit != 5 || !rules.OfGlobalRules(key) {
+		t.Fatalf("GlobalLimitOf(%q) = %v, %d, %v", key, r, limit, ok)
+	}
+	if rules.OfGlobalRules("gq:{g:x}:overflow") || rules.OfGlobalRules("gq:{h}:overflow") {
+		t.Fatal("a key that is no overflow counter of a global rule passes for one")
+	}
+}

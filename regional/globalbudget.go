@@ -742,14 +742,14 @@ func dropExpired(rs *RuleSet, d crdt.Delta, now time.Time) (crdt.Delta, int) {
 	return d, stale
 }
 
-// OfGlobalRules reports whether a counter key (CounterKey) is of a
-// global rule in force: a region keeps no counter it cannot use, however
-// many a message names. (A rule just published may reach the regions a
+// OfGlobalRules reports whether a counter key (CounterKey, or a rule's
+// overflow counter's) is of a global rule in force: a region keeps no
+// counter it cannot use, however many a message names. (A rule just published may reach the regions a
 // moment apart; what one counted of it before another had it is not
 // repaired, which strict leases do not need, and an elastic window may
 // borrow that much too many once.)
 func (rs *RuleSet) OfGlobalRules(key string) bool {
-	id, _, _ := ParseCounterKey(key)
+	id, _, _, _ := parseKey(key)
 	r := rs.Rule(id)
 	return r != nil && r.Scope == ScopeGlobal
 }
@@ -825,7 +825,7 @@ const reseedBatch = 1000
 // region's own checks would keep it, or two minutes from its start for a
 // rule it does not know; 0 once that is over.
 func globalKeep(rs *RuleSet, key string, startMillis int64, now time.Time) time.Duration {
-	id, _, _ := ParseCounterKey(key)
+	id, _, _, _ := parseKey(key)
 	start, t := float64(startMillis*1000), float64(now.UnixMicro())
 	if r := rs.Rule(id); r != nil && r.Scope == ScopeGlobal {
 		return max(0, time.Duration(globalUntil(&r.Base, start)-t)*time.Microsecond)
@@ -867,17 +867,20 @@ func (e *Engine) GlobalRules() []*Rule {
 	return out
 }
 
-// GlobalLimitOf returns the global rule a counter key (CounterKey) belongs
-// to and the limit the regions apply to it; ok is false for a key of no
-// global rule, or one whose limit depends on a tier the key does not
-// carry.
+// GlobalLimitOf returns the global rule a counter key (CounterKey, or a
+// rule's overflow counter's) belongs to and the limit the regions apply to
+// it; ok is false for a key of no global rule, or one whose limit depends
+// on a tier the key does not carry.
 func (rs *RuleSet) GlobalLimitOf(key string) (r *Rule, limit int64, ok bool) {
-	id, values, found := ParseCounterKey(key)
+	id, values, overflow, found := parseKey(key)
 	if !found {
 		return nil, 0, false
 	}
 	if r = rs.Rule(id); r == nil || r.Scope != ScopeGlobal {
 		return nil, 0, false
+	}
+	if overflow {
+		return r, r.overflow.Limit, r.overflow.Limit > 0
 	}
 	if n, ok := r.Overrides[values]; ok {
 		return r, n, true

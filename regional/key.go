@@ -31,6 +31,28 @@ func ParseCounterKey(key string) (rule, values string, ok bool) {
 	return rule, values, ok
 }
 
+// overflowSuffix ends the key of the counter a rule's keys beyond its
+// max_keys share (on_key_overflow: fold): gq:{rule}:overflow. A counter
+// key ends in a brace: no counter key ends so.
+const overflowSuffix = "}:overflow"
+
+// overflowKey returns the key of rule's overflow counter.
+func overflowKey(dst []byte, rule string) []byte {
+	return append(append(append(dst, keyOpen...), rule...), overflowSuffix...)
+}
+
+// parseKey splits a counter key, or an overflow counter's key, into its
+// rule and descriptor values (none for an overflow counter).
+func parseKey(key string) (rule, values string, overflow, ok bool) {
+	if inner, ok := strings.CutPrefix(key, keyOpen); ok {
+		if r, ok := strings.CutSuffix(inner, overflowSuffix); ok && !strings.ContainsAny(r, ":{}") {
+			return r, "", true, true
+		}
+	}
+	rule, values, ok = ParseCounterKey(key)
+	return rule, values, false, ok
+}
+
 // appendKeyPrefix appends what a rule's counter keys start with.
 func appendKeyPrefix(dst []byte, rule string) []byte {
 	return append(append(append(dst, keyOpen...), rule...), ':')

@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
@@ -103,8 +102,6 @@ type RedisStore struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	calls   sync.Pool
-	// leanCalls counts the calls a lean script decided.
-	leanCalls atomic.Int64
 
 	// For tests: the time scripts use instead of TIME, in µs, and a floor
 	// on TTLs (ms) so that keys do not expire in real time while a test
@@ -290,9 +287,6 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
 	lean := leanScript(mode, ops)
-	if lean != "" {
-		s.leanCalls.Add(1)
-	}
 	for i, op := range ops {
 		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, batch: op.Batch,
 			global: op.Global, allowance: op.Allowance, ceiling: op.Ceiling,

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -129,9 +130,36 @@ func TestStoresDecideAlike(t *testing.T) {
 			}
 		}
 	})
-	// Checks of one token bucket or fixed window ran the lean scripts.
-	if rs.leanCalls.Load() == 0 {
-		t.Fatal("no check ran a lean script")
+}
+
+// TestLeanScriptsRun: a check of one token bucket or one fixed window
+// runs its lean script; one of another algorithm, or of several limits,
+// the general one (TestStoresDecideAlike holds them to the same
+// decisions).
+func TestLeanScriptsRun(t *testing.T) {
+	rs, srv := newTestRedisStore(t, RedisOptions{})
+	ctx := t.Context()
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
+	defer admin.Close()
+	admin.Ping(ctx)
+	tb := Op{Key: []byte("gq:{a:1}"), Params: Params{Algorithm: TokenBucket, Limit: 100, Rate: 10}, Cost: 1}
+	fw := Op{Key: []byte("gq:{c:1}"), Params: Params{Algorithm: FixedWindow, Limit: 100, Window: 60e6}, Cost: 1}
+	log := Op{Key: []byte("gq:{b:1}"), Params: Params{Algorithm: SlidingWindowLog, Limit: 100, Window: 60e6}, Cost: 1}
+	mon := startMonitor(t, srv.Addr())
+	for _, ops := range [][]Op{{tb}, {fw}, {log}, {tb, fw}} {
+		if _, err := rs.Apply(ctx, ops, make([]Result, len(ops))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin.Echo(ctx, "lean-marker")
+	var shas []string
+	for _, c := range mon.until(t, "lean-marker") {
+		if f := strings.Fields(c); len(f) > 4 && f[3] == `"evalsha"` {
+			shas = append(shas, strings.Trim(f[4], `"`))
+		}
+	}
+	if want := []string{bucketSHA, fixedSHA, limitsSHA, limitsSHA}; !slices.Equal(shas, want) {
+		t.Fatalf("scripts run %q, want %q", shas, want)
 	}
 }
 

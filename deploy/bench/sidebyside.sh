@@ -14,7 +14,11 @@
 # Then, in an open loop at half the floor's median peak, p50 and p99 of the
 # floor and of regiond on Redis and in memory, and their ratios.
 # ROUNDS (default 3) and DUR (each run, default 10s) set the length. Needs
-# redis-server, curl and Go.
+# redis-server, curl and Go. A peer built outside the repository (see the
+# README) joins the rounds with PEER=host:port (Envoy RLS), PEER_PID (its
+# process, for CPU) and PEER_DOMAIN (the domain its configuration limits);
+# it should use this script's redis-server (REDIS_PORT, default 16379),
+# started before it with REDIS_KEEP=1 and left running.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
@@ -27,17 +31,19 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null || true; done
-	redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+	[ -n "${REDIS_KEEP:-}" ] || redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
 	rm -rf "$work"
 }
 trap cleanup EXIT
 
 go build -o "$work/regiond" ./cmd/regiond
 go build -o "$work/sim" ./cmd/sim
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
-	--dir "$work" --logfile "$work/redis.log" --pidfile "$work/redis.pid"
-until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
-redis_pid=$(cat "$work/redis.pid")
+if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+		--dir "$work" --logfile "$work/redis.log"
+	until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+fi
+redis_pid=$(redis-cli -p "$REDIS_PORT" info server | awk -F: '/^process_id/ {print $2 + 0}')
 "$work/sim" floor -grpc-addr "$FLOOR" 2>"$work/floor.log" &
 floor_pid=$! && pids+=("$floor_pid")
 "$work/regiond" --redis "redis://127.0.0.1:$REDIS_PORT/0" --rules deploy/bench/rules.yaml \
@@ -80,6 +86,9 @@ for round in $(seq "$ROUNDS"); do
 	run redis "$REDIS_GRPC" "$rpid" "$REDIS_HTTP" 1 -keys 10000
 	run memory "$MEM_GRPC" "$mpid" "$MEM_HTTP" 0 -keys 10000
 	run hot "$REDIS_GRPC" "$rpid" "$REDIS_HTTP" 1 -keys 1 -endpoint /hot -key-prefix hot_
+	if [ -n "${PEER:-}" ]; then
+		run peer "$PEER" "$PEER_PID" "" 1 -keys 10000 -domain "${PEER_DOMAIN:-}"
+	fi
 done
 
 median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
@@ -88,7 +97,9 @@ floor_rate=$(col floor 2)
 echo
 echo "| target | checks/s (median) | ÷ floor | server CPU µs/check | redis-server CPU µs/check | allocations/check |"
 echo "| --- | --- | --- | --- | --- | --- |"
-for t in floor redis memory hot; do
+targets="floor redis memory hot"
+[ -n "${PEER:-}" ] && targets="$targets peer"
+for t in $targets; do
 	awk -v t="$t" -v r="$(col "$t" 2)" -v f="$floor_rate" -v c="$(col "$t" 3)" -v rc="$(col "$t" 4)" -v m="$(col "$t" 5)" \
 		'BEGIN {printf "| %s | %.0f | %.2f | %.1f | %.1f | %.1f |\n", t, r, r / f, c, rc, m}'
 done
