@@ -19,8 +19,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed lua/limits.lua
-var limitsLua string
+// The scripts of checks begin with lua/head.lua (the time and the minimum
+// TTL), and those that may wait for a token bucket with lua/wait.lua.
+var (
+	//go:embed lua/head.lua
+	headLua string
+	//go:embed lua/wait.lua
+	waitLua string
+	//go:embed lua/limits.lua
+	limitsBody string
+	limitsLua  = headLua + waitLua + limitsBody
+)
 
 //go:embed lua/merge.lua
 var mergeLua string
@@ -42,9 +51,11 @@ var (
 // Redis to run (a third of its time: docs/benchmarks.md).
 var (
 	//go:embed lua/bucket.lua
-	bucketLua string
+	bucketBody string
 	//go:embed lua/fixed.lua
-	fixedLua  string
+	fixedBody string
+	bucketLua = headLua + waitLua + bucketBody
+	fixedLua  = headLua + fixedBody
 	bucketSHA = redis.NewScript(bucketLua).Hash()
 	fixedSHA  = redis.NewScript(fixedLua).Hash()
 )

@@ -11,14 +11,7 @@
 
 local floor, max, min = math.floor, math.max, math.min
 local call = redis.call
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local min_ttl = tonumber(ARGV[2]) or 0
+-- now and min_ttl: head.lua, which the store puts first.
 local limit, window, cost, batch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local key = KEYS[1]
 
