@@ -7,8 +7,6 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/geoquota/geoquota/regional"
 )
 
 // BenchmarkRLS is one Envoy RLS call in the handler, on an in-memory
@@ -16,13 +14,9 @@ import (
 // its response marshalled as gRPC would: what the handler and the engine
 // cost and allocate per check, transport aside.
 func BenchmarkRLS(b *testing.B) {
-	rules, err := regional.Parse("bench.yaml", []byte(`rules:
+	s := newRLSServer(b, `rules:
   - { id: search, match: { endpoint: /search }, by: [api_key], algorithm: token_bucket, capacity: 1000000000, refill_per_second: 1000000 }
-`))
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := rlsServer{Server: NewServer(regional.New(regional.Config{Logger: discardLogger()}, rules), Options{Logger: discardLogger()})}
+`)
 	in := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
 		{Key: "api_key", Value: "sk_load_42"}, {Key: "endpoint", Value: "/search"}, {Key: "method", Value: "GET"}}}}}
 	ctx := context.Background()

@@ -11,18 +11,24 @@ import (
 	"github.com/geoquota/geoquota/regional"
 )
 
+// newRLSServer is the RLS handler on an in-memory engine with the rules.
+func newRLSServer(t testing.TB, rules string) rlsServer {
+	t.Helper()
+	rs, err := regional.Parse("rules.yaml", []byte(rules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rlsServer{Server: NewServer(regional.New(regional.Config{Logger: discardLogger()}, rs), Options{Logger: discardLogger()})}
+}
+
 // TestRLSAnswersShareLimitsSafely: concurrent RLS calls share each
 // limit's RateLimit message, and gRPC marshals the answers at once: the
 // messages must only be read (the race detector watches, as make test
 // runs it), and each answer says its own remaining.
 func TestRLSAnswersShareLimitsSafely(t *testing.T) {
-	rules, err := regional.Parse("t.yaml", []byte(`rules:
+	s := newRLSServer(t, `rules:
   - { id: search, match: { endpoint: /search }, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := rlsServer{Server: NewServer(regional.New(regional.Config{Logger: discardLogger()}, rules), Options{Logger: discardLogger()})}
+`)
 	errs := make(chan error, 8)
 	for g := range 8 {
 		go func() {

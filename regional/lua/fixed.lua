@@ -1,7 +1,7 @@
 -- fixed.lua: one fixed window checked alone (a request that meets one
 -- limit, not global): the FIXED case of limits.lua, with nothing else for
--- Redis to run. It reads and writes the state limits.lua does, and
--- decides alike to the bit (TestStoresDecideAlike runs both).
+-- Redis to run. It reads and writes the state limits.lua does (head.lua),
+-- and decides alike to the bit (TestStoresDecideAlike runs both).
 --
 -- KEYS[1]: the counter key.
 -- ARGV: now in µs (tests only) or '', minimum TTL in ms (tests only) or '',
@@ -10,17 +10,10 @@
 -- Returns {now, allowed (0/1), remaining, reset_at, retry_after, taken}.
 
 local floor, max, min = math.floor, math.max, math.min
-local call = redis.call
--- now and min_ttl: head.lua, which the store puts first.
+-- now, read_state and write_state: head.lua, which the store puts first.
 local limit, window, cost, batch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local key = KEYS[1]
-
-local ex, a, b = false, 0, 0
-local v = call('GET', key)
-if v then
-  local sa, x, y = string.match(v, '^(%d+) (%S+) (%S+) (%S+)$')
-  if tonumber(sa) == 4 then ex, a, b = true, tonumber(x), tonumber(y) end
-end
+local ex, a, b = read_state(key, 4)
 local start = floor(now / window) * window
 local n = 0
 if ex and a == start then n = b end
@@ -29,8 +22,7 @@ local allowed, retry = 0, 0
 if n + cost <= limit then
   allowed = 1
   n = n + cost
-  call('SET', key, string.format('%d %.17g %.17g %.17g', 4, start, n, 0), 'PX',
-    string.format('%d', max(min_ttl, floor(max(1, start + window - now) / 1000) + 1)))
+  write_state(key, 4, start, n, 0, start + window)
 else
   -- The count is this window's, over the limit: the next window takes
   -- the cost (exactWait in limits.lua finds the same, the cost being at

@@ -1,7 +1,7 @@
 -- head.lua: how limits.lua, bucket.lua and fixed.lua begin (the store
 -- puts it before each): the time, from ARGV[1] in microseconds (tests
--- only) or the server's TIME, and the minimum TTL in milliseconds from
--- ARGV[2] (tests only).
+-- only) or the server's TIME, the minimum TTL in milliseconds from
+-- ARGV[2] (tests only), and a counter's state as they read and write it.
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
@@ -10,4 +10,30 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local min_ttl = tonumber(ARGV[2]) or 0
+
+-- ttl_px is the TTL, in the milliseconds Redis keeps, of what matters
+-- until until_us: rounded up, so that the key lives a little longer,
+-- which changes nothing.
+local function ttl_px(until_us)
+  return string.format('%d', math.max(min_ttl, math.floor(math.max(1, until_us - now) / 1000) + 1))
+end
+
+-- A counter's state is one string: its algorithm, then three numbers (see
+-- State in algorithm.go), formatted with %.17g (Lua's own conversion keeps
+-- 14 digits, and a time in microseconds has 16). State of another
+-- algorithm is no state: read_state returns whether there is one, and
+-- its numbers.
+local function read_state(key, alg)
+  local v = redis.call('GET', key)
+  if v then
+    local sa, x, y, z = string.match(v, '^(%d+) (%S+) (%S+) (%S+)$')
+    if tonumber(sa) == alg then return true, tonumber(x), tonumber(y), tonumber(z) end
+  end
+  return false, 0, 0, 0
+end
+
+-- write_state stores a counter's state until until_us.
+local function write_state(key, alg, a, b, c, until_us)
+  redis.call('SET', key, string.format('%d %.17g %.17g %.17g', alg, a, b, c), 'PX', ttl_px(until_us))
+end
 

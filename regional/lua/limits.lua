@@ -21,8 +21,7 @@
 -- retry_after, taken, and for a global limit the region's P and N after};
 -- for 'refund', {now, then per limit the amount given back}.
 --
--- A counter's state is one string: its algorithm, then up to three numbers
--- (see State in algorithm.go); state of another algorithm is no state.
+-- A counter's state is one string (read_state, write_state: head.lua).
 -- Every number sent to Redis is formatted with %.17g: Lua's own conversion
 -- keeps 14 digits, and a time in microseconds has 16.
 --
@@ -33,7 +32,6 @@
 
 local format, match, tonumber, call = string.format, string.match, tonumber, redis.call
 local TOKEN_BUCKET, LOG, COUNTER, FIXED, GCRA = 1, 2, 3, 4, 5
-local TB_EXPIRY_MARGIN = 1000
 
 -- now and min_ttl: head.lua, which the store puts first, then wait.lua.
 local mode = ARGV[3]
@@ -88,27 +86,27 @@ local function gcra_within(t, rate, ex, a, b, cost, burst)
   return gcra_debt(rate, ex, a, b, t) + cost <= burst
 end
 
--- ttl_ms mirrors ttl() in algorithm.go, in µs, then rounds up to the
--- milliseconds Redis keeps: the key lives a little longer, which changes
--- nothing. newest is the log's newest entry.
-local function ttl_ms(alg, limit, rate, window, a, b, newest)
-  local until_us
+-- until_of mirrors ttl() in algorithm.go, in µs: when a counter's state
+-- stops mattering. newest is the log's newest entry.
+local function until_of(alg, limit, rate, window, a, b, newest)
   if alg == TOKEN_BUCKET then
-    until_us = now + ceil((limit - a) * 1e6 / rate) + TB_EXPIRY_MARGIN
+    return tb_until(limit, rate, a)
   elseif alg == GCRA then
-    until_us = b + ceil(a * 1e6 / rate) + TB_EXPIRY_MARGIN
+    return b + ceil(a * 1e6 / rate) + TB_EXPIRY_MARGIN
   elseif alg == FIXED then
-    until_us = a + window
+    return a + window
   elseif alg == COUNTER then
-    until_us = a + 2 * window
-  else
-    until_us = newest + window
+    return a + 2 * window
   end
-  return format('%d', max(min_ttl, floor(max(1, until_us - now) / 1000) + 1))
+  return newest + window
+end
+
+local function ttl_ms(alg, limit, rate, window, a, b, newest)
+  return ttl_px(until_of(alg, limit, rate, window, a, b, newest))
 end
 
 local function store(key, alg, limit, rate, window, a, b, c, newest)
-  call('SET', key, format('%d %.17g %.17g %.17g', alg, a, b, c), 'PX', ttl_ms(alg, limit, rate, window, a, b, newest))
+  write_state(key, alg, a, b, c, until_of(alg, limit, rate, window, a, b, newest))
 end
 
 -- The sliding window log: made only when a request needs it.
@@ -235,7 +233,7 @@ end
 local function gttl(alg, window, start)
   local until_us = start + window + max(window, 60e6)
   if alg == COUNTER then until_us = until_us + window end
-  return format('%d', max(min_ttl, floor(max(1, until_us - now) / 1000) + 1))
+  return ttl_px(until_us)
 end
 
 -- gadd counts n in field f of the window that holds now; returns the
@@ -331,14 +329,7 @@ while i + 6 <= #ARGV do
       logkey = KEYS[k]
       k = k + 1
     end
-    local ex, a, b, c = false, 0, 0, 0
-    local v = call('GET', key)
-    if v then
-      local sa, x, y, z = match(v, '^(%d+) (%S+) (%S+) (%S+)$')
-      if tonumber(sa) == alg then
-        ex, a, b, c = true, tonumber(x), tonumber(y), tonumber(z)
-      end
-    end
+    local ex, a, b, c = read_state(key, alg)
     if mode == 'grant' or mode == 'refund' then
       local given
       a, b, c, given = give_back(alg, limit, rate, window, ex, a, b, c, logkey, give_n, give_at)
@@ -367,19 +358,9 @@ while i + 6 <= #ARGV do
       local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
 
       if alg == TOKEN_BUCKET then
-        local tokens = tb_tokens(limit, rate, ex, a, b, now)
-        if take then cost = max(cost, min(batch, floor(tokens))) end
-        if tokens >= cost then
-          allowed = true
-          tokens = tokens - cost
-          ex, a, b = true, tokens, now
-        else
-          retry = exactWait(now, (cost - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, cost)
-        end
-        if tokens < limit then
-          reset = now + exactWait(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, limit)
-        end
-        remaining, na, nb = floor(tokens), a, b
+        local tokens
+        allowed, cost, tokens, retry, reset, na, nb = tb_decide(limit, rate, ex, a, b, cost, take, batch)
+        remaining = floor(tokens)
 
       elseif alg == FIXED then
         local start = floor(now / window) * window

@@ -1,6 +1,7 @@
 -- wait.lua: what limits.lua and bucket.lua share (the store puts it
--- before each, after head.lua): exactWait and the token bucket's count.
+-- before each, after head.lua): exactWait and the token bucket.
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local TB_EXPIRY_MARGIN = 1000
 
 -- exactWait is exactWait() in algorithm.go: the shortest whole wait after which
 -- allows(t, ...) holds, found exactly however far off the estimate is. The
@@ -44,3 +45,28 @@ local function tb_has(t, limit, rate, ex, a, b, need)
   return tb_tokens(limit, rate, ex, a, b, t) >= need
 end
 
+-- tb_until is when a bucket of a tokens stops mattering (ttl() in
+-- algorithm.go): once full again, and a margin.
+local function tb_until(limit, rate, a)
+  return now + ceil((limit - a) * 1e6 / rate) + TB_EXPIRY_MARGIN
+end
+
+-- tb_decide decides a token bucket's check of cost (with a batch of up to
+-- batch, if take): allowed, the cost taken, the tokens left, retry_after,
+-- reset_at, and the state to store if the request goes ahead.
+local function tb_decide(limit, rate, ex, a, b, cost, take, batch)
+  local tokens = tb_tokens(limit, rate, ex, a, b, now)
+  if take then cost = max(cost, min(batch, floor(tokens))) end
+  local allowed, retry, reset = false, 0, now
+  if tokens >= cost then
+    allowed = true
+    tokens = tokens - cost
+    ex, a, b = true, tokens, now
+  else
+    retry = exactWait(now, (cost - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, cost)
+  end
+  if tokens < limit then
+    reset = now + exactWait(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, ex, a, b, limit)
+  end
+  return allowed, cost, tokens, retry, reset, a, b
+end
