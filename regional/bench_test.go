@@ -145,21 +145,21 @@ func median(xs []float64) float64 {
 }
 
 // redisBenchmark runs redis-benchmark with the script the engine runs for
-// one token-bucket check (the lean lua/bucket.lua), on the same server,
+// one token-bucket check alone (lua/checks.lua), on the same server,
 // and returns requests/s.
 // It first runs the command once and checks that the script took a token,
 // so that a change to the script's arguments cannot leave the reference
 // measuring a script that does nothing.
 func redisBenchmark(port, requests int) (float64, error) {
-	argv := []string{"", "", "1000000000", "1000000", "1", "0"}
-	probe := append([]string{"-p", strconv.Itoa(port), "EVALSHA", bucketSHA, "1", "gq:{bench:probe}"}, argv...)
+	argv := []string{"", "", "1", "1000000000", "1000000", "1", "0"}
+	probe := append([]string{"-p", strconv.Itoa(port), "EVALSHA", checksSHA, "1", "gq:{bench:probe}"}, argv...)
 	out, err := exec.Command("redis-cli", probe...).CombinedOutput()
 	// The reply: now, then allowed, remaining, reset_at, retry_after, taken.
 	if f := strings.Fields(string(out)); err != nil || len(f) != 6 || f[1] != "1" || f[5] != "1" {
 		return 0, fmt.Errorf("the reference command does not take a token (%v): %q", err, out)
 	}
 	args := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-c", "50", "-n", strconv.Itoa(requests), "-P", "16", "-r", "10000", "-q",
-		"EVALSHA", bucketSHA, "1", "gq:{bench:sk_prod___rand_int__}"}, argv...)
+		"EVALSHA", checksSHA, "1", "gq:{bench:sk_prod___rand_int__}"}, argv...)
 	out, err = exec.Command("redis-benchmark", args...).CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("redis-benchmark: %v: %s", err, out)

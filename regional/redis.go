@@ -46,23 +46,21 @@ var (
 	limitsSHA    = limitsScript.Hash()
 )
 
-// The lean scripts decide one limit of a common kind alone, for a check
-// that meets it alone: what limits.lua does for it, with nothing else for
-// Redis to run (a third of its time: docs/benchmarks.md).
+// checks.lua decides checks of one limit of a common kind (a token bucket
+// or a fixed window, not global), what limits.lua does for them with
+// nothing else for Redis to run, and every such check of a pipeline in
+// one script call: Redis spends more on a call than on a check
+// (docs/benchmarks.md).
 var (
-	//go:embed lua/bucket.lua
-	bucketBody string
-	//go:embed lua/fixed.lua
-	fixedBody string
-	bucketLua = headLua + waitLua + bucketBody
-	fixedLua  = headLua + fixedBody
-	bucketSHA = redis.NewScript(bucketLua).Hash()
-	fixedSHA  = redis.NewScript(fixedLua).Hash()
+	//go:embed lua/checks.lua
+	checksBody string
+	checksLua  = headLua + waitLua + checksBody
+	checksSHA  = redis.NewScript(checksLua).Hash()
 )
 
 // scripts are every script the store runs, loaded on every connection
 // and again on NOSCRIPT.
-var scripts = []string{limitsLua, bucketLua, fixedLua, mergeLua, keysLua}
+var scripts = []string{limitsLua, checksLua, mergeLua, keysLua}
 
 // ErrStoreClosed is returned by a store used after Close.
 var ErrStoreClosed = errors.New("regional: store closed")
@@ -80,9 +78,9 @@ type RedisOptions struct {
 	// Region names this region's slot of global counters.
 	Region string
 	// Observe, if set, hears of every pipeline: how long it took, how many
-	// scripts it ran, and its error. It is called on the store's own
+	// checks it carried, and its error. It is called on the store's own
 	// goroutines and must not block (a metrics histogram, say).
-	Observe func(took time.Duration, scripts int, err error)
+	Observe func(took time.Duration, checks int, err error)
 	// Auth is how to authenticate to Redis, and TLS.
 	Auth RedisAuth
 }
@@ -151,7 +149,7 @@ func NewRedisClient(spec string, auth RedisAuth) (client redis.UniversalClient, 
 	onConnect := func(ctx context.Context, cn *redis.Conn) error {
 		// go-redis also runs this on its connections to sentinels, which
 		// have no scripts; the NOSCRIPT path covers any server missed.
-		for _, src := range scripts[:3] { // those of every check
+		for _, src := range scripts[:2] { // those of every check
 			if err := cn.ScriptLoad(ctx, src).Err(); err != nil {
 				if strings.HasPrefix(err.Error(), "ERR unknown command") {
 					return nil
@@ -282,14 +280,19 @@ type redisLimit struct {
 }
 
 // redisGroup is the limits of one call that share a Cluster slot, and the
-// script run that decides them.
+// script run that decides them: limits.lua of its own, or, for a common
+// check (see plainCheck), its part of the pipeline's checks.lua.
 type redisGroup struct {
 	slot   uint16
-	sha    string // the script's
-	limits []int  // indexes into the call's limits
+	plain  bool  // checks.lua's: keys and args are its part of the call
+	limits []int // indexes into the call's limits
 	keys   []string
 	args   []any
-	cmd    *redis.Cmd
+	cmd    *redis.Cmd // limits.lua's
+	// The reply: the script's time, the limits' numbers, or its error.
+	now  int64
+	vals []int64
+	err  error
 }
 
 func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
@@ -297,12 +300,15 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.limits, c.groups, c.err, c.now = c.limits[:0], c.groups[:0], nil, 0
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
-	lean := leanScript(mode, ops)
+	plain := plainCheck(mode, ops)
 	for i, op := range ops {
 		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, batch: op.Batch,
 			global: op.Global, allowance: op.Allowance, ceiling: op.Ceiling,
 			known: [3]int64{op.KnownStart, int64(op.KnownP), int64(op.KnownN)}})
-		slot := keySlot(op.Key)
+		var slot uint16 // one group on a single server
+		if s.cluster {
+			slot = keySlot(op.Key)
+		}
 		g := 0
 		// A single server runs all limits in one script; a Cluster, one
 		// script per slot (the keys of one counter share a hash tag).
@@ -313,17 +319,16 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 			// A pooled call keeps its groups' buffers: reuse them.
 			c.groups = slices.Grow(c.groups, 1)[:g+1]
 			grp := &c.groups[g]
-			grp.slot, grp.limits, grp.keys, grp.cmd, grp.sha = slot, grp.limits[:0], grp.keys[:0], nil, limitsSHA
-			if lean != "" {
-				grp.sha, grp.args = lean, s.appendTestArgs(grp.args[:0])
-			} else {
-				grp.args = s.appendArgsHead(grp.args[:0], mode, n, at)
+			grp.slot, grp.plain, grp.limits, grp.keys, grp.cmd, grp.vals = slot, plain, grp.limits[:0], grp.keys[:0], nil, nil
+			grp.args = grp.args[:0]
+			if !plain {
+				grp.args = s.appendArgsHead(grp.args, mode, n, at)
 			}
 		}
 		grp := &c.groups[g]
 		grp.limits = append(grp.limits, i)
-		if lean != "" {
-			grp.keys, grp.args = c.limits[i].appendLeanArgs(grp.keys, grp.args)
+		if plain {
+			grp.keys, grp.args = c.limits[i].appendCheckArgs(grp.keys, grp.args)
 			continue
 		}
 		grp.keys, grp.args = c.limits[i].appendArgs(grp.keys, grp.args)
@@ -331,30 +336,24 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	return c
 }
 
-// leanScript is the lean script that decides a call's ops, if one can: a
-// check of one limit, not global, a token bucket or a fixed window. "" if
-// none can.
-func leanScript(mode string, ops []Op) string {
+// plainCheck is whether checks.lua decides a call's ops: a check of one
+// limit, not global, a token bucket or a fixed window.
+func plainCheck(mode string, ops []Op) bool {
 	if mode != "check" || len(ops) != 1 || ops[0].Global {
-		return ""
+		return false
 	}
-	switch ops[0].Params.Algorithm {
-	case TokenBucket:
-		return bucketSHA
-	case FixedWindow:
-		return fixedSHA
-	}
-	return ""
+	a := ops[0].Params.Algorithm
+	return a == TokenBucket || a == FixedWindow
 }
 
-// appendLeanArgs appends a lean script's key and arguments for the limit
-// (see lua/bucket.lua, lua/fixed.lua).
-func (l *redisLimit) appendLeanArgs(keys []string, args []any) ([]string, []any) {
+// appendCheckArgs appends the limit's key and its arguments to checks.lua
+// (see lua/checks.lua).
+func (l *redisLimit) appendCheckArgs(keys []string, args []any) ([]string, []any) {
 	keys = append(keys, l.key)
 	if l.params.Algorithm == TokenBucket {
-		return keys, append(args, l.params.Limit, strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.cost, l.batch)
+		return keys, append(args, int(TokenBucket), l.params.Limit, strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.cost, l.batch)
 	}
-	return keys, append(args, l.params.Limit, l.params.Window, l.cost, l.batch)
+	return keys, append(args, int(FixedWindow), l.params.Limit, l.params.Window, l.cost, l.batch)
 }
 
 // appendArgsHead appends the script's first arguments: the time (tests),
@@ -364,8 +363,8 @@ func (s *RedisStore) appendArgsHead(args []any, mode string, n, at int64) []any 
 	return append(s.appendTestArgs(args), mode, n, at, s.opts.Region)
 }
 
-// appendTestArgs appends a lean script's first arguments: the time and
-// the minimum TTL, both empty but in tests.
+// appendTestArgs appends a script's first arguments: the time and the
+// minimum TTL, both empty but in tests.
 func (s *RedisStore) appendTestArgs(args []any) []any {
 	now, minTTL := "", ""
 	if s.testNow != nil {
@@ -512,9 +511,19 @@ func (s *RedisStore) admitKey(ctx context.Context, rule string, key []byte, maxK
 	return n == 1, nil
 }
 
+// checksCall is one checks.lua call of a pipeline: the plain checks of
+// one Cluster slot (of all of them, on a single server).
+type checksCall struct {
+	slot   uint16
+	groups []*redisGroup
+	args   []any
+	cmd    *redis.IntSliceCmd
+}
+
 func (s *RedisStore) worker() {
 	defer s.wg.Done()
 	batch := make([]*redisCall, 0, s.opts.MaxBatch)
+	var checks []checksCall // reused from pipeline to pipeline
 	for {
 		select {
 		case c := <-s.queue:
@@ -531,14 +540,14 @@ func (s *RedisStore) worker() {
 				break drain
 			}
 		}
-		s.run(batch)
+		s.run(batch, &checks)
 	}
 }
 
 // run sends a batch of calls in one pipeline and hands out the results.
 // Calls whose deadline has passed while they queued fail at once; the
 // pipeline is bounded by the soonest deadline of the rest.
-func (s *RedisStore) run(batch []*redisCall) {
+func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 	now := time.Now()
 	live, deadline := batch[:0], now.Add(s.opts.Timeout)
 	for _, c := range batch {
@@ -559,11 +568,11 @@ func (s *RedisStore) run(batch []*redisCall) {
 	defer cancel()
 	start := time.Now()
 	// Each script's error is read from its command below.
-	if err := s.exec(ctx, batch, nil); err != nil && isNoScript(err) {
+	if err := s.exec(ctx, batch, checks, false); err != nil && isNoScript(err) {
 		// The server lost its scripts (a restart, SCRIPT FLUSH): load and
 		// run again what failed for that reason.
 		if s.loadScripts(ctx) == nil {
-			s.exec(ctx, batch, func(g *redisGroup) bool { return g.cmd.Err() != nil && isNoScript(g.cmd.Err()) })
+			s.exec(ctx, batch, checks, true)
 		}
 	}
 	var refunds []refund
@@ -571,7 +580,7 @@ func (s *RedisStore) run(batch []*redisCall) {
 		c.err = nil
 		ok := make([]bool, len(c.groups))
 		for gi := range c.groups {
-			err := c.groups[gi].cmd.Err()
+			err := c.groups[gi].err
 			if err != nil {
 				err = fmt.Errorf("regional: redis: %w", err)
 			} else {
@@ -590,11 +599,7 @@ func (s *RedisStore) run(batch []*redisCall) {
 		s.refund(refunds)
 	}
 	if s.opts.Observe != nil { // before the callers have their calls back
-		scripts := 0
-		for _, c := range batch {
-			scripts += len(c.groups)
-		}
-		s.opts.Observe(time.Since(start), scripts, batchError(batch))
+		s.opts.Observe(time.Since(start), len(batch), batchError(batch))
 	}
 	for _, c := range batch {
 		c.done <- struct{}{}
@@ -611,18 +616,79 @@ func batchError(batch []*redisCall) error {
 	return nil
 }
 
-// exec runs the batch's scripts in one pipeline: those want picks, or all
-// if want is nil.
-func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, want func(*redisGroup) bool) error {
+// exec runs the batch's scripts in one pipeline, and gives each group its
+// reply: all of them, or again those whose script Redis did not have. The
+// plain checks of a Cluster slot share one checks.lua call.
+func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]checksCall, again bool) error {
 	pipe := s.client.Pipeline()
+	cs := (*checks)[:0]
 	for _, c := range batch {
 		for gi := range c.groups {
-			if g := &c.groups[gi]; want == nil || want(g) {
-				g.cmd = pipe.EvalSha(ctx, g.sha, g.keys, g.args...)
+			g := &c.groups[gi]
+			if again && (g.err == nil || !isNoScript(g.err)) {
+				continue
+			}
+			g.err = nil
+			if !g.plain {
+				g.cmd = pipe.EvalSha(ctx, limitsSHA, g.keys, g.args...)
+				continue
+			}
+			i := 0
+			for i < len(cs) && cs[i].slot != g.slot {
+				i++
+			}
+			if i == len(cs) {
+				cs = slices.Grow(cs, 1)[:i+1]
+				cs[i].slot, cs[i].groups = g.slot, cs[i].groups[:0]
+			}
+			cs[i].groups = append(cs[i].groups, g)
+		}
+	}
+	for i := range cs {
+		cc := &cs[i]
+		args := append(cc.args[:0], "evalsha", checksSHA, len(cc.groups))
+		for _, g := range cc.groups {
+			args = append(args, g.keys[0])
+		}
+		args = s.appendTestArgs(args)
+		for _, g := range cc.groups {
+			args = append(args, g.args...)
+		}
+		cc.args, cc.cmd = args, redis.NewIntSliceCmd(ctx, args...)
+		pipe.Process(ctx, cc.cmd)
+	}
+	_, err := pipe.Exec(ctx)
+	for _, c := range batch {
+		for gi := range c.groups {
+			if g := &c.groups[gi]; !g.plain && g.cmd != nil {
+				g.now, g.vals, g.err = 0, nil, g.cmd.Err()
+				if g.err == nil {
+					var vals []int64
+					if vals, g.err = g.cmd.Int64Slice(); len(vals) > 0 {
+						g.now, g.vals = vals[0], vals[1:]
+					}
+				}
+				g.cmd = nil
 			}
 		}
 	}
-	_, err := pipe.Exec(ctx)
+	for i := range cs {
+		cc := &cs[i]
+		vals, cerr := cc.cmd.Result()
+		if cerr == nil && len(vals) != 1+5*len(cc.groups) {
+			cerr = fmt.Errorf("unexpected checks.lua reply of %d numbers for %d checks", len(vals), len(cc.groups))
+		}
+		for k, g := range cc.groups {
+			g.now, g.vals, g.err = 0, nil, cerr
+			if cerr == nil {
+				g.now, g.vals = vals[0], vals[1+5*k:1+5*(k+1)]
+			}
+		}
+		clear(cc.args) // nothing of the batch's calls kept past it
+		clear(cc.groups)
+		cc.cmd = nil
+	}
+	*checks = cs
 	return err
 }
 
@@ -644,19 +710,18 @@ func (s *RedisStore) loadScripts(ctx context.Context) error {
 	return load(ctx, s.client)
 }
 
-// read takes one group's reply: {now, then per limit: allowed, remaining,
-// reset_at, retry_after, taken, and for a global limit its P and N}.
+// read takes one group's reply: per limit allowed, remaining, reset_at,
+// retry_after, taken, and for a global limit its P and N.
 func (c *redisCall) read(g *redisGroup) error {
-	vals, err := g.cmd.Int64Slice()
-	want := 1
+	want := 0
 	for _, i := range g.limits {
 		want += c.limits[i].replyLen()
 	}
-	if err != nil || len(vals) != want {
-		return fmt.Errorf("regional: redis: unexpected script reply %v (%v)", g.cmd.Val(), err)
+	if len(g.vals) != want {
+		return fmt.Errorf("regional: redis: unexpected script reply %v", g.vals)
 	}
-	c.now = vals[0]
-	v := vals[1:]
+	c.now = g.now
+	v := g.vals
 	for _, i := range g.limits {
 		c.results[i] = Result{Allowed: v[0] == 1, Remaining: v[1], ResetAt: v[2], RetryAfter: v[3], Taken: v[4]}
 		if c.limits[i].global {

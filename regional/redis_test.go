@@ -132,11 +132,11 @@ func TestStoresDecideAlike(t *testing.T) {
 	})
 }
 
-// TestLeanScriptsRun: a check of one token bucket or one fixed window
-// runs its lean script; one of another algorithm, or of several limits,
-// the general one (TestStoresDecideAlike holds them to the same
-// decisions).
-func TestLeanScriptsRun(t *testing.T) {
+// TestPlainChecksRun: a check of one token bucket or one fixed window
+// runs checks.lua; one of another algorithm, or of several limits,
+// limits.lua (TestStoresDecideAlike holds them to the same decisions).
+// The plain checks of one pipeline share one checks.lua call.
+func TestPlainChecksRun(t *testing.T) {
 	rs, srv := newTestRedisStore(t, RedisOptions{})
 	ctx := t.Context()
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
@@ -151,16 +151,87 @@ func TestLeanScriptsRun(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	admin.Echo(ctx, "lean-marker")
-	var shas []string
-	for _, c := range mon.until(t, "lean-marker") {
-		if f := strings.Fields(c); len(f) > 4 && f[3] == `"evalsha"` {
-			shas = append(shas, strings.Trim(f[4], `"`))
+	// One pipeline of five calls: three plain, two not.
+	batch := []*redisCall{
+		rs.newCall([]Op{tb}, "check", 0, -1), rs.newCall([]Op{log}, "check", 0, -1), rs.newCall([]Op{fw}, "check", 0, -1),
+		rs.newCall([]Op{tb, fw}, "check", 0, -1), rs.newCall([]Op{tb}, "check", 0, -1),
+	}
+	runBatch(t, rs, batch)
+	admin.Echo(ctx, "plain-marker")
+	var run []string
+	for _, c := range mon.until(t, "plain-marker") {
+		if f := strings.Fields(c); len(f) > 5 && f[3] == `"evalsha"` {
+			run = append(run, strings.Trim(f[4], `"`)+" "+strings.Trim(f[5], `"`))
 		}
 	}
-	if want := []string{bucketSHA, fixedSHA, limitsSHA, limitsSHA}; !slices.Equal(shas, want) {
-		t.Fatalf("scripts run %q, want %q", shas, want)
+	want := []string{checksSHA + " 1", checksSHA + " 1", limitsSHA + " 2", limitsSHA + " 2",
+		limitsSHA + " 2", limitsSHA + " 2", checksSHA + " 3"} // a log has two keys
+	if !slices.Equal(run, want) {
+		t.Fatalf("scripts run (sha, keys) %q, want %q", run, want)
 	}
+}
+
+// runBatch sends calls in one pipeline, as a worker does, and fails the
+// test on an error of any.
+func runBatch(t interface{ Fatalf(string, ...any) }, rs *RedisStore, batch []*redisCall) {
+	for _, c := range batch {
+		c.deadline = time.Now().Add(10 * time.Second)
+	}
+	var checks []checksCall
+	rs.run(slices.Clone(batch), &checks)
+	for i, c := range batch {
+		<-c.done
+		if c.err != nil {
+			t.Fatalf("call %d: %v", i, c.err)
+		}
+	}
+}
+
+// TestPlainChecksShareAScript: plain checks run in one checks.lua call
+// decide as the in-memory store deciding them one after another, the same
+// key repeated among them.
+func TestPlainChecksShareAScript(t *testing.T) {
+	rs, _ := newTestRedisStore(t, RedisOptions{})
+	clock := newVirtualClock()
+	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
+	ctx := t.Context()
+	run := 0
+	rapid.Check(t, func(t *rapid.T) {
+		run++
+		mem := NewMemoryStore(clock.Now)
+		var limits []Params
+		for len(limits) < 3 {
+			if p := genParams().Draw(t, "params"); p.Algorithm == TokenBucket || p.Algorithm == FixedWindow {
+				limits = append(limits, p)
+			}
+		}
+		for range rapid.IntRange(1, 5).Draw(t, "pipelines") {
+			clock.Advance(rapid.SampledFrom([]int64{0, 1, 999, 33_333, 1e6, 61e6}).Draw(t, "advance"))
+			var ops []Op
+			var batch []*redisCall
+			for range rapid.IntRange(1, 12).Draw(t, "checks") {
+				i := rapid.IntRange(0, len(limits)-1).Draw(t, "limit")
+				op := Op{Key: []byte(fmt.Sprintf("gq:{share%d:%d}", run, i)), Params: limits[i], Cost: genCost(t, limits[i])}
+				if rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
+					op.Batch = rapid.Int64Range(1, op.Params.Limit).Draw(t, "lease")
+				}
+				ops = append(ops, op)
+				batch = append(batch, rs.newCall([]Op{op}, "check", 0, -1))
+			}
+			runBatch(t, rs, batch)
+			for k, op := range ops {
+				var want [1]Result
+				now, err := mem.Apply(ctx, []Op{op}, want[:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := batch[k].results[0]; got != want[0] || batch[k].now != now {
+					t.Fatalf("check %d of %d (%v, cost %d, batch %d): memory %+v at %d, redis %+v at %d",
+						k, len(ops), op.Params, op.Cost, op.Batch, want[0], now, got, batch[k].now)
+				}
+			}
+		}
+	})
 }
 
 // commandCalls reads a command's call count from INFO commandstats.

@@ -20,6 +20,7 @@ type Metrics struct {
 	checks        *prometheus.CounterVec   // rule, decision
 	checkDuration *prometheus.HistogramVec // api
 	redisDuration prometheus.Histogram
+	redisChecks   prometheus.Histogram
 	redisErrors   prometheus.Counter
 	uncountedReqs prometheus.Counter
 
@@ -56,13 +57,17 @@ func NewMetrics(e *regional.Engine) *Metrics {
 		Name: "geoquota_redis_pipeline_duration_seconds", Help: "Round trips to Redis: one pipeline of checks.",
 		Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3},
 	})
+	m.redisChecks = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "geoquota_redis_pipeline_checks", Help: "Checks sent to Redis in one pipeline.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 9), // 1 … 256, the most a pipeline takes
+	})
 	m.redisErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "geoquota_redis_errors_total", Help: "Redis pipelines that failed.",
 	})
 	m.uncountedReqs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "geoquota_batch_uncounted_total", Help: "Requests of gRPC Check batches left unchecked, counting nothing, because too little of the batch's deadline was left.",
 	})
-	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisErrors, m.uncountedReqs,
+	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisChecks, m.redisErrors, m.uncountedReqs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if e != nil {
 		m.Attach(e)
@@ -128,8 +133,9 @@ func (k keyCaps) Collect(ch chan<- prometheus.Metric) {
 }
 
 // ObserveRedis is a regional.RedisOptions.Observe: one pipeline.
-func (m *Metrics) ObserveRedis(took time.Duration, _ int, err error) {
+func (m *Metrics) ObserveRedis(took time.Duration, checks int, err error) {
 	m.redisDuration.Observe(took.Seconds())
+	m.redisChecks.Observe(float64(checks))
 	if err != nil {
 		m.redisErrors.Inc()
 	}

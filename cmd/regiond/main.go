@@ -5,20 +5,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
+
+	"github.com/geoquota/geoquota/cmd/internal/daemon"
 )
 
-// gcPercent is regiond's GOGC unless the environment sets one: a check
-// allocates much that does not live, and collecting when the heap reaches
-// five times what lives instead of twice cut CPU per check by a sixth to a
-// fifth side by side (docs/benchmarks.md#gc). GOMEMLIMIT caps the heap.
-const gcPercent = 400
-
 func main() {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(gcPercent)
-	}
+	daemon.SetGC() // GOGC=400 unless set
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg, err := parseFlags(os.Args[1:], os.Getenv)

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"github.com/geoquota/geoquota/sim"
 )
 
@@ -92,6 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "sim floor:", err)
 			return 2
 		}
+		daemon.SetGC() // as regiond's
 		if err := runFloor(ctx, cfg, func(a net.Addr) { fmt.Fprintln(stderr, "sim floor: serving Envoy RLS on", a) }); err != nil {
 			fmt.Fprintln(stderr, "sim floor:", err)
 			return 1

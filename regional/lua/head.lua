@@ -1,4 +1,4 @@
--- head.lua: how limits.lua, bucket.lua and fixed.lua begin (the store
+-- head.lua: how limits.lua and checks.lua begin (the store
 -- puts it before each): the time, from ARGV[1] in microseconds (tests
 -- only) or the server's TIME, the minimum TTL in milliseconds from
 -- ARGV[2] (tests only), and a counter's state as they read and write it.

@@ -1,4 +1,4 @@
--- wait.lua: what limits.lua and bucket.lua share (the store puts it
+-- wait.lua: what limits.lua and checks.lua share (the store puts it
 -- before each, after head.lua): exactWait and the token bucket.
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local TB_EXPIRY_MARGIN = 1000
