@@ -7,12 +7,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
@@ -56,6 +58,8 @@ var (
 	checksBody string
 	checksLua  = headLua + waitLua + checksBody
 	checksSHA  = redis.NewScript(checksLua).Hash()
+	// checksSHAArg is checksSHA boxed once, for every call.
+	checksSHAArg any = checksSHA
 )
 
 // scripts are every script the store runs, loaded on every connection
@@ -111,6 +115,10 @@ type RedisStore struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	calls   sync.Pool
+	// checkArgs are checks.lua's arguments of each rule's limit, encoded
+	// once: a map written anew when a limit is new, read without a lock.
+	checkArgs   atomic.Pointer[map[Params]*[3]any]
+	checkArgsMu sync.Mutex
 
 	// For tests: the time scripts use instead of TIME, in µs, and a floor
 	// on TTLs (ms) so that keys do not expire in real time while a test
@@ -284,8 +292,9 @@ type redisLimit struct {
 // check (see plainCheck), its part of the pipeline's checks.lua.
 type redisGroup struct {
 	slot   uint16
-	plain  bool  // checks.lua's: keys and args are its part of the call
-	limits []int // indexes into the call's limits
+	plain  bool    // checks.lua's: key and args are its part of the call
+	key    *string // checks.lua's key: the limit's (no copy to box)
+	limits []int   // indexes into the call's limits
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd // limits.lua's
@@ -297,7 +306,9 @@ type redisGroup struct {
 
 func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c := s.calls.Get().(*redisCall)
-	c.limits, c.groups, c.err, c.now = c.limits[:0], c.groups[:0], nil, 0
+	// The limits do not move once made: a plain check's arguments point
+	// into them.
+	c.limits, c.groups, c.err, c.now = slices.Grow(c.limits[:0], len(ops)), c.groups[:0], nil, 0
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
 	plain := plainCheck(mode, ops)
@@ -328,7 +339,9 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 		grp := &c.groups[g]
 		grp.limits = append(grp.limits, i)
 		if plain {
-			grp.keys, grp.args = c.limits[i].appendCheckArgs(grp.keys, grp.args)
+			l := &c.limits[i]
+			grp.key, grp.args = &l.key, append(grp.args, s.checkArgsOf(l.params)[:]...)
+			grp.args = append(grp.args, &l.cost, &l.batch)
 			continue
 		}
 		grp.keys, grp.args = c.limits[i].appendArgs(grp.keys, grp.args)
@@ -346,15 +359,33 @@ func plainCheck(mode string, ops []Op) bool {
 	return a == TokenBucket || a == FixedWindow
 }
 
-// appendCheckArgs appends the limit's key and its arguments to checks.lua
-// (see lua/checks.lua).
-func (l *redisLimit) appendCheckArgs(keys []string, args []any) ([]string, []any) {
-	keys = append(keys, l.key)
-	if l.params.Algorithm == TokenBucket {
-		return keys, append(args, int(TokenBucket), l.params.Limit, strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.cost, l.batch)
+// checkArgsOf is a limit's first three arguments to checks.lua (see
+// lua/checks.lua): its algorithm, limit, and rate or window, encoded once
+// for every check of it. It keeps those of at most maxCheckArgs limits,
+// starting afresh when more come (rules reloaded many times over).
+func (s *RedisStore) checkArgsOf(p Params) *[3]any {
+	if m := s.checkArgs.Load(); m != nil {
+		if a, ok := (*m)[p]; ok {
+			return a
+		}
 	}
-	return keys, append(args, int(FixedWindow), l.params.Limit, l.params.Window, l.cost, l.batch)
+	a := &[3]any{int(p.Algorithm), p.Limit, p.Window}
+	if p.Algorithm == TokenBucket {
+		a[2] = strconv.FormatFloat(p.Rate, 'g', 17, 64)
+	}
+	s.checkArgsMu.Lock()
+	defer s.checkArgsMu.Unlock()
+	m := map[Params]*[3]any{}
+	if old := s.checkArgs.Load(); old != nil && len(*old) < maxCheckArgs {
+		m = maps.Clone(*old)
+	}
+	m[p] = a
+	s.checkArgs.Store(&m)
+	return a
 }
+
+// maxCheckArgs bounds the limits whose arguments a store keeps encoded.
+const maxCheckArgs = 4096
 
 // appendArgsHead appends the script's first arguments: the time (tests),
 // the minimum TTL (tests), the mode, and the amount given back and when it
@@ -419,13 +450,17 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 	// goes with it (Go 1.23 collects timers no longer referenced).
 	timer := c.timer
 	select {
-	case s.queue <- c:
-	case <-s.stop:
-		return 0, ErrStoreClosed
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	case <-timer.C:
-		return 0, fmt.Errorf("regional: redis: %w (no pipeline free)", context.DeadlineExceeded)
+	case s.queue <- c: // the queue has room, as it mostly has
+	default:
+		select {
+		case s.queue <- c:
+		case <-s.stop:
+			return 0, ErrStoreClosed
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-timer.C:
+			return 0, fmt.Errorf("regional: redis: %w (no pipeline free)", context.DeadlineExceeded)
+		}
 	}
 	select {
 	case <-c.done:
@@ -646,9 +681,9 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 	}
 	for i := range cs {
 		cc := &cs[i]
-		args := append(cc.args[:0], "evalsha", checksSHA, len(cc.groups))
+		args := append(cc.args[:0], "evalsha", checksSHAArg, len(cc.groups))
 		for _, g := range cc.groups {
-			args = append(args, g.keys[0])
+			args = append(args, g.key)
 		}
 		args = s.appendTestArgs(args)
 		for _, g := range cc.groups {

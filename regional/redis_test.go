@@ -332,3 +332,25 @@ func TestOneRoundTripPerCheck(t *testing.T) {
 		t.Fatalf("clients sent %d EVALSHA for %d checks", sent, checks)
 	}
 }
+
+// TestCheckArgsAreBounded: the arguments encoded once per limit are those
+// of at most maxCheckArgs limits, and right for each.
+func TestCheckArgsAreBounded(t *testing.T) {
+	rs := &RedisStore{}
+	for i := range int64(maxCheckArgs + 100) {
+		p := Params{Algorithm: TokenBucket, Limit: i + 1, Rate: float64(i) / 3}
+		if a := rs.checkArgsOf(p); a[0] != int(TokenBucket) || a[1] != p.Limit || a[2] != strconv.FormatFloat(p.Rate, 'g', 17, 64) {
+			t.Fatalf("arguments of %v: %v", p, *a)
+		}
+		if a, b := rs.checkArgsOf(p), rs.checkArgsOf(p); a != b {
+			t.Fatalf("arguments of %v encoded twice", p)
+		}
+	}
+	if n := len(*rs.checkArgs.Load()); n > maxCheckArgs {
+		t.Fatalf("%d limits' arguments kept, want at most %d", n, maxCheckArgs)
+	}
+	fw := Params{Algorithm: FixedWindow, Limit: 5, Window: 60e6}
+	if a := rs.checkArgsOf(fw); a[0] != int(FixedWindow) || a[1] != int64(5) || a[2] != int64(60e6) {
+		t.Fatalf("arguments of %v: %v", fw, *a)
+	}
+}
