@@ -20,9 +20,7 @@ import (
 func TestGlobalStoresDecideAlike(t *testing.T) {
 	// A generous timeout: on a busy machine a slow round trip is not
 	// what this test is about.
-	rs, _ := newTestRedisStore(t, RedisOptions{Region: "eu", Timeout: 5 * time.Second})
-	clock := newVirtualClock()
-	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
+	rs, clock := newVirtualRedisStore(t, RedisOptions{Region: "eu", Timeout: 5 * time.Second})
 	ctx := t.Context()
 	run := 0
 	rapid.Check(t, func(t *rapid.T) {

@@ -50,18 +50,33 @@ func (c *virtualClock) micros() int64             { return c.us.Load() }
 func (c *virtualClock) Advance(d int64)           { c.us.Add(d) }
 func (c *virtualClock) AdvanceBy(d time.Duration) { c.us.Add(d.Microseconds()) }
 
+// newVirtualRedisStore is a store on a redis-server of its own whose
+// scripts run at a virtual clock's time, and whose keys outlive the test.
+func newVirtualRedisStore(t testing.TB, opts RedisOptions) (*RedisStore, *virtualClock) {
+	rs, _ := newTestRedisStore(t, opts)
+	clock := newVirtualClock()
+	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
+	return rs, clock
+}
+
+// againstMemory runs a property of a Redis store and an in-memory store at
+// one virtual time: each case has a fresh in-memory store and its number,
+// for keys of its own on the one redis-server.
+func againstMemory(t *testing.T, prop func(t *rapid.T, rs *RedisStore, mem *MemoryStore, clock *virtualClock, run int)) {
+	rs, clock := newVirtualRedisStore(t, RedisOptions{})
+	run := 0
+	rapid.Check(t, func(t *rapid.T) {
+		run++
+		prop(t, rs, NewMemoryStore(clock.Now), clock, run)
+	})
+}
+
 // TestStoresDecideAlike drives random requests, costs, grants and clock
 // advances through the in-memory store and a real redis-server running
 // the Lua, at the same virtual time, and requires the same decisions.
 func TestStoresDecideAlike(t *testing.T) {
-	rs, _ := newTestRedisStore(t, RedisOptions{})
-	clock := newVirtualClock()
-	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
 	ctx := t.Context()
-	run := 0
-	rapid.Check(t, func(t *rapid.T) {
-		run++
-		mem := NewMemoryStore(clock.Now)
+	againstMemory(t, func(t *rapid.T, rs *RedisStore, mem *MemoryStore, clock *virtualClock, run int) {
 		limits := rapid.SliceOfN(genParams(), 1, 3).Draw(t, "limits")
 		shadow := rapid.SliceOfN(rapid.Bool(), len(limits), len(limits)).Draw(t, "shadow")
 		for range rapid.IntRange(1, 40).Draw(t, "steps") {
@@ -191,14 +206,8 @@ func runBatch(t interface{ Fatalf(string, ...any) }, rs *RedisStore, batch []*re
 // decide as the in-memory store deciding them one after another, the same
 // key repeated among them.
 func TestPlainChecksShareAScript(t *testing.T) {
-	rs, _ := newTestRedisStore(t, RedisOptions{})
-	clock := newVirtualClock()
-	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
 	ctx := t.Context()
-	run := 0
-	rapid.Check(t, func(t *rapid.T) {
-		run++
-		mem := NewMemoryStore(clock.Now)
+	againstMemory(t, func(t *rapid.T, rs *RedisStore, mem *MemoryStore, clock *virtualClock, run int) {
 		var limits []Params
 		for len(limits) < 3 {
 			if p := genParams().Draw(t, "params"); p.Algorithm == TokenBucket || p.Algorithm == FixedWindow {
