@@ -361,8 +361,9 @@ func plainCheck(mode string, ops []Op) bool {
 
 // checkArgsOf is a limit's first three arguments to checks.lua (see
 // lua/checks.lua): its algorithm, limit, and rate or window, encoded once
-// for every check of it. It keeps those of at most maxCheckArgs limits,
-// starting afresh when more come (rules reloaded many times over).
+// for every check of it. It keeps those of at most maxCheckArgs limits;
+// beyond them (a great many overrides) it encodes a limit's anew each
+// time, as it would without the map.
 func (s *RedisStore) checkArgsOf(p Params) *[3]any {
 	if m := s.checkArgs.Load(); m != nil {
 		if a, ok := (*m)[p]; ok {
@@ -376,7 +377,10 @@ func (s *RedisStore) checkArgsOf(p Params) *[3]any {
 	s.checkArgsMu.Lock()
 	defer s.checkArgsMu.Unlock()
 	m := map[Params]*[3]any{}
-	if old := s.checkArgs.Load(); old != nil && len(*old) < maxCheckArgs {
+	if old := s.checkArgs.Load(); old != nil {
+		if len(*old) >= maxCheckArgs {
+			return a
+		}
 		m = maps.Clone(*old)
 	}
 	m[p] = a
@@ -449,6 +453,9 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 	// A call given up on is not pooled again, and its timer, unstopped,
 	// goes with it (Go 1.23 collects timers no longer referenced).
 	timer := c.timer
+	if err := ctx.Err(); err != nil {
+		return 0, err // not queued: nothing counted for a caller gone
+	}
 	select {
 	case s.queue <- c: // the queue has room, as it mostly has
 	default:
@@ -547,7 +554,7 @@ func (s *RedisStore) admitKey(ctx context.Context, rule string, key []byte, maxK
 }
 
 // checksCall is one checks.lua call of a pipeline: the plain checks of
-// one Cluster slot (of all of them, on a single server).
+// one key in a Cluster, of all keys on a single server.
 type checksCall struct {
 	slot   uint16
 	groups []*redisGroup
@@ -603,7 +610,7 @@ func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 	defer cancel()
 	start := time.Now()
 	// Each script's error is read from its command below.
-	if err := s.exec(ctx, batch, checks, false); err != nil && isNoScript(err) {
+	if s.exec(ctx, batch, checks, false) {
 		// The server lost its scripts (a restart, SCRIPT FLUSH): load and
 		// run again what failed for that reason.
 		if s.loadScripts(ctx) == nil {
@@ -652,9 +659,11 @@ func batchError(batch []*redisCall) error {
 }
 
 // exec runs the batch's scripts in one pipeline, and gives each group its
-// reply: all of them, or again those whose script Redis did not have. The
-// plain checks of a Cluster slot share one checks.lua call.
-func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]checksCall, again bool) error {
+// reply: all of them, or again those whose script Redis did not have. It
+// says whether a script was missing. The plain checks of a single server
+// share one checks.lua call; in a Cluster, those of one key (a call of
+// several keys would meet TRYAGAIN while their slot migrates).
+func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]checksCall, again bool) (noScript bool) {
 	pipe := s.client.Pipeline()
 	cs := (*checks)[:0]
 	for _, c := range batch {
@@ -669,7 +678,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 				continue
 			}
 			i := 0
-			for i < len(cs) && cs[i].slot != g.slot {
+			for i < len(cs) && (cs[i].slot != g.slot || s.cluster && *cs[i].groups[0].key != *g.key) {
 				i++
 			}
 			if i == len(cs) {
@@ -692,7 +701,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 		cc.args, cc.cmd = args, redis.NewIntSliceCmd(ctx, args...)
 		pipe.Process(ctx, cc.cmd)
 	}
-	_, err := pipe.Exec(ctx)
+	pipe.Exec(ctx) // each command's error is its own, read below
 	for _, c := range batch {
 		for gi := range c.groups {
 			if g := &c.groups[gi]; !g.plain && g.cmd != nil {
@@ -705,6 +714,9 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 				}
 				g.cmd = nil
 			}
+			if g := &c.groups[gi]; g.err != nil && isNoScript(g.err) {
+				noScript = true
+			}
 		}
 	}
 	for i := range cs {
@@ -713,6 +725,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 		if cerr == nil && len(vals) != 1+5*len(cc.groups) {
 			cerr = fmt.Errorf("unexpected checks.lua reply of %d numbers for %d checks", len(vals), len(cc.groups))
 		}
+		noScript = noScript || cerr != nil && isNoScript(cerr)
 		for k, g := range cc.groups {
 			g.now, g.vals, g.err = 0, nil, cerr
 			if cerr == nil {
@@ -724,7 +737,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 		cc.cmd = nil
 	}
 	*checks = cs
-	return err
+	return noScript
 }
 
 func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }

@@ -2,6 +2,7 @@ package regional
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"slices"
@@ -343,7 +344,7 @@ func TestOneRoundTripPerCheck(t *testing.T) {
 }
 
 // TestCheckArgsAreBounded: the arguments encoded once per limit are those
-// of at most maxCheckArgs limits, and right for each.
+// of the first maxCheckArgs limits, and right for every limit.
 func TestCheckArgsAreBounded(t *testing.T) {
 	rs := &RedisStore{}
 	for i := range int64(maxCheckArgs + 100) {
@@ -351,15 +352,107 @@ func TestCheckArgsAreBounded(t *testing.T) {
 		if a := rs.checkArgsOf(p); a[0] != int(TokenBucket) || a[1] != p.Limit || a[2] != strconv.FormatFloat(p.Rate, 'g', 17, 64) {
 			t.Fatalf("arguments of %v: %v", p, *a)
 		}
-		if a, b := rs.checkArgsOf(p), rs.checkArgsOf(p); a != b {
-			t.Fatalf("arguments of %v encoded twice", p)
+		if a, b := rs.checkArgsOf(p), rs.checkArgsOf(p); (a == b) != (i < maxCheckArgs) {
+			t.Fatalf("arguments of limit %d kept: %v, want %v", i, a == b, i < maxCheckArgs)
 		}
 	}
-	if n := len(*rs.checkArgs.Load()); n > maxCheckArgs {
-		t.Fatalf("%d limits' arguments kept, want at most %d", n, maxCheckArgs)
+	if n := len(*rs.checkArgs.Load()); n != maxCheckArgs {
+		t.Fatalf("%d limits' arguments kept, want %d", n, maxCheckArgs)
 	}
 	fw := Params{Algorithm: FixedWindow, Limit: 5, Window: 60e6}
 	if a := rs.checkArgsOf(fw); a[0] != int(FixedWindow) || a[1] != int64(5) || a[2] != int64(60e6) {
 		t.Fatalf("arguments of %v: %v", fw, *a)
+	}
+}
+
+// TestPlainChecksSurviveForeignKeys: a counter key that holds something
+// else (another type, or a string that is no state) is no state to the
+// check that meets it, and fails none of the checks sharing its call.
+func TestPlainChecksSurviveForeignKeys(t *testing.T) {
+	rs, srv := newTestRedisStore(t, RedisOptions{})
+	ctx := t.Context()
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	admin.RPush(ctx, "gq:{list:1}", "x")
+	admin.Set(ctx, "gq:{junk:1}", "1 not numbers here", 0)
+	p := Params{Algorithm: TokenBucket, Limit: 10, Rate: 1}
+	var batch []*redisCall
+	for _, key := range []string{"gq:{ok:1}", "gq:{list:1}", "gq:{junk:1}", "gq:{ok:2}"} {
+		batch = append(batch, rs.newCall([]Op{{Key: []byte(key), Params: p, Cost: 1}}, "check", 0, -1))
+	}
+	runBatch(t, rs, batch)
+	for i, c := range batch {
+		if r := c.results[0]; !r.Allowed || r.Remaining != 9 {
+			t.Errorf("check %d (%s): %+v, want allowed with 9 left, as a fresh bucket", i, c.limits[0].key, r)
+		}
+	}
+}
+
+// TestScriptsLostAreLoadedAgain: after SCRIPT FLUSH, a pipeline of plain
+// and other checks is run again once its scripts are loaded, and each
+// check counts once.
+func TestScriptsLostAreLoadedAgain(t *testing.T) {
+	rs, srv := newTestRedisStore(t, RedisOptions{})
+	ctx := t.Context()
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	tb := Op{Key: []byte("gq:{a:1}"), Params: Params{Algorithm: TokenBucket, Limit: 100, Rate: 1e-6}, Cost: 1}
+	fw := Op{Key: []byte("gq:{c:1}"), Params: Params{Algorithm: FixedWindow, Limit: 100, Window: 3600e6}, Cost: 1}
+	log := Op{Key: []byte("gq:{b:1}"), Params: Params{Algorithm: SlidingWindowLog, Limit: 100, Window: 3600e6}, Cost: 1}
+	for round := 1; round <= 2; round++ {
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		runBatch(t, rs, []*redisCall{rs.newCall([]Op{tb}, "check", 0, -1), rs.newCall([]Op{log}, "check", 0, -1),
+			rs.newCall([]Op{fw}, "check", 0, -1), rs.newCall([]Op{tb, fw}, "check", 0, -1)})
+		for _, op := range []Op{tb, fw, log} {
+			r, err := rs.Inspect(ctx, op.Key, op.Params)
+			want := int64(100 - round)
+			if op.Key[4] != 'b' {
+				want = int64(100 - 2*round) // in two of the checks
+			}
+			if err != nil || r.Remaining != want {
+				t.Fatalf("round %d, %s: %+v (%v), want %d left", round, op.Key, r, err, want)
+			}
+		}
+	}
+}
+
+// TestPlainChecksInACluster: in a Cluster the plain checks of one key share
+// a checks.lua call, and those of different keys do not, even in one slot
+// (a call of several keys would meet TRYAGAIN while its slot migrates).
+func TestPlainChecksInACluster(t *testing.T) {
+	cluster := harness.NewRedisCluster(t, harness.RedisClusterOptions{})
+	rs := openTestRedisStore(t, cluster.Spec(), RedisOptions{})
+	ctx := t.Context()
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	defer admin.Close()
+	p := Params{Algorithm: TokenBucket, Limit: 10, Rate: 1e-6}
+	keys := []string{"gq:{same}a", "gq:{same}b", "gq:{same}a", "gq:{other}a", "gq:{same}a"}
+	var batch []*redisCall
+	for _, key := range keys {
+		batch = append(batch, rs.newCall([]Op{{Key: []byte(key), Params: p, Cost: 1}}, "check", 0, -1))
+	}
+	runBatch(t, rs, batch) // loads the scripts on every primary, and connects
+	if err := admin.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.ConfigResetStat(ctx).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	batch = batch[:0]
+	for _, key := range keys {
+		batch = append(batch, rs.newCall([]Op{{Key: []byte(key), Params: p, Cost: 1}}, "check", 0, -1))
+	}
+	runBatch(t, rs, batch)
+	var calls atomic.Int64
+	admin.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		calls.Add(commandCalls(t, c, "evalsha"))
+		return nil
+	})
+	if n := calls.Load(); n != 3 {
+		t.Errorf("%d script calls for the checks of 3 keys, want one a key", n)
+	}
+	for i, want := range []int64{6, 8, 5, 8, 4} { // the second round: a three times, b and other once
+		if r := batch[i].results[0]; !r.Allowed || r.Remaining != want {
+			t.Errorf("check %d (%s): %+v, want allowed with %d left", i, keys[i], r, want)
+		}
 	}
 }

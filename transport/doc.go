@@ -58,7 +58,8 @@
 // # Metrics
 //
 // geoquota_checks_total{rule,decision}, geoquota_check_duration_seconds{api},
-// geoquota_redis_pipeline_duration_seconds, geoquota_redis_errors_total,
+// geoquota_redis_pipeline_duration_seconds, geoquota_redis_pipeline_checks
+// (checks a pipeline carried), geoquota_redis_errors_total,
 // geoquota_breaker_state, geoquota_degraded_decisions_total, the denial
 // cache, hot-key batch and key-cap counters, geoquota_rule_reloads_total{result};
 // with gossip, geoquota_gossip_* and the budget each global rule holds.

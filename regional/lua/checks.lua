@@ -18,6 +18,17 @@
 -- now, read_state and write_state: head.lua; floor, max, min, tb_decide
 -- and tb_until: wait.lua; the store puts both first.
 local TOKEN_BUCKET, FIXED = 1, 4
+-- Every check's algorithm is known before any is decided: an error after
+-- the first would leave what it took counted.
+if #ARGV ~= 2 + 5 * #KEYS then
+  return redis.error_reply('checks.lua: ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+end
+for j = 3, #ARGV, 5 do
+  local alg = tonumber(ARGV[j])
+  if alg ~= TOKEN_BUCKET and alg ~= FIXED then
+    return redis.error_reply('checks.lua: algorithm ' .. tostring(ARGV[j]) .. ' at ARGV[' .. j .. ']')
+  end
+end
 local out, o, j = {now}, 1, 3
 for k = 1, #KEYS do
   local key = KEYS[k]
@@ -32,7 +43,7 @@ for k = 1, #KEYS do
       allowed, taken = 1, got
     end
     remaining, reset, retry = floor(tokens), at, wait
-  elseif alg == FIXED then
+  else -- FIXED
     local window = tonumber(ARGV[j + 2])
     local ex, a, b = read_state(key, FIXED)
     local start = floor(now / window) * window
@@ -50,8 +61,6 @@ for k = 1, #KEYS do
       retry = max(1, start + window - now)
     end
     remaining, reset = limit - n, start + window
-  else
-    return redis.error_reply('checks.lua: algorithm ' .. tostring(alg) .. ' of check ' .. k)
   end
   out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = allowed, remaining, reset, retry, taken
   o = o + 5

@@ -21,13 +21,16 @@ end
 -- A counter's state is one string: its algorithm, then three numbers (see
 -- State in algorithm.go), formatted with %.17g (Lua's own conversion keeps
 -- 14 digits, and a time in microseconds has 16). State of another
--- algorithm is no state: read_state returns whether there is one, and
--- its numbers.
+-- algorithm is no state, and so is anything else the key holds (a value
+-- of another type, or not numbers): read_state returns whether there is
+-- one, and its numbers. It never fails, so that one key cannot fail the
+-- checks a call of checks.lua decides with it.
 local function read_state(key, alg)
-  local v = redis.call('GET', key)
-  if v then
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' then
     local sa, x, y, z = string.match(v, '^(%d+) (%S+) (%S+) (%S+)$')
-    if tonumber(sa) == alg then return true, tonumber(x), tonumber(y), tonumber(z) end
+    x, y, z = tonumber(x), tonumber(y), tonumber(z)
+    if tonumber(sa) == alg and x and y and z then return true, x, y, z end
   end
   return false, 0, 0, 0
 end
