@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -185,9 +184,6 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		defer ds.Close()
 		log.Info("profiler serving", "addr", dbg.Addr().String())
 	}
-	// A pool of stream workers: goroutines whose stacks have grown, instead
-	// of a new goroutine, and its stack growth, for every call.
-	gopts = append(gopts, grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
 	g := grpc.NewServer(gopts...)
 	srv.RegisterGRPC(g)
 	hs := limits.HTTPServer(srv.Handler(), slog.NewLogLogger(log.Handler(), slog.LevelWarn))

@@ -34,6 +34,12 @@ type Limits struct {
 	MaxStreams                            uint32
 	MaxConnIdle, MaxConnAge, MaxConnGrace time.Duration
 	PingMin                               time.Duration
+	// StreamWorkers is how many goroutines serve gRPC calls in turn: a
+	// call finding one idle runs on it, whose stack has grown already,
+	// instead of on a new goroutine that grows its own (7% of regiond's
+	// CPU on Redis; docs/benchmarks.md#grpc-stream-workers). Calls beyond
+	// them get goroutines of their own, as without workers.
+	StreamWorkers uint32
 }
 
 // DefaultLimits are the daemons' limits: generous for a gateway's calls
@@ -49,7 +55,7 @@ func DefaultLimits() Limits {
 		MaxConns:       max(64, min(16384, openFiles()/4)),
 		MaxStreams:     1024,
 		MaxConnIdle:    15 * time.Minute, MaxConnAge: 30 * time.Minute, MaxConnGrace: 30 * time.Second,
-		PingMin: 10 * time.Second,
+		PingMin: 10 * time.Second, StreamWorkers: 256,
 	}
 }
 
@@ -77,6 +83,7 @@ func (l Limits) GRPCOptions() []grpc.ServerOption {
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.MaxConnIdle, MaxConnectionAge: l.MaxConnAge,
 			MaxConnectionAgeGrace: l.MaxConnGrace}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.PingMin, PermitWithoutStream: true}),
+		grpc.NumStreamWorkers(l.StreamWorkers),
 	}
 }
 
