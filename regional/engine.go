@@ -387,7 +387,7 @@ func costError(r *Rule, p Params, cost int64) error {
 		cost = r.Cost
 	}
 	if cost > p.Limit {
-		return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than rule %q can ever allow (%d)", cost, r.ID, p.Limit)}
+		return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than rule %q can ever allow (%d)", cost, r.ID, p.Limit), Kind: ErrCostAboveLimit}
 	}
 	return nil
 }

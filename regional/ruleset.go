@@ -117,15 +117,30 @@ func (rs *RuleSet) Tier(req *Request) string {
 // ErrInvalidRequest is wrapped by every error about a request.
 var ErrInvalidRequest = errors.New("regional: invalid request")
 
+// ErrUnknownDescriptor and ErrCostAboveLimit tell two RequestErrors apart
+// that Envoy's protocol answers as decisions (a descriptor no rule knows
+// is OK, a cost no rule can ever allow OVER_LIMIT), not as errors.
+var (
+	ErrUnknownDescriptor = errors.New("no rule knows this descriptor")
+	ErrCostAboveLimit    = errors.New("more than the rule can ever allow")
+)
+
 // RequestError names the field of a request that is wrong.
 type RequestError struct {
 	Field string // "api_key", "cost", "descriptors.plan", …
 	Msg   string
+	// Kind, if set, is ErrUnknownDescriptor or ErrCostAboveLimit.
+	Kind error
 }
 
 func (e *RequestError) Error() string { return e.Field + ": " + e.Msg }
 
-func (e *RequestError) Unwrap() error { return ErrInvalidRequest }
+func (e *RequestError) Unwrap() []error {
+	if e.Kind != nil {
+		return []error{ErrInvalidRequest, e.Kind}
+	}
+	return []error{ErrInvalidRequest}
+}
 
 // Request is one request to check.
 type Request struct {
@@ -239,7 +254,7 @@ func (rs *RuleSet) validate(req *Request) (netip.Addr, error) {
 		d := &req.Descriptors[i]
 		switch {
 		case !rs.descriptors[d.Name]:
-			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: "no rule knows this descriptor"}
+			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: "no rule knows this descriptor", Kind: ErrUnknownDescriptor}
 		case isWellKnown(d.Name):
 			return addr, &RequestError{Field: "descriptors." + d.Name, Msg: "pass " + d.Name + " in its own field"}
 		case d.Value == "":

@@ -156,17 +156,39 @@ func TestEnvoyRLS(t *testing.T) {
 	if err != nil || resp.Statuses[0].CurrentLimit.Name != "plan" {
 		t.Fatalf("remote_address and a custom descriptor: %v, %v", resp, err)
 	}
-	// Bad input: InvalidArgument, nothing counted.
+	// As Envoy's reference service answers: a descriptor no rule knows is
+	// OK, limited by nothing; a cost more than a rule can ever allow is
+	// OVER_LIMIT. Neither counts anything, nor changes another
+	// descriptor's answer.
 	before := v.dbsize()
+	resp, err = c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		entries("api_key", "a", "colour", "red"), entries("api_key", "envoy-b", "endpoint", "/search")}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK ||
+		resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].CurrentLimit.GetName() != "search" || resp.Statuses[1].LimitRemaining != 29 {
+		t.Fatalf("a descriptor no rule knows, beside one: %v, %v", resp, err)
+	}
+	before++ // envoy-b's search counter
+	resp, err = c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{HitsAddend: 3, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		entries("api_key", "z", "endpoint", "/minute")}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("hits_addend 3 on a limit of 2: %v, %v", resp, err)
+	}
+	resp, err = c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("foo", "bar")}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 0 {
+		t.Fatalf("a descriptor of keys no rule knows: %v, %v", resp, err)
+	}
+	if after := v.dbsize(); after != before {
+		t.Fatalf("answers without a limit counted: %d keys, then %d", before, after)
+	}
+	// Bad input: InvalidArgument, nothing counted.
 	for _, tc := range []struct {
 		req   *rlsv3.RateLimitRequest
 		field string
 	}{
 		{&rlsv3.RateLimitRequest{}, "descriptors"},
 		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{{}}}, "descriptors[0].entries"},
-		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "a", "colour", "red")}}, "descriptors[0].entries.colour"},
 		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "a", "api_key", "b")}}, "descriptors[0].entries[1]"},
-		{&rlsv3.RateLimitRequest{HitsAddend: 3, Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "z", "endpoint", "/minute")}}, "descriptors[0].cost"},
+		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "a", "remote_address", "not-an-ip")}}, "descriptors[0].ip"},
 	} {
 		_, err := c.ShouldRateLimit(ctx, tc.req)
 		wantInvalid(t, err, tc.field)

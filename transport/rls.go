@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -25,7 +26,10 @@ import (
 // the cost, 0 meaning the rule's (1 by default). The response has one
 // status per descriptor, in order, and the rate-limit headers of all of
 // them. A fail_closed rule without its store answers OVER_LIMIT: the
-// protocol has no way to say 503.
+// protocol has no way to say 503. As in Envoy's reference service, a
+// descriptor no rule knows is OK, limited by nothing, and one whose cost
+// is more than a rule that matches it can ever allow is OVER_LIMIT; both
+// count nothing.
 
 type rlsServer struct {
 	*Server
@@ -40,9 +44,10 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		return nil, grpcError(&FieldError{Field: "descriptors", Msg: fmt.Sprintf("want 1 to %d descriptors, not %d", maxBatch, len(in.Descriptors))})
 	}
 	var one [1]regional.Request // most calls carry one descriptor
-	reqs := one[:]
+	var oneAnswer [1]answer
+	reqs, answers := one[:], oneAnswer[:]
 	if len(in.Descriptors) > 1 {
-		reqs = make([]regional.Request, len(in.Descriptors))
+		reqs, answers = make([]regional.Request, len(in.Descriptors)), make([]answer, len(in.Descriptors))
 	}
 	for i, desc := range in.Descriptors {
 		prefix := func() string { return fmt.Sprintf("descriptors[%d]", i) }
@@ -71,7 +76,7 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		if err == nil {
 			err = s.engine.Validate(&req)
 		}
-		if err != nil {
+		if answers[i] = answerOf(err); answers[i] == check && err != nil {
 			return nil, grpcError(fieldPath(prefix(), renameField(err, "descriptors.", "entries.")))
 		}
 		reqs[i] = req
@@ -101,12 +106,27 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 	now := time.Now()
 	d := regional.Decision{Limits: resp.limits[:0]}
 	for i := range reqs {
-		start := time.Now()
-		if err := s.engine.Check(ctx, &reqs[i], &d); err != nil {
-			return nil, grpcError(fieldPath(fmt.Sprintf("descriptors[%d]", i), err))
-		}
-		s.metrics.envoy.observe(&d, time.Since(start))
 		st := &sts[i].st
+		out.Statuses[i] = st
+		if answers[i] == check {
+			start := time.Now()
+			err := s.engine.Check(ctx, &reqs[i], &d)
+			if answers[i] = answerOf(err); answers[i] == check && err != nil {
+				return nil, grpcError(fieldPath(fmt.Sprintf("descriptors[%d]", i), err))
+			}
+			if err == nil {
+				s.metrics.envoy.observe(&d, time.Since(start))
+			}
+		}
+		switch answers[i] {
+		case unlimited:
+			st.Code = rlsv3.RateLimitResponse_OK
+			continue
+		case overLimit:
+			st.Code, out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
+			all.Allowed = false
+			continue
+		}
 		st.Code = rlsv3.RateLimitResponse_OK
 		if !d.Allowed {
 			st.Code, out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
@@ -119,7 +139,6 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 			sts[i].reset.Seconds, sts[i].reset.Nanos = int64(reset/time.Second), int32(reset%time.Second)
 			st.DurationUntilReset = &sts[i].reset
 		}
-		out.Statuses[i] = st
 		if len(reqs) > 1 {
 			all.Degraded = all.Degraded || d.Degraded
 			all.Limits = append(all.Limits, d.Limits...)
@@ -142,6 +161,28 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		}
 	}
 	return out, nil
+}
+
+// answer is what the protocol answers a descriptor: the engine's decision,
+// or without one (see ShouldRateLimit).
+type answer uint8
+
+const (
+	check     answer = iota // the engine decides
+	unlimited               // no rule knows it: OK
+	overLimit               // its cost is more than a rule can ever allow
+)
+
+// answerOf is the answer to a descriptor whose request met err in the
+// engine: check if err is nil or an error to return.
+func answerOf(err error) answer {
+	switch {
+	case errors.Is(err, regional.ErrUnknownDescriptor):
+		return unlimited
+	case errors.Is(err, regional.ErrCostAboveLimit):
+		return overLimit
+	}
+	return check
 }
 
 // envoyLimits keeps the RateLimit message of each limit as Envoy reads it
