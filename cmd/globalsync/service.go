@@ -417,14 +417,23 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 func (s *Service) Budgets() []budget.Document {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.coord.Budgets()
+	return orEmpty(s.coord.Budgets())
+}
+
+// orEmpty is xs, or an empty slice for nil: an API's list is [] in JSON,
+// never null.
+func orEmpty[T any](xs []T) []T {
+	if xs == nil {
+		return []T{}
+	}
+	return xs
 }
 
 // OverAdmissions returns every over-admission found so far, their keys
 // redacted if so configured.
 func (s *Service) OverAdmissions() []coord.OverAdmission {
 	s.mu.Lock()
-	oas := s.coord.OverAdmissions()
+	oas := orEmpty(s.coord.OverAdmissions())
 	s.mu.Unlock()
 	if s.cfg.RedactKeys {
 		oas = slices.Clone(oas)
@@ -448,7 +457,7 @@ func (s *Service) Regions() []coord.RegionStatus {
 	now := s.cfg.Clock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.coord.Status(now)
+	return orEmpty(s.coord.Status(now))
 }
 
 // newOverAdmittedMetric is geoquota_over_admitted_total.

@@ -586,6 +586,20 @@ func TestReadsNeedTheToken(t *testing.T) {
 			t.Errorf("GET %s without the token: %d, want 200", path, got)
 		}
 	}
+	// Lists are [] before anything is in them, never null.
+	for _, path := range []string{"/v1/budgets", "/v1/over-admissions"} {
+		req, _ := http.NewRequest(http.MethodGet, web.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer s3cret")
+		res, err := web.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if strings.TrimSpace(string(body)) != "[]" {
+			t.Errorf("GET %s of a new service: %q, want []", path, body)
+		}
+	}
 
 	conn := serveGRPC(t, svc, grpc.UnaryInterceptor(requireToken("s3cret")))
 	client := pb.NewGlobalSyncClient(conn)
