@@ -40,8 +40,7 @@ import (
 func main() {
 	c, err := parseFlags(os.Args[1:], os.Getenv)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "globalsync:", err)
-		os.Exit(2)
+		os.Exit(daemon.ParseFailed(os.Stdout, os.Stderr, "globalsync", err))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -88,7 +87,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	redaction := daemon.KeyRedaction(fs)
 	fs.StringVar(&c.deployment, "deployment", "", "the deployment's name, as its regiond have it: its NATS subjects and buckets are its own")
 	fs.BoolVar(&c.requireAuth, "require-auth", false, "refuse to start with NATS unauthenticated")
-	if err := daemon.Parse("globalsync", fs, args, getenv); err != nil {
+	if err := daemon.Parse("globalsync", fs, args, getenv, "README.md, docs/operations.md, docs/design.md"); err != nil {
 		return c, err
 	}
 	var err error

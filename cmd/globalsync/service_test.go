@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -637,4 +639,21 @@ func serveGRPC(t *testing.T, svc *Service, opts ...grpc.ServerOption) *grpc.Clie
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// TestHelp: globalsync -h and --help are a request for help (main prints
+// it to stdout and exits 0: daemon.ParseFailed) holding every flag, the
+// variables that set them and where the documentation is.
+func TestHelp(t *testing.T) {
+	for _, h := range []string{"-h", "--help"} {
+		_, err := parseFlags([]string{h}, func(string) string { return "" })
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("globalsync %s: %v, want a request for help", h, err)
+		}
+		for _, want := range []string{"usage: globalsync [flags]", "-nats", "-http-addr", "GEOQUOTA_NATS", "docs/operations.md"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("globalsync %s says nothing of %q:\n%s", h, want, err)
+			}
+		}
+	}
 }

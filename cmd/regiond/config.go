@@ -100,7 +100,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.deployment, "deployment", "", "this deployment's name: its NATS subjects and buckets are its own, apart from other deployments on the same NATS")
 	fs.BoolVar(&c.requireAuth, "require-auth", false, "refuse to start with NATS unauthenticated or memberlist unencrypted")
 
-	if err := daemon.Parse("regiond", fs, args, getenv); err != nil {
+	if err := daemon.Parse("regiond", fs, args, getenv, "README.md, docs/operations.md, docs/features.md"); err != nil {
 		return c, err
 	}
 	var err error

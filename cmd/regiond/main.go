@@ -16,8 +16,7 @@ func main() {
 	defer stop()
 	cfg, err := parseFlags(os.Args[1:], os.Getenv)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "regiond:", err)
-		os.Exit(2)
+		os.Exit(daemon.ParseFailed(os.Stdout, os.Stderr, "regiond", err))
 	}
 	if err := run(ctx, cfg, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "regiond:", err)

@@ -587,3 +587,23 @@ func exitCode(err error) int {
 	}
 	return 0
 }
+
+// TestHelp: regiond -h and --help print every flag, the variables that set
+// them and where the documentation is, on stdout, and exit 0.
+func TestHelp(t *testing.T) {
+	for _, h := range []string{"-h", "--help"} {
+		var stdout, stderr strings.Builder
+		cmd := exec.Command(binary, h)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		out := stdout.String()
+		if err != nil || stderr.Len() > 0 {
+			t.Fatalf("regiond %s: %v, stderr %q", h, err, stderr.String())
+		}
+		for _, want := range []string{"usage: regiond [flags]", "-redis", "-rules", "GEOQUOTA_REDIS", "docs/operations.md"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("regiond %s says nothing of %q:\n%s", h, want, out)
+			}
+		}
+	}
+}

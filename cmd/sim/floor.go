@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -31,13 +30,7 @@ func parseFloorFlags(args []string) (floorConfig, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.addr, "grpc-addr", "127.0.0.1:18091", "host:port to serve Envoy RLS v3 on (a loopback address)")
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			var b strings.Builder
-			fs.SetOutput(&b)
-			fs.PrintDefaults()
-			return c, fmt.Errorf("usage: sim floor [flags]\n%s", b.String())
-		}
-		return c, err
+		return c, usageError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())

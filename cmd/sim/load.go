@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,13 +59,7 @@ func parseLoadFlags(args []string) (loadConfig, error) {
 	fs.StringVar(&c.keyPrefix, "key-prefix", "sk_load_", "prefix of the API keys")
 	fs.StringVar(&c.domain, "domain", "", "rate-limit domain")
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			var b strings.Builder
-			fs.SetOutput(&b)
-			fs.PrintDefaults()
-			return c, fmt.Errorf("usage: sim load [flags]\n%s", b.String())
-		}
-		return c, err
+		return c, usageError(fs, err)
 	}
 	switch {
 	case c.api != "envoy" && c.api != "grpc" && c.api != "http":

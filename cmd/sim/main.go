@@ -22,7 +22,7 @@ commands:
   live      run a scenario against a local deployment in real time, and the simulator beside it
   floor     serve Envoy RLS answering OK to everything: the protocol's floor, for benchmarks
 
-Run "sim <command> -h" for a command's flags.
+Run "sim <command> -h" for a command's flags. Documentation: docs/simulation.md.
 `
 
 func main() {
@@ -37,11 +37,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
 	case "load":
 		cfg, err := parseLoadFlags(args[1:])
 		if err != nil {
-			fmt.Fprintln(stderr, "sim load:", err)
-			return 2
+			return daemon.ParseFailed(stdout, stderr, "sim load", err)
 		}
 		rep, err := runLoad(ctx, cfg, stderr)
 		if err != nil {
@@ -53,8 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "run":
 		cfg, err := parseRunFlags(args[1:])
 		if err != nil {
-			fmt.Fprintln(stderr, "sim run:", err)
-			return 2
+			return daemon.ParseFailed(stdout, stderr, "sim run", err)
 		}
 		if err := runSim(cfg, stdout, stderr); err != nil {
 			fmt.Fprintln(stderr, "sim run:", err)
@@ -64,8 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "accuracy":
 		cfg, err := parseAccuracyFlags(args[1:])
 		if err != nil {
-			fmt.Fprintln(stderr, "sim accuracy:", err)
-			return 2
+			return daemon.ParseFailed(stdout, stderr, "sim accuracy", err)
 		}
 		rep, err := sim.Accuracy(cfg.seed, cfg.opt)
 		if err == nil {
@@ -79,8 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "live":
 		cfg, err := parseLiveFlags(args[1:])
 		if err != nil {
-			fmt.Fprintln(stderr, "sim live:", err)
-			return 2
+			return daemon.ParseFailed(stdout, stderr, "sim live", err)
 		}
 		if err := runLive(ctx, cfg, stdout, stderr); err != nil {
 			fmt.Fprintln(stderr, "sim live:", err)
@@ -90,8 +89,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "floor":
 		cfg, err := parseFloorFlags(args[1:])
 		if err != nil {
-			fmt.Fprintln(stderr, "sim floor:", err)
-			return 2
+			return daemon.ParseFailed(stdout, stderr, "sim floor", err)
 		}
 		daemon.SetGC() // as regiond's
 		if err := runFloor(ctx, cfg, func(a net.Addr) { fmt.Fprintln(stderr, "sim floor: serving Envoy RLS on", a) }); err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"io"
 	"slices"
 	"strings"
@@ -53,8 +54,12 @@ func parseRunFlags(args []string) (runConfig, error) {
 	return c, nil
 }
 
-// usageError adds the flags' usage to a parse error.
+// usageError is the usage of a request for help (-h), or a parse error
+// with the flags' usage added; fs's name is the command's.
 func usageError(fs *flag.FlagSet, err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return daemon.HelpOf(fs.Name(), fs, false, "docs/simulation.md")
+	}
 	var b strings.Builder
 	fs.SetOutput(&b)
 	fs.PrintDefaults()

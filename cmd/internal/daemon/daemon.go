@@ -18,9 +18,10 @@ func EnvName(flagName string) string {
 
 // Parse sets fs's flags from their GEOQUOTA_* variables (read with
 // getenv), then from args, so that the command line wins. A request for
-// help is an error holding the usage of command: every flag, and the
-// variable that sets it. Arguments left over are an error.
-func Parse(command string, fs *flag.FlagSet, args []string, getenv func(string) string) error {
+// help is a *HelpError holding the usage of command: every flag, the
+// variable that sets it, and docs, where its documentation is. Arguments
+// left over are an error.
+func Parse(command string, fs *flag.FlagSet, args []string, getenv func(string) string, docs string) error {
 	fs.SetOutput(io.Discard)
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -36,11 +37,7 @@ func Parse(command string, fs *flag.FlagSet, args []string, getenv func(string) 
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			var b strings.Builder
-			fs.SetOutput(&b)
-			fs.PrintDefaults()
-			fs.SetOutput(io.Discard)
-			return fmt.Errorf("usage: %s [flags]\nEvery flag may also be set by its variable: --rules by GEOQUOTA_RULES, and so on.\n%s", command, b.String())
+			return HelpOf(command, fs, true, docs)
 		}
 		return err
 	}

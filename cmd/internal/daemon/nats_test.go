@@ -98,7 +98,7 @@ func TestNATSAuthFlags(t *testing.T) {
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	a.AddFlags(fs)
 	env := map[string]string{"GEOQUOTA_NATS_USER": "gq", "GEOQUOTA_NATS_PASSWORD": "from-env"}
-	if err := Parse("x", fs, nil, func(k string) string { return env[k] }); err != nil {
+	if err := Parse("x", fs, nil, func(k string) string { return env[k] }, "d"); err != nil {
 		t.Fatal(err)
 	}
 	if a.User != "gq" || a.Password != "from-env" || a.Check() != nil {
