@@ -607,8 +607,10 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 		st := LimitStatus{Rule: it.rule, Allowed: r.Allowed, Shadow: it.rule.Shadow,
 			Degraded: it.degraded, Cached: it.cached, Batched: it.batched, KeyRefused: it.refused,
 			Limit: it.params.Limit, Remaining: max(0, r.Remaining),
-			Window:     time.Duration(it.params.WindowMicros()) * time.Microsecond,
-			ResetAt:    d.Time.Add(time.Duration(r.ResetAt-it.storeNow) * time.Microsecond),
+			Window: time.Duration(it.params.WindowMicros()) * time.Microsecond,
+			// In whole µs, as the store keeps time: d.Time's nanoseconds
+			// would put a window's end just after it.
+			ResetAt:    time.UnixMicro(d.Time.UnixMicro() + r.ResetAt - it.storeNow),
 			RetryAfter: time.Duration(r.RetryAfter) * time.Microsecond}
 		if it.storeNow == 0 {
 			st.ResetAt = time.UnixMicro(r.ResetAt)

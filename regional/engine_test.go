@@ -397,3 +397,20 @@ rules:
 		}
 	}
 }
+
+// TestResetAtIsTheWindowsEnd: a fixed window's reset is its end to the
+// microsecond, whatever the nanoseconds of the engine's clock (they made
+// /v1/check say a second later than /v1/usage).
+func TestResetAtIsTheWindowsEnd(t *testing.T) {
+	now := time.Date(2026, 11, 26, 10, 30, 15, 123_456_789, time.UTC)
+	e := New(Config{Clock: func() time.Time { return now }}, mustParse(t, `rules:
+  - { id: m, match: { endpoint: /m }, by: [api_key], algorithm: fixed_window, limit: 5, window: 1m }
+`))
+	var d Decision
+	if err := e.Check(t.Context(), &Request{Endpoint: "/m", APIKey: "a"}, &d); err != nil || len(d.Limits) != 1 {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	if want := time.Date(2026, 11, 26, 10, 31, 0, 0, time.UTC); !d.Limits[0].ResetAt.Equal(want) {
+		t.Fatalf("reset at %v, want the window's end %v", d.Limits[0].ResetAt, want)
+	}
+}
