@@ -66,9 +66,8 @@ type upConfig struct {
 	regionsSet bool // -regions was given
 }
 
-func upFlags(name string, c *upConfig, errOut io.Writer) *flag.FlagSet {
+func upFlags(name string, c *upConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(errOut)
 	fs.StringVar(&c.dir, "dir", defaultDir, "directory of the state file (state.json) and, under .run, the deployment's data and logs")
 	fs.IntVar(&c.regions, "regions", 3, "number of regions, named us, eu, ap, sa, af, me, oc, ca in that order")
 	fs.StringVar(&c.names, "names", "", "region names, comma-separated (instead of -regions)")
@@ -81,10 +80,32 @@ func upFlags(name string, c *upConfig, errOut io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// parse parses a command's flags. A request for help (-h, --help) prints
+// the command's usage to out and is flag.ErrHelp, which run answers with
+// nothing more (exit status 0).
+func parse(fs *flag.FlagSet, args []string, out io.Writer) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(out, "usage: go run ./deploy/local %s [flags]\n\n", fs.Name())
+		fs.SetOutput(out)
+		fs.PrintDefaults()
+		fmt.Fprintln(out, "\nDocumentation: docs/operations.md, README.md")
+	}
+	return err
+}
+
 func run(args []string, out, errOut io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(errOut, usage)
-		upFlags("up", &upConfig{}, errOut).PrintDefaults()
+		w := out
+		if len(args) == 0 {
+			w = errOut
+		}
+		fmt.Fprint(w, usage)
+		fs := upFlags("up", &upConfig{})
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fmt.Fprintln(w, "\nDocumentation: docs/operations.md, README.md")
 		if len(args) == 0 {
 			return errors.New("a command is required: up, down, status or fault")
 		}
@@ -93,9 +114,9 @@ func run(args []string, out, errOut io.Writer) error {
 	switch args[0] {
 	case "up", "supervise":
 		var c upConfig
-		fs := upFlags(args[0], &c, errOut)
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
+		fs := upFlags(args[0], &c)
+		if err := parse(fs, args[1:], out); err != nil {
+			return helped(err)
 		}
 		if fs.NArg() > 0 {
 			return fmt.Errorf("%s: unexpected argument %q", args[0], fs.Arg(0))
@@ -111,14 +132,13 @@ func run(args []string, out, errOut io.Writer) error {
 		return supervise(c, opts)
 	case "down", "status", "fault":
 		fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
-		fs.SetOutput(errOut)
 		dir := fs.String("dir", defaultDir, "directory of the state file")
 		var timeout *time.Duration
 		if args[0] == "down" {
 			timeout = fs.Duration("timeout", time.Minute, "how long down waits for everything to stop")
 		}
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
+		if err := parse(fs, args[1:], out); err != nil {
+			return helped(err)
 		}
 		if args[0] != "fault" && fs.NArg() > 0 {
 			return fmt.Errorf("%s: unexpected argument %q", args[0], fs.Arg(0))
@@ -142,6 +162,15 @@ func run(args []string, out, errOut io.Writer) error {
 	default:
 		return fmt.Errorf("unknown command %q: want up, down, status or fault", args[0])
 	}
+}
+
+// helped is nil for a request for help, whose usage parse printed, and
+// err otherwise.
+func helped(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
 }
 
 // options turns up's flags into a deployment, checking each.

@@ -44,7 +44,7 @@ func TestUpFlags(t *testing.T) {
 		t.Fatalf("a refused up left a state file: %v", err)
 	}
 	var c upConfig
-	fs := upFlags("up", &c, io.Discard)
+	fs := upFlags("up", &c)
 	if err := fs.Parse([]string{"-names", "a,b", "-replicas", "1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -78,5 +78,22 @@ func TestCommandsWithoutADeployment(t *testing.T) {
 	}
 	if err := run(nil, io.Discard, io.Discard); err == nil {
 		t.Error("no command: no error")
+	}
+}
+
+// TestHelp: go run ./deploy/local -h, and each command's -h, print the
+// usage to stdout and exit 0 (run returns nil); no command is an error.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"up", "-h"}, {"down", "--help"}, {"status", "-h"}, {"fault", "-h"}} {
+		var out, errOut strings.Builder
+		err := run(args, &out, &errOut)
+		if err != nil || errOut.Len() > 0 || !strings.Contains(out.String(), "usage: go run ./deploy/local") ||
+			!strings.Contains(out.String(), "-dir") || !strings.Contains(out.String(), "docs/operations.md") {
+			t.Errorf("%v: %v, stdout %q, stderr %q", args, err, out.String(), errOut.String())
+		}
+	}
+	var out, errOut strings.Builder
+	if err := run(nil, &out, &errOut); err == nil || !strings.Contains(errOut.String(), "usage") {
+		t.Errorf("no command: %v, stderr %q", err, errOut.String())
 	}
 }
