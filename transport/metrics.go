@@ -234,7 +234,7 @@ var (
 	shareDesc = prometheus.NewDesc("geoquota_budget_share",
 		"Fraction of each global rule's limit this region may admit now (its lease, or its floor).", []string{"rule"}, nil)
 	leaseDesc = prometheus.NewDesc("geoquota_budget_lease_valid",
-		"1 while this region holds a budget lease for the global rule, 0 on its floor.", []string{"rule"}, nil)
+		"1 while this region holds a budget lease for the global rule, 0 on its floor; absent for a region alone, which needs none.", []string{"rule"}, nil)
 )
 
 func (c *gossipCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -257,7 +257,10 @@ func (c *gossipCollector) Collect(ch chan<- prometheus.Metric) {
 			share, valid = l.Allowance(), 1
 		}
 		if e.Alone() {
-			share = 1
+			// The only region needs no lease: it enforces the whole
+			// limit, and says so without a lease "not valid".
+			ch <- prometheus.MustNewConstMetric(shareDesc, prometheus.GaugeValue, 1, r.ID)
+			continue
 		}
 		ch <- prometheus.MustNewConstMetric(shareDesc, prometheus.GaugeValue, share, r.ID)
 		ch <- prometheus.MustNewConstMetric(leaseDesc, prometheus.GaugeValue, valid, r.ID)
