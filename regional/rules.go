@@ -250,7 +250,8 @@ func compile(name string, spec fileSpec, src []byte) (*RuleSet, error) {
 		if err != nil {
 			return nil, &RuleError{File: name, Field: fmt.Sprintf("block[%d]", i), Msg: err.Error()}
 		}
-		if strings.Trim(glob, "*") == "" {
+		if strings.Trim(glob, "*?") == "" {
+			// Wildcards alone match every key long enough: "?*" any key.
 			return nil, &RuleError{File: name, Field: fmt.Sprintf("block[%d]", i), Msg: fmt.Sprintf("%q blocks every API key: every request would be denied", glob)}
 		}
 		rs.block = append(rs.block, g)

@@ -236,6 +236,8 @@ func TestRuleSetsThatLiftOrBlockEverythingAreRefused(t *testing.T) {
 		{"only an allow list", "allow: [\"k*\"]\n", "rules"},
 		{"blocks every key", "block: [\"*\"]\n" + rule, "block[0]"},
 		{"blocks every key, twice the star", "block: [\"x\", \"**\"]\n" + rule, "block[1]"},
+		{"blocks every key, any one character and more", "block: [\"?*\"]\n" + rule, "block[0]"},
+		{"blocks every key of two characters or more", "block: [\"x\", \"*??\"]\n" + rule, "block[1]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, err := Parse("rules.yaml", []byte(tc.src))
