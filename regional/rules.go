@@ -442,6 +442,10 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 	fail := func(field, format string, args ...any) *RuleError {
 		return &RuleError{Rule: s.ID, Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
+	algorithm := s.Algorithm // as messages name it
+	if algorithm == "" {
+		algorithm = "token_bucket"
+	}
 	type field struct {
 		name string
 		set  bool
@@ -453,7 +457,7 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 			{"rate", s.Rate != nil}, {"burst", s.Burst != nil},
 		} {
 			if f.set && !slices.Contains(allowed, f.name) {
-				return fail(f.name, "does not apply to %s (it takes %s)", s.Algorithm, strings.Join(allowed, ", "))
+				return fail(f.name, "does not apply to %s (it takes %s)", algorithm, strings.Join(allowed, ", "))
 			}
 		}
 		return nil
@@ -526,7 +530,11 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 		// The period in which a token bucket refills, or GCRA drains, completely.
 		period := float64(p.Limit) / p.Rate
 		if p.Limit > 0 && (period < minWindow.Seconds() || period > maxWindow.Seconds()) {
-			return fail("refill_per_second", "refilling %d takes %.3gs; must be between %v and %v", p.Limit, period, minWindow, maxWindow)
+			field, verb := "refill_per_second", "refilling"
+			if p.Algorithm == GCRA {
+				field, verb = "rate", "draining"
+			}
+			return fail(field, "%s %d takes %.3gs; must be between %v and %v", verb, p.Limit, period, minWindow, maxWindow)
 		}
 	}
 	r.Base = p
@@ -562,7 +570,7 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 	if p.Limit == 0 {
 		// Tiers alone: the tiers' limits scale the numbers given.
 		if p.Rate > 0 {
-			return fail("tiers", "a %s rule with tiers still needs its %s, to set the period", s.Algorithm, map[Algorithm]string{TokenBucket: "capacity", GCRA: "burst"}[p.Algorithm])
+			return fail("tiers", "a %s rule with tiers still needs its %s, to set the period", algorithm, map[Algorithm]string{TokenBucket: "capacity", GCRA: "burst"}[p.Algorithm])
 		}
 	}
 	return nil
