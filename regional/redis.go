@@ -438,6 +438,9 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 // a zero deadline means the store's own timeout. A call given up on is
 // the worker's to finish and is not reused.
 func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, deadline time.Time) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err // not queued: nothing counted for a caller gone
+	}
 	if deadline.IsZero() {
 		deadline = time.Now().Add(s.opts.Timeout)
 	}
@@ -453,9 +456,6 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 	// A call given up on is not pooled again, and its timer, unstopped,
 	// goes with it (Go 1.23 collects timers no longer referenced).
 	timer := c.timer
-	if err := ctx.Err(); err != nil {
-		return 0, err // not queued: nothing counted for a caller gone
-	}
 	select {
 	case s.queue <- c: // the queue has room, as it mostly has
 	default:
@@ -556,7 +556,6 @@ func (s *RedisStore) admitKey(ctx context.Context, rule string, key []byte, maxK
 // checksCall is one checks.lua call of a pipeline: the plain checks of
 // one key in a Cluster, of all keys on a single server.
 type checksCall struct {
-	slot   uint16
 	groups []*redisGroup
 	args   []any
 	cmd    *redis.IntSliceCmd
@@ -678,12 +677,12 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 				continue
 			}
 			i := 0
-			for i < len(cs) && (cs[i].slot != g.slot || s.cluster && *cs[i].groups[0].key != *g.key) {
+			for i < len(cs) && s.cluster && *cs[i].groups[0].key != *g.key {
 				i++
 			}
 			if i == len(cs) {
 				cs = slices.Grow(cs, 1)[:i+1]
-				cs[i].slot, cs[i].groups = g.slot, cs[i].groups[:0]
+				cs[i].groups = cs[i].groups[:0]
 			}
 			cs[i].groups = append(cs[i].groups, g)
 		}
