@@ -369,7 +369,7 @@ func (e *Engine) Validate(req *Request) error {
 	}
 	tier := rs.Tier(req)
 	var buf [128]byte
-	for _, r := range rs.candidates(req.Endpoint) {
+	for _, r := range rs.candidates(req) {
 		if !r.matches(req, tier, addr) {
 			continue
 		}
@@ -395,7 +395,7 @@ func costError(r *Rule, p Params, cost int64) error {
 // collect finds the limits that apply, their keys, numbers and costs.
 func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Request, addr netip.Addr, now time.Time) error {
 	tier := rs.Tier(req)
-	for _, r := range rs.candidates(req.Endpoint) {
+	for _, r := range rs.candidates(req) {
 		if !r.matches(req, tier, addr) {
 			continue
 		}
@@ -408,6 +408,14 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 		it.cost = req.Cost
 		if it.cost == 0 {
 			it.cost = r.Cost
+		}
+		if r.denyAll {
+			// A limit of 0: denied, with nothing asked of the store.
+			it.params.Limit, it.decided = 0, true
+			it.result = Result{ResetAt: it.params.resetAt(now.UnixMicro()), RetryAfter: it.params.resetAt(now.UnixMicro()) - now.UnixMicro()}
+			sc.keys = append(sc.keys, keyClose)
+			it.end = len(sc.keys)
+			continue
 		}
 		if it.cost > it.params.Limit { // before the key cap: a bad request tracks no key
 			return costError(r, it.params, req.Cost)

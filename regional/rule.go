@@ -136,9 +136,17 @@ type Rule struct {
 	// FoldOverflow counts keys beyond MaxKeys in one shared counter
 	// instead of refusing them.
 	FoldOverflow bool
+	// Name and Replaces are a limit's of an envoyproxy/ratelimit
+	// configuration: in one RLS request, a limit met by one descriptor
+	// takes the place of the limits it replaces, met by others.
+	Name     string
+	Replaces []string
 
 	match    matcher
-	overflow Params // the shared counter of keys beyond MaxKeys
+	denyAll  bool       // a limit of 0, of an envoyproxy/ratelimit configuration
+	envoyAt  envoyPlace // where such a limit is written
+	self     []*Rule    // the rule alone, as candidates returns it
+	overflow Params     // the shared counter of keys beyond MaxKeys
 }
 
 // DefaultMaxKeys is the cap on the keys a rule tracks in a region when

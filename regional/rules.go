@@ -8,7 +8,6 @@ import (
 	"maps"
 	"math"
 	"net/netip"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -124,19 +123,30 @@ const (
 	maxWindow = 366 * 24 * time.Hour
 )
 
-// LoadFile reads and compiles a rules file. Any error wraps
+// LoadFile reads and compiles a rules file, or a directory of
+// envoyproxy/ratelimit domain files (see ReadRules). Any error wraps
 // ErrInvalidRules and names the file, the rule and the field.
 func LoadFile(path string) (*RuleSet, error) {
-	b, err := os.ReadFile(path)
+	srcs, err := readSources(path)
 	if err != nil {
-		return nil, &RuleError{File: path, Msg: err.Error()}
+		return nil, err
 	}
-	return Parse(path, b)
+	return loadSources(path, srcs)
 }
 
-// Parse compiles rules from YAML; name is used in error messages (a file
-// name, or "" if none). The whole set is valid or none of it is used.
+// Parse compiles rules from YAML: a geoquota rules file, or
+// envoyproxy/ratelimit's configuration (one domain a document); name is
+// used in error messages (a file name, or "" if none). The whole set is
+// valid or none of it is used.
 func Parse(name string, src []byte) (*RuleSet, error) {
+	if isEnvoyConfig(src) {
+		rs, err := compileEnvoy([]envoySource{{name, src}})
+		if err != nil {
+			return nil, err
+		}
+		rs.Source, rs.yaml = name, bytes.Clone(src)
+		return rs, nil
+	}
 	var spec fileSpec
 	dec := yaml.NewDecoder(bytes.NewReader(src))
 	dec.KnownFields(true)
@@ -321,6 +331,7 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 		return nil, fail("id", "must be at most 128 characters, without spaces, braces, colons, | or \\")
 	}
 	r := &Rule{ID: s.ID, Domain: s.Domain, By: s.By, Shadow: s.Shadow, CarryDebt: s.CarryDebt, Cost: 1}
+	r.self = []*Rule{r}
 	if err := r.compileMatch(s.Match); err != nil {
 		return nil, err
 	}

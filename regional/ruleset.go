@@ -27,6 +27,12 @@ type RuleSet struct {
 	// that any path may match (no endpoint, a regex, or the prefix "/").
 	bySegment map[string][]*Rule
 	anyPath   []*Rule
+
+	// trees are the descriptor trees of the domains of an
+	// envoyproxy/ratelimit configuration, which alone decide what
+	// applies to their requests (see envoyconfig.go); nil for a geoquota
+	// rules file.
+	trees map[string]*descNode
 }
 
 type tierOf struct {
@@ -76,8 +82,16 @@ func firstSegment(path string) string {
 	return path[1:]
 }
 
-func (rs *RuleSet) candidates(path string) []*Rule {
-	if list, ok := rs.bySegment[firstSegment(path)]; ok {
+func (rs *RuleSet) candidates(req *Request) []*Rule {
+	if rs.trees != nil {
+		if t := rs.trees[req.Domain]; t != nil {
+			if r := t.resolve(req); r != nil {
+				return r.self
+			}
+		}
+		return nil
+	}
+	if list, ok := rs.bySegment[firstSegment(req.Endpoint)]; ok {
 		return list
 	}
 	return rs.anyPath
@@ -320,7 +334,7 @@ func (r *Rule) matches(req *Request, tier string, addr netip.Addr) bool {
 // file order. It does not check the request; Engine.Check does.
 func (rs *RuleSet) AppendMatches(dst []*Rule, req *Request) []*Rule {
 	addr, tier := req.ipAddr(), rs.Tier(req)
-	for _, r := range rs.candidates(req.Endpoint) {
+	for _, r := range rs.candidates(req) {
 		if r.matches(req, tier, addr) {
 			dst = append(dst, r)
 		}

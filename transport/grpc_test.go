@@ -101,6 +101,73 @@ func TestGRPCCheck(t *testing.T) {
 	}
 }
 
+// TestEnvoyRateLimitExamples: regiond enforces envoyproxy/ratelimit's
+// documented examples, read as its runtime directory holds them and
+// published as one stream, through go-control-plane's client on Redis:
+// the most specific entry, a limit of 0, unlimited, replaces.
+func TestEnvoyRateLimitExamples(t *testing.T) {
+	src, err := regional.ReadRules("../regional/testdata/ratelimit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := newEnv(t, envOptions{rules: string(src)})
+	c := rlsv3.NewRateLimitServiceClient(v.conn)
+	ctx := t.Context()
+	ask := func(domain string, descs ...[]string) *rlsv3.RateLimitResponse {
+		t.Helper()
+		req := &rlsv3.RateLimitRequest{Domain: domain}
+		for _, kv := range descs {
+			d := &ratelimitv3.RateLimitDescriptor{}
+			for i := 0; i+1 < len(kv); i += 2 {
+				d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+			}
+			req.Descriptors = append(req.Descriptors, d)
+		}
+		resp, err := c.ShouldRateLimit(ctx, req)
+		if err != nil {
+			t.Fatalf("%s %v: %v", domain, descs, err)
+		}
+		return resp
+	}
+	// The address with a limit of 0 is denied; another has its 10 a second.
+	if r := ask("edge_proxy_per_ip", []string{"remote_address", "50.0.0.5"}); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 0 || r.Statuses[0].CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
+		t.Fatalf("the banned address: %v", r)
+	}
+	if r := ask("edge_proxy_per_ip", []string{"remote_address", "50.0.0.1"}); r.OverallCode != rlsv3.RateLimitResponse_OK ||
+		r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 10 || r.Statuses[0].CurrentLimit.GetName() != "edge_proxy_per_ip.ip" {
+		t.Fatalf("another address: %v", r)
+	}
+	// A day's marketing messages to one number: 5.
+	for i := range 6 {
+		r := ask("messaging", []string{"message_type", "marketing", "to_number", "2061111111"}, []string{"to_number", "2061111111"})
+		want := rlsv3.RateLimitResponse_OK
+		if i == 5 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if r.OverallCode != want || r.Statuses[1].Code != rlsv3.RateLimitResponse_OK || r.Statuses[1].LimitRemaining != uint32(99-i) {
+			t.Fatalf("marketing message %d: %v", i+1, r)
+		}
+	}
+	// Unlimited, and a path no limit ends: OK, no limit named.
+	for _, d := range [][]string{{"ldap", "x"}, {"message_type", "marketing"}} {
+		if r := ask(map[string]string{"ldap": "internal", "message_type": "messaging"}[d[0]], d); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].CurrentLimit != nil {
+			t.Fatalf("%v: %v", d, r)
+		}
+	}
+	// replaces: with both descriptors, only the replacing limit counts.
+	r := ask("example7", []string{"key_1", "value_1", "user", "bkthomps"}, []string{"key_2", "value_2", "user", "bkthomps"})
+	if r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].CurrentLimit != nil || r.Statuses[1].CurrentLimit.GetRequestsPerUnit() != 10 {
+		t.Fatalf("replaced: %v", r)
+	}
+	if keys, err := v.store.Client().Keys(ctx, "*key_1_value_1*").Result(); err != nil || len(keys) != 0 {
+		t.Fatalf("the replaced limit counted: %v, %v", keys, err)
+	}
+	if r := ask("example7", []string{"key_1", "value_1", "user", "bkthomps"}); r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 5 || r.Statuses[0].LimitRemaining != 4 {
+		t.Fatalf("the replaced limit alone: %v", r)
+	}
+}
+
 func TestEnvoyRLS(t *testing.T) {
 	v := newEnv(t, envOptions{})
 	c := rlsv3.NewRateLimitServiceClient(v.conn)

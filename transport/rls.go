@@ -81,6 +81,9 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		}
 		reqs[i] = req
 	}
+	if len(reqs) > 1 {
+		replaceLimits(s.engine.Rules(), reqs, answers)
+	}
 	// The response, its statuses and their durations, its headers and
 	// the decision's limits in one allocation, for one descriptor.
 	type status struct {
@@ -161,6 +164,38 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		}
 	}
 	return out, nil
+}
+
+// replaceLimits answers OK, counting nothing, each descriptor whose limit
+// is replaced by the limit another descriptor of the request meets: the
+// replaces of an envoyproxy/ratelimit configuration.
+func replaceLimits(rs *regional.RuleSet, reqs []regional.Request, answers []answer) {
+	met := make([]*regional.Rule, len(reqs))
+	replacing := false
+	for i := range reqs {
+		if answers[i] != check {
+			continue
+		}
+		r, ok := rs.Resolve(&reqs[i])
+		if !ok {
+			return // a domain of geoquota rules: no replaces
+		}
+		met[i] = r
+		replacing = replacing || (r != nil && len(r.Replaces) > 0)
+	}
+	if !replacing {
+		return
+	}
+	for i, r := range met {
+		if r == nil || r.Name == "" {
+			continue
+		}
+		for j, o := range met {
+			if j != i && o != nil && slices.Contains(o.Replaces, r.Name) {
+				answers[i] = unlimited
+			}
+		}
+	}
 }
 
 // answer is what the protocol answers a descriptor: the engine's decision,

@@ -73,7 +73,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.nats, "nats", "", "NATS URL(s), with JetStream (required)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:9081", "address of the gRPC API: geoquota.v1.GlobalSync, health, reflection")
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API: /healthz, /v1/budgets, /v1/regions")
-	fs.StringVar(&c.rules, "rules", "", "rules file (YAML): with it, each window's books are closed (over-admission, carry_debt)")
+	fs.StringVar(&c.rules, "rules", "", "rules file (YAML), or a directory of envoyproxy/ratelimit domain files: with it, each window's books are closed (over-admission, carry_debt)")
 	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token every /v1 read and geoquota.v1.GlobalSync call must carry; empty: open")
 	fs.StringVar(&c.regions, "regions", "", "every region, comma-separated; empty: the regions heard from")
 	fs.StringVar(&c.id, "id", "", "this instance's name among the globalsync instances; default: the host name and a random suffix")
@@ -257,7 +257,7 @@ func rulesReader(path string) func() ([]byte, error) {
 	if path == "" {
 		return nil
 	}
-	return func() ([]byte, error) { return os.ReadFile(path) }
+	return func() ([]byte, error) { return regional.ReadRules(path) }
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -213,6 +213,52 @@ func TestRulesReloadWithoutRestart(t *testing.T) {
 	}
 }
 
+// TestEnvoyRateLimitDirectory: --rules takes envoyproxy/ratelimit's
+// runtime directory, one domain a file, enforces it, and reloads it when a
+// file of it changes.
+func TestEnvoyRateLimitDirectory(t *testing.T) {
+	redis := harness.NewRedis(t, harness.RedisOptions{})
+	dir := t.TempDir()
+	for _, name := range []string{"example1.yaml", "example2.yaml"} {
+		b, err := os.ReadFile(filepath.Join("../../regional/testdata/ratelimit", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := startRegiond(t, nil, "--redis", redis.URL(), "--rules", dir, "--region", "us-east")
+	limit := func(body string) string {
+		t.Helper()
+		resp, err := http.Post(d.http+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.Header.Get("X-RateLimit-Limit")
+	}
+	if got := limit(`{"domain":"mongo_cps","descriptors":{"database":"users"}}`); got != "500" {
+		t.Fatalf("example 1: limit %q:\n%s", got, d.logs())
+	}
+	if got := limit(`{"domain":"messaging","descriptors":{"message_type":"marketing","to_number":"1"}}`); got != "5" {
+		t.Fatalf("example 2: limit %q", got)
+	}
+	// A new domain file: in force within 2 s.
+	if err := os.WriteFile(filepath.Join(dir, "internal.yaml"),
+		[]byte("domain: internal\ndescriptors:\n  - key: azure\n    rate_limit: { unit: minute, requests_per_unit: 100 }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for limit(`{"domain":"internal","descriptors":{"azure":"a"}}`) != "100" {
+		if time.Now().After(deadline) {
+			t.Fatalf("a new domain file not in force after 2s:\n%s", d.logs())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the condition, within the 2s it must meet
+	}
+}
+
 // TestPublishedRulesOutliveOtherFiles: rules put through the admin API
 // (as rules published over NATS are) stay in force when something else
 // in the rules file's directory changes (its log, say); an edit of the

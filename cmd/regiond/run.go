@@ -277,8 +277,12 @@ func watchRules(ctx context.Context, path string, loaded []byte, debounce time.D
 		return
 	}
 	defer w.Close()
-	if err := w.Add(filepath.Dir(path)); err != nil {
-		log.Error("cannot watch the rules file; reload with SIGHUP", "dir", filepath.Dir(path), "error", err)
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		dir = path // a directory of envoyproxy/ratelimit domain files
+	}
+	if err := w.Add(dir); err != nil {
+		log.Error("cannot watch the rules file; reload with SIGHUP", "dir", dir, "error", err)
 		return
 	}
 	timer := time.NewTimer(time.Hour)
@@ -297,7 +301,7 @@ func watchRules(ctx context.Context, path string, loaded []byte, debounce time.D
 		case <-w.Events:
 			timer.Reset(debounce)
 		case <-timer.C:
-			b, err := os.ReadFile(path)
+			b, err := regional.ReadRules(path)
 			if err != nil {
 				log.Warn("rules file unreadable; the last good rules stay", "file", path, "error", err)
 				continue
