@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -328,6 +329,23 @@ func (r *Rule) matches(req *Request, tier string, addr netip.Addr) bool {
 		}
 	}
 	return true
+}
+
+// AppliesWithoutKey reports whether some rule may apply to a request of
+// no domain that carries only an endpoint, a method and an IP address:
+// what regiond's reverse proxy and the middleware's DefaultRequest make
+// of an HTTP request without an API key.
+func (rs *RuleSet) AppliesWithoutKey() bool {
+	for _, r := range rs.rules {
+		m := &r.match
+		if r.Domain != "" || m.apiKey != nil || m.tier != "" || len(m.custom) > 0 || r.Tiers != nil {
+			continue
+		}
+		if !slices.ContainsFunc(r.By, func(d string) bool { return d != "endpoint" && d != "method" && d != "ip" }) {
+			return true
+		}
+	}
+	return false
 }
 
 // AppendMatches appends to dst the rules that apply to the request, in

@@ -37,17 +37,18 @@ const (
 	decBypassed
 	decShadowOver // a shadow limit that would have denied
 	decKeyLimit   // a new key past its rule's max_keys
+	decUnlimited  // a request no rule applied to
 	decisionKinds
 )
 
-var decisionLabels = [decisionKinds]string{"allowed", "over_limit", "blocked", "unavailable", "bypassed", "shadow_over_limit", "key_limit"}
+var decisionLabels = [decisionKinds]string{"allowed", "over_limit", "blocked", "unavailable", "bypassed", "shadow_over_limit", "key_limit", "unlimited"}
 
 // NewMetrics registers the metrics, with the engine's own counters read
 // when scraped. e may be nil, and attached later with Attach.
 func NewMetrics(e *regional.Engine) *Metrics {
 	m := &Metrics{Registry: prometheus.NewRegistry(), children: map[string]*[decisionKinds]prometheus.Counter{}}
 	m.checks = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "geoquota_checks_total", Help: "Limits checked, by rule and decision (rule is empty for keys allowed or blocked by list).",
+		Name: "geoquota_checks_total", Help: "Limits checked, by rule and decision (rule is empty for keys allowed or blocked by list, and for requests no rule applied to: unlimited).",
 	}, []string{"rule", "decision"})
 	m.checkDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "geoquota_check_duration_seconds", Help: "Time to decide a request, by API.",
@@ -163,6 +164,8 @@ func (m apiMetrics) observe(d *regional.Decision, took time.Duration) {
 		m.count("", decBypassed)
 	case d.Code == regional.CodeBlocked:
 		m.count("", decBlocked)
+	case len(d.Limits) == 0:
+		m.count("", decUnlimited)
 	}
 	for i := range d.Limits {
 		l := &d.Limits[i]

@@ -94,5 +94,10 @@ func (s *Server) proxy(upstream *url.URL) http.Handler {
 			writeError(w, http.StatusBadGateway, "UPSTREAM_UNAVAILABLE", "the upstream did not answer", nil)
 		},
 	}
+	if !s.engine.Rules().AppliesWithoutKey() {
+		// Such requests are still counted: geoquota_checks_total's
+		// decision="unlimited".
+		s.log.Warn("requests without an API key (X-API-Key or Authorization: Bearer) go through unlimited: no rule applies to a request carrying only its endpoint, method and IP address; add one (by: [ip], say) to limit them")
+	}
 	return Middleware(s.engine, MiddlewareOptions{Metrics: s.opts.Metrics, API: "proxy"})(rp)
 }

@@ -1,12 +1,16 @@
 package transport
 
 import (
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/geoquota/geoquota/regional"
 )
 
 func TestReverseProxy(t *testing.T) {
@@ -89,6 +93,50 @@ func TestProxyPathsNormalized(t *testing.T) {
 	for _, p := range paths {
 		if !strings.HasPrefix(p, "/minute/") {
 			t.Errorf("the upstream saw %q", p)
+		}
+	}
+}
+
+// TestProxyKeylessRequests: a request without an API key that no rule
+// applies to goes through unlimited, but not unseen: regiond warns at
+// start when its rules leave such requests unlimited, and counts each in
+// geoquota_checks_total{decision="unlimited"}.
+func TestProxyKeylessRequests(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer upstream.Close()
+	keyed := `rules:
+  - { id: per-key, by: [api_key], algorithm: fixed_window, limit: 5, window: 1h }
+`
+	v := newEnv(t, envOptions{upstream: upstream.URL, rules: keyed})
+	resp := v.get("/anything")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Limit") != "" {
+		t.Fatalf("a keyless request: %s %v", resp.Status, resp.Header)
+	}
+	if got := metricLine(t, v, `geoquota_checks_total{decision="unlimited",rule=""}`); got != "1" {
+		t.Fatalf(`geoquota_checks_total{decision="unlimited"}: %q, want 1`, got)
+	}
+	u, _ := url.Parse(upstream.URL)
+	for _, c := range []struct {
+		rules string
+		warn  bool
+	}{
+		{keyed, true},
+		{"rules:\n  - { id: per-ip, by: [ip], capacity: 10, refill_per_second: 1 }\n", false},
+		{"rules:\n  - { id: all, match: { endpoint: /api }, algorithm: fixed_window, limit: 1000, window: 1m }\n", false},
+		{"rules:\n  - { id: edge, domain: edge, by: [ip], capacity: 10, refill_per_second: 1 }\n", true},
+		{"rules:\n  - { id: gold, match: { descriptors: { plan: gold } }, by: [ip], capacity: 10, refill_per_second: 1 }\n", true},
+		{"rules:\n  - { id: tiered, by: [ip], tiers: { free: 10 }, algorithm: fixed_window, window: 1m }\n", true},
+	} {
+		rs, err := regional.Parse("rules.yaml", []byte(c.rules))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs strings.Builder
+		s := NewServer(regional.New(regional.Config{Logger: discardLogger()}, rs),
+			Options{ProxyUpstream: u, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		s.Handler()
+		if warned := strings.Contains(logs.String(), "requests without an API key"); warned != c.warn {
+			t.Errorf("%s: warned %v, want %v:\n%s", c.rules, warned, c.warn, logs.String())
 		}
 	}
 }
