@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
@@ -209,6 +210,13 @@ func (e *Engine) Block(ctx context.Context, b Block) error {
 	g, err := compileGlob(b.Pattern)
 	if err != nil || len(b.Pattern) > MaxValueLen {
 		return &RequestError{Field: "pattern", Msg: fmt.Sprintf("want a glob of 1 to %d bytes", MaxValueLen)}
+	}
+	if strings.Trim(b.Pattern, "*?") == "" {
+		// As the rules file's block refuses it.
+		return &RequestError{Field: "pattern", Msg: fmt.Sprintf("%q blocks every API key: every request would be denied", b.Pattern)}
+	}
+	if !b.Until.IsZero() && !b.Until.After(e.now()) {
+		return &RequestError{Field: "until", Msg: "in the past: the block would block nothing"}
 	}
 	if bs, ok := e.store.(BlockStore); ok {
 		if err := bs.SaveBlock(ctx, b); err != nil {

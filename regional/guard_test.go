@@ -642,9 +642,27 @@ rules:
 	if err := e.Block(ctx, Block{Pattern: ""}); !errors.Is(err, ErrInvalidRequest) {
 		t.Fatalf("empty pattern: %v", err)
 	}
+	// As the rules file's block list, a pattern of wildcards alone is
+	// refused, and so is an end already past: neither changes anything.
+	for _, b := range []Block{{Pattern: "*"}, {Pattern: "?*"}, {Pattern: "temp", Until: time.Now().Add(-time.Second)}} {
+		if err := e.Block(ctx, b); !errors.Is(err, ErrInvalidRequest) {
+			t.Fatalf("block %+v: %v", b, err)
+		}
+	}
+	if bl := e.Blocks(); len(bl) != 0 {
+		t.Fatalf("refused blocks kept: %+v", bl)
+	}
 	// A block with an end lapses by itself.
-	e.Block(ctx, Block{Pattern: "temp", Until: time.Now().Add(-time.Second)})
-	if d := mustCheck(t, e, Request{APIKey: "temp"}); d.Code == CodeBlocked {
+	now := time.Now()
+	timed := New(Config{Store: openTestRedisStore(t, srv.URL(), RedisOptions{}), Clock: func() time.Time { return now }}, rules)
+	if err := timed.Block(ctx, Block{Pattern: "temp", Until: now.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustCheck(t, timed, Request{APIKey: "temp"}); d.Code != CodeBlocked {
+		t.Fatal("a block with an end to come does not block")
+	}
+	now = now.Add(2 * time.Minute)
+	if d := mustCheck(t, timed, Request{APIKey: "temp"}); d.Code == CodeBlocked {
 		t.Fatal("an expired block still blocks")
 	}
 }

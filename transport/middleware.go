@@ -29,8 +29,8 @@ func DefaultRequest(r *http.Request) regional.Request {
 	req := regional.Request{Endpoint: r.URL.Path, Method: r.Method}
 	if k := r.Header.Get("X-API-Key"); k != "" {
 		req.APIKey = k
-	} else if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		req.APIKey = strings.TrimSpace(tok)
+	} else if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		req.APIKey = strings.TrimSpace(tok) // the scheme in any case, as RFC 9110 has it
 	}
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		req.IP = host

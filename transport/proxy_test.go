@@ -39,6 +39,11 @@ func TestReverseProxy(t *testing.T) {
 	if resp := v.get("/minute", "Authorization", "Bearer other"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("bearer key: %s", resp.Status)
 	}
+	// The scheme in any case (RFC 9110): the same key.
+	v.get("/minute", "Authorization", "bearer other")
+	if resp := v.get("/minute", "Authorization", "BEARER other"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a bearer key whose scheme is written otherwise: %s", resp.Status)
+	}
 	// regiond's own endpoints stay regiond's.
 	if resp := v.get("/healthz"); resp.StatusCode != http.StatusOK || resp.Header.Get("X-Upstream") != "" {
 		t.Fatalf("healthz through the proxy: %s %v", resp.Status, resp.Header)
