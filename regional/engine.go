@@ -639,6 +639,15 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 			}
 		}
 	}
+	if !d.Allowed {
+		// A denied request takes nothing: the limits that would have
+		// allowed it keep what they had.
+		for i := range d.Limits {
+			if l := &d.Limits[i]; l.Allowed && !l.Shadow && !l.Degraded {
+				l.Remaining = min(l.Limit, l.Remaining+sc.items[i].cost)
+			}
+		}
+	}
 	if len(d.Limits) > 1 {
 		slices.SortStableFunc(d.Limits, func(a, b LimitStatus) int { return SpeaksBefore(a, b, d.Allowed) })
 	}

@@ -414,3 +414,33 @@ func TestResetAtIsTheWindowsEnd(t *testing.T) {
 		t.Fatalf("reset at %v, want the window's end %v", d.Limits[0].ResetAt, want)
 	}
 }
+
+// TestDenialTakesNothing: a request denied by one limit takes nothing
+// from the others, and its decision says so: each other limit's remaining
+// is what it had, on both stores.
+func TestDenialTakesNothing(t *testing.T) {
+	rules := mustParse(t, `
+rules:
+  - { id: small, by: [api_key], algorithm: fixed_window, limit: 2, window: 1h }
+  - { id: large, by: [api_key], capacity: 100, refill_per_second: 0.001 }
+`)
+	srv := harness.NewRedis(t, harness.RedisOptions{})
+	for name, store := range map[string]Store{"memory": NewMemoryStore(nil), "redis": openTestRedisStore(t, srv.URL(), RedisOptions{})} {
+		e := New(Config{Store: store}, rules)
+		req := Request{APIKey: "acme", Cost: 1}
+		mustCheck(t, e, req)
+		mustCheck(t, e, req)
+		d := mustCheck(t, e, req)
+		if d.Allowed || len(d.Limits) != 2 {
+			t.Fatalf("%s: third request: %+v", name, d)
+		}
+		for _, l := range d.Limits {
+			if l.Rule.ID == "large" && l.Remaining != 98 {
+				t.Errorf("%s: the limit that allowed says %d remaining after the denial, want 98 (it took nothing)", name, l.Remaining)
+			}
+		}
+		if u, err := e.Inspect(t.Context(), "large", &req); err != nil || u.Remaining != 98 {
+			t.Errorf("%s: large holds %d remaining, %v", name, u.Remaining, err)
+		}
+	}
+}
