@@ -27,7 +27,9 @@
 // each window's admissions against the limit, over-admission, false
 // rejections (denials that the window's unused room could have taken), the
 // regions' shares over time, convergence after each heal and lease
-// expiries, as text, CSV and SVG charts with an HTML page (Report).
+// expiries, as text, CSV and SVG charts with an HTML page (Report);
+// WritePage sets the reports of a scenario's modes side by side on one
+// page.
 // Accuracy compares the sliding window counter with the exact sliding
 // window log on one traffic trace.
 package sim

@@ -1,9 +1,11 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +46,66 @@ type Report struct {
 	// Live is set for a report of a scenario played against a real
 	// deployment (sim live), which cannot see lease expiries or messages.
 	Live bool
+	// Faults are the scenario's faults as they played out, in order of
+	// their start.
+	Faults []Fault
+}
+
+// Fault is one fault of a run and how long it lasted.
+type Fault struct {
+	// Kind is the scenario's (FaultSpec.Kind): partition, split,
+	// globalsync-down, redis-down or clock-jump.
+	Kind string
+	// What says what happened: "ap cut off", "eu's Redis down".
+	What string
+	// From and To bound it in true virtual time; a clock jump has no
+	// length (To is From).
+	From, To time.Duration
+}
+
+// FaultsOf is what the faults of a scenario are over a run of duration d:
+// a partition or a split lasts until the next heal, or the end; a fault
+// due at d or after does not happen.
+func FaultsOf(sc *Scenario, d time.Duration) []Fault {
+	heal := func(after time.Duration) time.Duration {
+		end := d
+		for _, f := range sc.Faults {
+			if f.Kind == "heal" && f.At > after {
+				end = min(end, f.At)
+			}
+		}
+		return end
+	}
+	var out []Fault
+	for _, f := range sc.Faults {
+		if f.At >= d || f.Kind == "heal" {
+			continue
+		}
+		ft := Fault{Kind: f.Kind, From: f.At, To: f.At}
+		switch f.Kind {
+		case "partition":
+			ft.What, ft.To = strings.Join(f.Regions, ", ")+" cut off", heal(f.At)
+		case "split":
+			var groups []string
+			for _, g := range f.Groups {
+				groups = append(groups, strings.Join(g, " "))
+			}
+			ft.What, ft.To = "split: "+strings.Join(groups, " | "), heal(f.At)
+		case "globalsync-down":
+			ft.What, ft.To = "globalsync down", min(f.At+f.For, d)
+		case "redis-down":
+			ft.What, ft.To = f.Region+"'s Redis down", min(f.At+f.For, d)
+		case "clock-jump":
+			sign := "+"
+			if f.By < 0 {
+				sign = ""
+			}
+			ft.What = fmt.Sprintf("%s's clock jumps %s%v", f.Region, sign, f.By)
+		}
+		out = append(out, ft)
+	}
+	slices.SortStableFunc(out, func(a, b Fault) int { return cmp.Compare(a.From, b.From) })
+	return out
 }
 
 // Window is one window of the rule, all counters together. Windows are
@@ -72,6 +134,14 @@ type Window struct {
 	// it might admit (its allowance) in the middle of the window.
 	ByRegion []int64
 	Shares   []float64
+	// RequestsByRegion is what callers asked of each region, all
+	// counters: its demand.
+	RequestsByRegion []int64
+	// FalseRejectedByRegion splits FalseRejected over the regions: each
+	// counter's false rejections in proportion to the requests of it each
+	// region denied, rounded so that they sum to FalseRejected. Nil where
+	// not known (a live run counts denials by counter, not by region).
+	FalseRejectedByRegion []int64
 	// Tenants is how the counters asked for more than their limit in the
 	// window fared: admitted ÷ limit, over those counters.
 	Tenants TenantUse
@@ -106,7 +176,7 @@ func (s *sim) report() *Report {
 		Duration: s.duration, Gossip: sc.Gossip.Interval, Samples: s.rec.samples, Notes: s.rec.notes,
 		Heals: s.rec.heals, Expiries: s.rec.expiries, Found: s.gs.found, BooksClosed: s.gs.closedThrough,
 		ElasticBound: *sc.Expect.MaxElasticOver,
-		MessagesCut:  s.net.cut.Load(), MessagesLost: s.net.lost.Load()}
+		MessagesCut:  s.net.cut.Load(), MessagesLost: s.net.lost.Load(), Faults: FaultsOf(sc, s.duration)}
 	rep.Latency = [2]time.Duration{time.Hour, 0}
 	for i, a := range sc.Regions {
 		for _, b := range sc.Regions[i+1:] {
@@ -132,7 +202,11 @@ func (s *sim) report() *Report {
 	w := sc.Rule.Window
 	for _, e := range sorted {
 		start := time.UnixMicro(e * s.window).Sub(epoch0)
-		win := Window{Start: start, Full: start >= 0 && start+w <= s.duration, ByRegion: make([]int64, len(s.regions))}
+		win := Window{Start: start, Full: start >= 0 && start+w <= s.duration, ByRegion: make([]int64, len(s.regions)),
+			RequestsByRegion: make([]int64, len(s.regions))}
+		// falseBy is each region's part of the false rejections, before
+		// rounding.
+		falseBy := make([]float64, len(s.regions))
 		if g := s.truth.global[e]; g != nil {
 			win.Tenants = s.tenantUse(g)
 			for k, n := range g.admitted {
@@ -146,14 +220,25 @@ func (s *sim) report() *Report {
 					win.OverCount++
 					win.OverTotal += over
 				}
-				win.FalseRejected += min(int64(g.denied[k]), max(0, sc.Rule.Limit-adm))
+				falseRej := min(int64(g.denied[k]), max(0, sc.Rule.Limit-adm))
+				win.FalseRejected += falseRej
+				if falseRej == 0 {
+					continue
+				}
+				for i, denied := range g.deniedIn {
+					if denied != nil && denied[k] > 0 {
+						falseBy[i] += float64(falseRej) * float64(denied[k]) / float64(g.denied[k])
+					}
+				}
 			}
 		}
+		win.FalseRejectedByRegion = apportion(win.FalseRejected, falseBy)
 		rep.FalseRejected += win.FalseRejected
 		for i, rt := range s.truth.regions {
 			if c := rt.windows[e]; c != nil {
 				win.Requests += c.requests
 				win.ByRegion[i] = c.admitted
+				win.RequestsByRegion[i] = c.requests
 				rep.Requests += c.requests
 				rep.Admitted += c.admitted
 			}
@@ -162,6 +247,29 @@ func (s *sim) report() *Report {
 		rep.Windows = append(rep.Windows, win)
 	}
 	return rep
+}
+
+// apportion rounds parts that sum to total (or all but) to whole numbers
+// that sum to it exactly: each its whole part, and what is left one by
+// one to the largest fractions (the first of equal ones).
+func apportion(total int64, parts []float64) []int64 {
+	out := make([]int64, len(parts))
+	left := total
+	for i, p := range parts {
+		out[i] = int64(math.Floor(p))
+		left -= out[i]
+	}
+	order := make([]int, len(parts))
+	for i := range order {
+		order[i] = i
+	}
+	frac := func(i int) float64 { return parts[i] - math.Floor(parts[i]) }
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(frac(b), frac(a)) })
+	for j := 0; left > 0 && len(order) > 0; j = (j + 1) % len(order) {
+		out[order[j]]++
+		left--
+	}
+	return out
 }
 
 // tenantUse is how the counters asked for more than the limit in a window
@@ -356,6 +464,12 @@ func (r *Report) WriteCSV(w io.Writer) error {
 	for _, name := range r.Regions {
 		head = append(head, "share_"+name)
 	}
+	for _, name := range r.Regions {
+		head = append(head, "requests_"+name)
+	}
+	for _, name := range r.Regions {
+		head = append(head, "false_rejected_"+name)
+	}
 	cw.Write(head)
 	f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
 	i := strconv.FormatInt
@@ -369,8 +483,36 @@ func (r *Report) WriteCSV(w io.Writer) error {
 		for _, sh := range win.Shares {
 			row = append(row, f(sh, 4))
 		}
+		for _, by := range [][]int64{win.RequestsByRegion, win.FalseRejectedByRegion} {
+			for j := range r.Regions {
+				if j < len(by) {
+					row = append(row, i(by[j], 10))
+				} else {
+					row = append(row, "") // not known
+				}
+			}
+		}
 		cw.Write(row)
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// sharesCSV writes every sample: its time in seconds, then each region's
+// share of the limit.
+func (r *Report) sharesCSV() string {
+	var b strings.Builder
+	b.WriteString("at_s")
+	for _, name := range r.Regions {
+		b.WriteString("," + name)
+	}
+	b.WriteString("\n")
+	for _, smp := range r.Samples {
+		fmt.Fprintf(&b, "%.3f", smp.At.Seconds())
+		for _, sh := range smp.Shares {
+			fmt.Fprintf(&b, ",%.4f", sh)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }

@@ -243,7 +243,9 @@ func runScenario(t *testing.T, name, mode string, seed uint64, opt Options) (*Sc
 }
 
 // TestReportFiles: the charts are well-formed SVG with a series per
-// region, and the page shows them and the table.
+// region, and the page of the report alone shows them, a chart of each
+// region and the table; windows.csv has each region's demand and false
+// rejections.
 func TestReportFiles(t *testing.T) {
 	_, rep := runScenario(t, "partition", "strict", 1, Options{})
 	dir := t.TempDir()
@@ -279,16 +281,42 @@ func TestReportFiles(t *testing.T) {
 	if n := strings.Count(shares, "<polyline"); n != len(rep.Regions) {
 		t.Errorf("shares.svg has %d lines, want %d", n, len(rep.Regions))
 	}
-	if n := strings.Count(read("admitted.svg"), "<rect x="); n < len(rep.Windows) {
+	if n := strings.Count(read("admitted.svg"), `class="bar" data-series="admitted"`); n != len(rep.Windows) {
 		t.Errorf("admitted.svg has %d bars, want one per window (%d)", n, len(rep.Windows))
 	}
-	page := read("index.html")
-	if strings.Count(page, "<svg") != 3 || !strings.Contains(page, "false-rej%") || strings.Contains(page, "http://") && !strings.Contains(page, "http://www.w3.org/2000/svg") {
-		t.Error("index.html should hold the three charts and the table, and load nothing from elsewhere")
+	for _, name := range []string{"admitted.svg", "shares.svg", "over.svg"} {
+		if svg := read(name); !strings.Contains(svg, `<rect class="fault" data-kind="partition" data-from="60" data-to="180"`) ||
+			!strings.Contains(svg, "ap cut off, 1:00–3:00</text>") {
+			t.Errorf("%s does not shade ap's cut from 1:00 to 3:00, with its legend", name)
+		}
 	}
-	csv := read("windows.csv")
-	if lines := strings.Count(csv, "\n"); lines != len(rep.Windows)+1 {
-		t.Errorf("windows.csv has %d lines, want a header and %d windows", lines, len(rep.Windows))
+	page := read("index.html")
+	if strings.Count(page, "<svg") != 3+len(rep.Regions) || !strings.Contains(page, "false-rej%") || !strings.Contains(page, "<h1>Scenario partition, strict mode, seed 1</h1>") {
+		t.Error("index.html should hold a chart of each region, the three of the limit and the table")
+	}
+	if n, m := strings.Count(page, "http://"), strings.Count(page, "http://www.w3.org/2000/svg"); n != m || strings.Contains(page, "https://") {
+		t.Error("index.html should load nothing from elsewhere")
+	}
+	csv := strings.Split(strings.TrimSpace(read("windows.csv")), "\n")
+	if len(csv) != len(rep.Windows)+1 {
+		t.Errorf("windows.csv has %d lines, want a header and %d windows", len(csv), len(rep.Windows))
+	}
+	head := strings.Split(csv[0], ",")
+	for i, w := range rep.Windows {
+		row := strings.Split(csv[i+1], ",")
+		if len(row) != len(head) {
+			t.Fatalf("windows.csv row %d has %d fields, the header %d", i+1, len(row), len(head))
+		}
+		for j, name := range rep.Regions {
+			for _, c := range []struct {
+				column string
+				want   int64
+			}{{"requests_" + name, w.RequestsByRegion[j]}, {"false_rejected_" + name, w.FalseRejectedByRegion[j]}} {
+				if k := slices.Index(head, c.column); k < 0 || row[k] != strconv.FormatInt(c.want, 10) {
+					t.Errorf("windows.csv, window %s: %s %q, want %d", clockString(w.Start), c.column, row[max(k, 0)], c.want)
+				}
+			}
+		}
 	}
 	sharesCSV := strings.Split(strings.TrimSpace(read("shares.csv")), "\n")
 	if len(sharesCSV) != len(rep.Samples)+1 || strings.Count(sharesCSV[0], ",") != len(rep.Regions) ||

@@ -13,6 +13,10 @@ type truth struct {
 // counterCounts is every counter's requests in one window.
 type counterCounts struct {
 	admitted, denied []int32 // by key
+	// deniedIn is denied by region, then key (nil for a region that
+	// denied nothing in the window): what a counter's false rejections
+	// are split over the regions by.
+	deniedIn [][]int32
 }
 
 type regionTruth struct {
@@ -59,18 +63,22 @@ func (t *truth) record(region int, epoch int64, key int, allowed bool) {
 
 // fold adds the regions' requests of the step to the per-counter counts.
 func (t *truth) fold() {
-	for _, rt := range t.regions {
+	for i, rt := range t.regions {
 		for _, p := range rt.pend {
 			g := t.global[p.epoch]
 			if g == nil {
-				g = &counterCounts{admitted: make([]int32, t.nkeys), denied: make([]int32, t.nkeys)}
+				g = &counterCounts{admitted: make([]int32, t.nkeys), denied: make([]int32, t.nkeys), deniedIn: make([][]int32, len(t.regions))}
 				t.global[p.epoch] = g
 			}
 			if p.allowed {
 				g.admitted[p.key]++
-			} else {
-				g.denied[p.key]++
+				continue
 			}
+			g.denied[p.key]++
+			if g.deniedIn[i] == nil {
+				g.deniedIn[i] = make([]int32, t.nkeys)
+			}
+			g.deniedIn[i][p.key]++
 		}
 		rt.pend = rt.pend[:0]
 	}

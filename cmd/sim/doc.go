@@ -1,7 +1,7 @@
 // Command sim simulates geoquota, runs load against it, and measures the
 // accuracy of its algorithms.
 //
-//	sim run -scenario partition -seed 1 [-mode strict|elastic] [-out sim-out]
+//	sim run -scenario partition -seed 1 [-mode strict|elastic|both] [-out sim-out]
 //	sim run -list
 //	sim accuracy [-keys 1000 -limit 60 -window 1m -duration 10m]
 //	sim load -target 127.0.0.1:8081 -api envoy|grpc|http -keys 10000 -concurrency 50 -duration 20s
@@ -15,8 +15,10 @@
 // heal, lease expiries and what globalsync found when it closed the books.
 // The same seed prints the same output, byte for byte; how long the run
 // took goes to stderr. The report is also written as CSV, SVG charts and
-// an HTML page that shows them, into the directory -out names (sim-out by
-// default; an empty name writes none).
+// HTML into the directory -out names (sim-out by default; an empty name
+// writes none): SCENARIO-index.html sets the modes run side by side, each
+// region's demand, admissions and false rejections over time, the faults
+// shaded on every chart, and a table of the modes' outcomes.
 //
 // sim accuracy replays one traffic trace through the sliding window counter
 // and the exact sliding window log (both the real engine, in memory) and

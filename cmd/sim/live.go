@@ -683,7 +683,7 @@ func (run *liveRun) report(mode string, simRep *sim.Report) *sim.Report {
 		Regions: simRep.Regions, Limit: sc.Rule.Limit, Window: sc.Rule.Window, Algorithm: sc.Rule.Algorithm, Duration: sc.Duration,
 		Gossip: simRep.Gossip, Latency: simRep.Latency, Links: simRep.Links, Notes: run.notes, Samples: run.samples,
 		Heals:        slices.SortedFunc(slices.Values(run.heals), func(a, b sim.Heal) int { return cmp.Compare(a.At, b.At) }),
-		ElasticBound: simRep.ElasticBound, Live: true}
+		ElasticBound: simRep.ElasticBound, Live: true, Faults: simRep.Faults}
 	starts := make([]int64, 0, len(run.windows))
 	for s := range run.windows {
 		starts = append(starts, s)
@@ -694,7 +694,7 @@ func (run *liveRun) report(mode string, simRep *sim.Report) *sim.Report {
 		lw := run.windows[s]
 		start := time.Duration(s) * time.Millisecond
 		win := sim.Window{Start: start, Full: start >= 0 && start+sc.Rule.Window <= sc.Duration,
-			ByRegion: lw.admitted, Shares: run.shareAt(start + sc.Rule.Window/2)}
+			ByRegion: lw.admitted, RequestsByRegion: lw.requests, Shares: run.shareAt(start + sc.Rule.Window/2)}
 		for _, n := range lw.requests {
 			win.Requests += n
 		}

@@ -30,7 +30,7 @@ func parseRunFlags(args []string) (runConfig, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.scenario, "scenario", "", "a built-in scenario (see -list), or a scenario file (.yaml)")
 	fs.Uint64Var(&c.seed, "seed", 1, "the seed: the same seed gives the same output")
-	fs.StringVar(&c.mode, "mode", "", "strict or elastic; empty runs every mode the scenario names")
+	fs.StringVar(&c.mode, "mode", "", "strict, elastic or both; empty or both runs every mode the scenario names, and the page sets them side by side")
 	fs.StringVar(&c.out, "out", "sim-out", "the directory to write the report into: CSV, SVG charts and an HTML page; empty writes none")
 	fs.BoolVar(&c.list, "list", false, "list the built-in scenarios")
 	fs.DurationVar(&c.duration, "duration", 0, "cut the scenario short at this virtual time")
@@ -44,8 +44,8 @@ func parseRunFlags(args []string) (runConfig, error) {
 	case c.list:
 	case c.scenario == "":
 		return c, errors.New("-scenario: missing (sim run -list names them)")
-	case c.mode != "" && c.mode != "strict" && c.mode != "elastic":
-		return c, fmt.Errorf("-mode %q: want strict or elastic", c.mode)
+	case c.mode != "" && c.mode != "strict" && c.mode != "elastic" && c.mode != "both":
+		return c, fmt.Errorf("-mode %q: want strict, elastic or both", c.mode)
 	case c.duration < 0:
 		return c, fmt.Errorf("-duration %v: want 0 or more", c.duration)
 	case c.workers < 0:
@@ -66,9 +66,10 @@ func usageError(fs *flag.FlagSet, err error) error {
 	return fmt.Errorf("%w\n%s", err, b.String())
 }
 
-// runSim runs a scenario in each of its modes, prints each report and
-// writes the files; the time it took goes to stderr, so that stdout is the
-// same for the same seed.
+// runSim runs a scenario in each of its modes (or the one -mode names),
+// prints each report and writes each one's files, then a page that sets
+// the modes side by side; the time it took goes to stderr, so that stdout
+// is the same for the same seed.
 func runSim(c runConfig, stdout, stderr io.Writer) error {
 	if c.list {
 		for _, name := range sim.Names() {
@@ -85,12 +86,13 @@ func runSim(c runConfig, stdout, stderr io.Writer) error {
 		return err
 	}
 	modes := sc.Modes
-	if c.mode != "" {
+	if c.mode != "" && c.mode != "both" {
 		if !slices.Contains(modes, c.mode) {
 			return fmt.Errorf("-mode %s: scenario %s runs in %v", c.mode, sc.Name, modes)
 		}
 		modes = []string{c.mode}
 	}
+	var reps []*sim.Report
 	for i, mode := range modes {
 		start := time.Now()
 		rep, err := sim.Run(sc, mode, c.seed, sim.Options{Workers: c.workers, Duration: c.duration})
@@ -110,7 +112,18 @@ func runSim(c runConfig, stdout, stderr io.Writer) error {
 			if err := rep.WriteFiles(c.out); err != nil {
 				return err
 			}
-			fmt.Fprintf(stderr, "sim run: wrote %s/%s-%s-index.html\n", c.out, sc.Name, mode)
+		}
+		reps = append(reps, rep)
+	}
+	if c.out != "" {
+		page, err := sim.WritePage(c.out, reps...)
+		if err != nil {
+			return err
+		}
+		if len(modes) > 1 {
+			fmt.Fprintf(stderr, "sim run: wrote %s (%s side by side)\n", page, strings.Join(modes, " and "))
+		} else {
+			fmt.Fprintf(stderr, "sim run: wrote %s\n", page)
 		}
 	}
 	return nil

@@ -16,7 +16,8 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 }
 
 // TestSimRun: the partition scenario prints its tables, the same twice,
-// and writes the report files; the time taken goes to stderr.
+// and writes the report files, with a page that sets both modes side by
+// side; the time taken goes to stderr.
 func TestSimRun(t *testing.T) {
 	dir := t.TempDir()
 	code, out, errs := runCmd(t, "run", "-scenario", "partition", "-seed", "1", "-out", dir)
@@ -39,9 +40,29 @@ func TestSimRun(t *testing.T) {
 			}
 		}
 	}
+	page, err := os.ReadFile(filepath.Join(dir, "partition-index.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Scenario partition, seed 1: strict and elastic side by side", `<h3>strict</h3>`, `<h3>elastic</h3>`,
+		"us (strict): demand per window", "us (elastic): demand per window", "<b>1:00–3:00</b>: ap cut off"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("partition-index.html lacks %q", want)
+		}
+	}
+	if !strings.Contains(errs, "wrote "+filepath.Join(dir, "partition-index.html")+" (strict and elastic side by side)") {
+		t.Errorf("stderr does not name the page: %s", errs)
+	}
 	_, again, _ := runCmd(t, "run", "-scenario", "partition", "-seed", "1", "-workers", "1", "-out", "")
 	if again != out {
 		t.Error("a second run with the same seed printed something else")
+	}
+	both := t.TempDir()
+	if _, again, _ = runCmd(t, "run", "-scenario", "partition", "-seed", "1", "-mode", "both", "-out", both); again != out {
+		t.Error("-mode both printed other than no -mode")
+	}
+	if again, err := os.ReadFile(filepath.Join(both, "partition-index.html")); err != nil || string(again) != string(page) {
+		t.Errorf("-mode both wrote another page than no -mode (%v)", err)
 	}
 	// By default the files go to ./sim-out.
 	t.Chdir(t.TempDir())
@@ -51,6 +72,10 @@ func TestSimRun(t *testing.T) {
 	}
 	if code != 0 || !strings.HasPrefix(out, strict) || strings.Contains(strict, "elastic mode") {
 		t.Errorf("-mode strict: exit %d, want the strict table alone", code)
+	}
+	if page, err := os.ReadFile(filepath.Join("sim-out", "partition-index.html")); err != nil || !strings.Contains(string(page), "<h3>strict</h3>") ||
+		strings.Contains(string(page), "<h3>elastic</h3>") {
+		t.Errorf("-mode strict: want a page of strict mode alone (%v)", err)
 	}
 }
 
