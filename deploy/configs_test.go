@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"io/fs"
@@ -11,8 +12,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/geoquota/geoquota/regional"
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/geoquota/geoquota/regional"
 )
 
 // TestExampleConfigsParse keeps the example configurations under deploy/
@@ -184,5 +192,57 @@ func TestAlertsUseRealMetrics(t *testing.T) {
 	}
 	if alerts < 5 {
 		t.Fatalf("%d alerts", alerts)
+	}
+}
+
+// TestEnvoyConfig: deploy/envoy/envoy.yaml is a bootstrap Envoy takes
+// (decoded strictly into go-control-plane's types, its typed configs
+// included, and validated), and it sends one descriptor a request, so
+// that every rule that applies counts a request once.
+func TestEnvoyConfig(t *testing.T) {
+	b, err := os.ReadFile("envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	js, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var boot bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &boot); err != nil {
+		t.Fatalf("envoy.yaml: %v", err)
+	}
+	if err := boot.ValidateAll(); err != nil {
+		t.Fatalf("envoy.yaml: %v", err)
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := boot.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	limits := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetRateLimits()
+	if len(limits) != 1 {
+		t.Fatalf("%d rate_limits entries: a request meets every rule once per descriptor, want one", len(limits))
+	}
+	keys := map[string]bool{}
+	for _, a := range limits[0].GetActions() {
+		switch {
+		case a.GetRemoteAddress() != nil:
+			keys["remote_address"] = true
+		case a.GetRequestHeaders() != nil:
+			h := a.GetRequestHeaders()
+			keys[h.GetDescriptorKey()] = true
+			if h.GetDescriptorKey() == "api_key" && !h.GetSkipIfAbsent() {
+				t.Error("api_key without skip_if_absent: requests without X-API-Key would not be checked")
+			}
+		}
+	}
+	for _, k := range []string{"remote_address", "api_key", "endpoint", "method"} {
+		if !keys[k] {
+			t.Errorf("the descriptor lacks %s: %v", k, keys)
+		}
 	}
 }
