@@ -107,8 +107,13 @@ func TestAdminOperationsHTTP(t *testing.T) {
 	}
 	v.engine.Maintain(t.Context()) // the audit log is written by maintenance
 	b := decodeBody(t, v.get("/v1/admin/violations?limit=10", auth...))
-	if vs := b["violations"].([]any); len(vs) == 0 {
+	vs := b["violations"].([]any)
+	if len(vs) == 0 {
 		t.Fatalf("no violations recorded: %v", b)
+	}
+	// As gRPC's Violation: snake case, milliseconds, and a time.
+	if first := vs[0].(map[string]any); first["code"] == nil || first["retry_after_ms"] == nil || first["api_key"] == nil || first["time"] == nil {
+		t.Fatalf("a violation as HTTP says it: %v", first)
 	}
 	if resp := v.get("/v1/admin/violations?limit=0", auth...); resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("limit 0: %s", resp.Status)

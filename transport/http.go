@@ -644,7 +644,31 @@ func (s *Server) handleViolations(w http.ResponseWriter, r *http.Request) {
 		s.writeInputError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"violations": vs})
+	body := make([]violationBody, len(vs))
+	for i, v := range vs {
+		body[i] = violationBody{ID: v.ID, Time: v.Time.UTC().Format(time.RFC3339Nano), Region: v.Region, Rule: v.Rule,
+			Key: v.Key, Code: v.Code, APIKey: v.APIKey, IP: v.IP, Endpoint: v.Endpoint, Limit: v.Limit, Cost: v.Cost,
+			RetryAfterMS: v.RetryAfter.Milliseconds(), Count: v.Count}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"violations": body})
+}
+
+// violationBody is a violation as the API speaks: gRPC's Violation, with
+// the time in RFC 3339.
+type violationBody struct {
+	ID           string `json:"id"`
+	Time         string `json:"time"`
+	Region       string `json:"region"`
+	Rule         string `json:"rule"`
+	Key          string `json:"key"`
+	Code         string `json:"code"`
+	APIKey       string `json:"api_key"`
+	IP           string `json:"ip"`
+	Endpoint     string `json:"endpoint"`
+	Limit        int64  `json:"limit"`
+	Cost         int64  `json:"cost"`
+	RetryAfterMS int64  `json:"retry_after_ms"`
+	Count        int64  `json:"count"`
 }
 
 func (s *Server) recentViolations(ctx context.Context, n int) ([]regional.Violation, error) {
