@@ -41,6 +41,7 @@ type config struct {
 	logLevel         string
 	timeout          time.Duration
 	shutdownTimeout  time.Duration
+	shutdownDelay    time.Duration
 	maintainEvery    time.Duration
 	violationsMaxLen int64
 	reloadDebounce   time.Duration
@@ -87,6 +88,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&c.timeout, "timeout", 50*time.Millisecond, "bound on each call to Redis; slower calls count as failures")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on shutdown")
+	fs.DurationVar(&c.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, how long to go on serving with /readyz and gRPC health saying not serving, before closing the listeners: the time load balancers take to stop sending (a few seconds behind Kubernetes)")
 	fs.DurationVar(&c.maintainEvery, "maintain-every", 250*time.Millisecond, "how often leases, caches, blocks and the audit log are tended")
 	fs.Int64Var(&c.violationsMaxLen, "violations-maxlen", 10000, "about how many violations the audit stream keeps")
 	fs.DurationVar(&c.reloadDebounce, "reload-debounce", 100*time.Millisecond, "wait after a change to the rules file before reloading it")
@@ -131,6 +133,9 @@ func (c *config) check() error {
 	case "text", "json":
 	default:
 		return fmt.Errorf("--log-format %q: want text or json", c.logFormat)
+	}
+	if c.shutdownDelay < 0 {
+		return errors.New("--shutdown-delay must not be negative")
 	}
 	if c.timeout <= 0 || c.shutdownTimeout <= 0 || c.maintainEvery <= 0 || c.reloadDebounce < 0 {
 		return errors.New("--timeout, --shutdown-timeout and --maintain-every must be positive")

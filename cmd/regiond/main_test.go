@@ -340,6 +340,37 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 }
 
+// TestShutdownDelay: with --shutdown-delay, SIGTERM first turns /readyz to
+// 503 while checks are still answered, for as long as balancers take to
+// stop sending; then regiond stops.
+func TestShutdownDelay(t *testing.T) {
+	d := startRegiond(t, nil, "--dev", "--shutdown-delay", "3s")
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		resp, err := http.Get(d.http + "/readyz")
+		if err != nil {
+			t.Fatalf("/readyz refused before saying 503: %v\n%s", err, d.logs())
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still %s after SIGTERM", resp.Status)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the condition
+	}
+	if resp := d.check("during-the-delay", "/search"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a check while draining: %s", resp.Status)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("regiond did not stop after its delay:\n%s", d.logs())
+	}
+}
+
 func TestGracefulShutdown(t *testing.T) {
 	arrived, release := make(chan struct{}), make(chan struct{})
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -231,8 +231,18 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	case <-ctx.Done():
 	case runErr = <-serveErr:
 	}
-	log.Info("shutting down", "grace", c.shutdownTimeout)
+	log.Info("shutting down", "grace", c.shutdownTimeout, "delay", c.shutdownDelay)
 	srv.SetServing(false)
+	if c.shutdownDelay > 0 && runErr == nil {
+		// Still answering, while /readyz and gRPC health say not
+		// serving: the time balancers take to stop sending here.
+		delay := time.NewTimer(c.shutdownDelay)
+		select {
+		case <-delay.C:
+		case runErr = <-serveErr:
+		}
+		delay.Stop()
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	hs.Shutdown(shutdownCtx)
