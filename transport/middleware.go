@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -25,7 +26,17 @@ type MiddlewareOptions struct {
 // DefaultRequest describes an HTTP request the way regiond's reverse proxy
 // does: the API key from X-API-Key, else from Authorization: Bearer; the
 // client IP from the connection; endpoint and method from the request.
-func DefaultRequest(r *http.Request) regional.Request {
+func DefaultRequest(r *http.Request) regional.Request { return describe(r, nil) }
+
+// RequestBehind is DefaultRequest behind proxies of the trusted ranges (a
+// load balancer, a CDN): when the connection comes from one of them, the
+// client IP is the last address of X-Forwarded-For that is not, read from
+// the right, as each proxy appends the address it heard from.
+func RequestBehind(trusted []netip.Prefix) func(*http.Request) regional.Request {
+	return func(r *http.Request) regional.Request { return describe(r, trusted) }
+}
+
+func describe(r *http.Request, trusted []netip.Prefix) regional.Request {
 	req := regional.Request{Endpoint: r.URL.Path, Method: r.Method}
 	if k := r.Header.Get("X-API-Key"); k != "" {
 		req.APIKey = k
@@ -35,7 +46,46 @@ func DefaultRequest(r *http.Request) regional.Request {
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		req.IP = host
 	}
+	if len(trusted) > 0 {
+		req.IP = clientIP(req.IP, r.Header.Values("X-Forwarded-For"), trusted)
+	}
 	return req
+}
+
+// trustedPeer reports whether the address is in one of the ranges.
+func trustedPeer(addr string, trusted []netip.Prefix) bool {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return false
+	}
+	a = a.Unmap()
+	for _, p := range trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// clientIP walks back from the connection's address through the
+// X-Forwarded-For hops while they are trusted proxies, and returns the
+// first that is not (or the last trusted one, if all are). A hop that is
+// not an address ends the walk at the one before it: nothing further left
+// can be believed.
+func clientIP(peer string, forwarded []string, trusted []netip.Prefix) string {
+	isTrusted := func(s string) bool { return trustedPeer(s, trusted) }
+	ip := peer
+	for i := len(forwarded) - 1; i >= 0 && isTrusted(ip); i-- {
+		hops := strings.Split(forwarded[i], ",")
+		for j := len(hops) - 1; j >= 0 && isTrusted(ip); j-- {
+			hop := strings.TrimSpace(hops[j])
+			if _, err := netip.ParseAddr(hop); err != nil {
+				return ip
+			}
+			ip = hop
+		}
+	}
+	return ip
 }
 
 // Middleware checks every request against the engine before next sees it.
@@ -87,6 +137,10 @@ func (s *Server) proxy(upstream *url.URL) http.Handler {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
+			if host, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil && trustedPeer(host, s.opts.TrustedProxies) {
+				// A trusted proxy's chain goes on, this hop appended.
+				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+			}
 			pr.SetXForwarded()
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -99,5 +153,9 @@ func (s *Server) proxy(upstream *url.URL) http.Handler {
 		// decision="unlimited".
 		s.log.Warn("requests without an API key (X-API-Key or Authorization: Bearer) go through unlimited: no rule applies to a request carrying only its endpoint, method and IP address; add one (by: [ip], say) to limit them")
 	}
-	return Middleware(s.engine, MiddlewareOptions{Metrics: s.opts.Metrics, API: "proxy"})(rp)
+	mo := MiddlewareOptions{Metrics: s.opts.Metrics, API: "proxy"}
+	if len(s.opts.TrustedProxies) > 0 {
+		mo.Request = RequestBehind(s.opts.TrustedProxies)
+	}
+	return Middleware(s.engine, mo)(rp)
 }

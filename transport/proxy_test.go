@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -143,5 +144,81 @@ func TestProxyKeylessRequests(t *testing.T) {
 		if warned := strings.Contains(logs.String(), "requests without an API key"); warned != c.warn {
 			t.Errorf("%s: warned %v, want %v:\n%s", c.rules, warned, c.warn, logs.String())
 		}
+	}
+}
+
+// TestRequestBehindProxies: behind trusted proxies the client's address
+// is the last X-Forwarded-For hop that is not one of them; an untrusted
+// connection's X-Forwarded-For is not believed.
+func TestRequestBehindProxies(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}
+	for _, c := range []struct {
+		peer string
+		xff  []string
+		want string
+	}{
+		{"10.1.2.3:5000", []string{"203.0.113.7"}, "203.0.113.7"},
+		{"10.1.2.3:5000", []string{"198.51.100.1, 203.0.113.7, 10.9.9.9"}, "203.0.113.7"},   // a forged first hop stays unread
+		{"10.1.2.3:5000", []string{"198.51.100.1", "203.0.113.7, 10.9.9.9"}, "203.0.113.7"}, // several header lines
+		{"198.51.100.50:5000", []string{"203.0.113.7"}, "198.51.100.50"},                    // not a trusted peer
+		{"10.1.2.3:5000", nil, "10.1.2.3"},
+		{"10.1.2.3:5000", []string{"10.4.4.4, 10.5.5.5"}, "10.4.4.4"},    // all trusted: the farthest
+		{"10.1.2.3:5000", []string{"bogus, 203.0.113.7"}, "203.0.113.7"}, // the walk stops at the first untrusted
+		{"10.1.2.3:5000", []string{"203.0.113.7, bogus"}, "10.1.2.3"},    // garbage next: nothing beyond is believed
+		{"[2001:db8::1]:5000", []string{"2001:db8::2, 192.0.2.9"}, "192.0.2.9"},
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/x", nil)
+		r.RemoteAddr = c.peer
+		for _, v := range c.xff {
+			r.Header.Add("X-Forwarded-For", v)
+		}
+		if got := RequestBehind(trusted)(r).IP; got != c.want {
+			t.Errorf("peer %s, X-Forwarded-For %q: ip %q, want %q", c.peer, c.xff, got, c.want)
+		}
+		if got, want := DefaultRequest(r).IP, strings.Trim(c.peer[:strings.LastIndex(c.peer, ":")], "[]"); got != want {
+			t.Errorf("without trusted proxies: ip %q, want the connection's %q", got, want)
+		}
+	}
+}
+
+// TestProxyBehindTrustedProxies: regiond's proxy with trusted proxies in
+// front counts each client by its own address and passes the chain on.
+func TestProxyBehindTrustedProxies(t *testing.T) {
+	seen := make(chan string, 10)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Get("X-Forwarded-For")
+	}))
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	rs, err := regional.Parse("rules.yaml", []byte("rules:\n  - { id: per-ip, by: [ip], algorithm: fixed_window, limit: 1, window: 1h }\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(regional.New(regional.Config{Logger: discardLogger()}, rs),
+		Options{ProxyUpstream: u, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Logger: discardLogger()})
+	front := httptest.NewServer(s.Handler())
+	defer front.Close()
+	get := func(xff string) int {
+		req, _ := http.NewRequest(http.MethodGet, front.URL+"/x", nil)
+		req.Header.Set("X-Forwarded-For", xff)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get("203.0.113.7"); code != http.StatusOK {
+		t.Fatalf("first client: %d", code)
+	}
+	if got := <-seen; got != "203.0.113.7, 127.0.0.1" {
+		t.Fatalf("upstream saw X-Forwarded-For %q", got)
+	}
+	if code := get("203.0.113.8"); code != http.StatusOK {
+		t.Fatalf("another client behind the same proxy, counted apart: %d", code)
+	}
+	<-seen
+	if code := get("203.0.113.7"); code != http.StatusTooManyRequests {
+		t.Fatalf("the first client again: %d", code)
 	}
 }

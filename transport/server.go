@@ -3,6 +3,7 @@ package transport
 import (
 	"crypto/subtle"
 	"log/slog"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -27,6 +28,9 @@ type Options struct {
 	// ProxyUpstream, if set, makes the HTTP handler a reverse proxy to it
 	// for every path that is not regiond's own.
 	ProxyUpstream *url.URL
+	// TrustedProxies are the proxies in front of the reverse proxy whose
+	// X-Forwarded-For is believed (see RequestBehind).
+	TrustedProxies []netip.Prefix
 	// Metrics records what the server does; nil means none.
 	Metrics *Metrics
 	// Logger receives structured logs; nil means slog.Default().

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"strings"
@@ -42,6 +43,8 @@ type config struct {
 	timeout          time.Duration
 	shutdownTimeout  time.Duration
 	shutdownDelay    time.Duration
+	trustedProxies   string
+	trustedPrefixes  []netip.Prefix
 	maintainEvery    time.Duration
 	violationsMaxLen int64
 	reloadDebounce   time.Duration
@@ -74,6 +77,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.peers, "peers", "", "host:port of sibling replicas in this region, comma-separated")
 	fs.StringVar(&c.memberlistAddr, "memberlist-addr", "", "address for membership among this region's replicas")
 	fs.StringVar(&c.proxyUpstream, "proxy-upstream", "", "make the HTTP API a reverse proxy to this URL for every other path")
+	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "with --proxy-upstream: the proxies in front (CIDRs or addresses, comma-separated) whose X-Forwarded-For gives the client's IP")
 	fs.BoolVar(&c.dev, "dev", false, "run with nothing else: embedded NATS, in-memory store, the example rules")
 	c.tls.AddFlags(fs)
 	redaction := daemon.KeyRedaction(fs)
@@ -128,6 +132,23 @@ func (c *config) check() error {
 			return fmt.Errorf("--proxy-upstream %q: want an http:// or https:// URL", c.proxyUpstream)
 		}
 		c.proxyUpstreamURL = u
+	}
+	if c.trustedProxies != "" {
+		if c.proxyUpstream == "" {
+			return errors.New("--trusted-proxies: only with --proxy-upstream")
+		}
+		for _, f := range strings.Split(c.trustedProxies, ",") {
+			f = strings.TrimSpace(f)
+			p, err := netip.ParsePrefix(f)
+			if err != nil {
+				a, aerr := netip.ParseAddr(f)
+				if aerr != nil {
+					return fmt.Errorf("--trusted-proxies: %q: want a CIDR such as 10.0.0.0/8 or an address", f)
+				}
+				p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+			}
+			c.trustedPrefixes = append(c.trustedPrefixes, p.Masked())
+		}
 	}
 	switch c.logFormat {
 	case "text", "json":

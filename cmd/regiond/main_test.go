@@ -439,6 +439,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--dev", "--nats-nkey", "/nonexistent.nk"}, nil, "--nats-nkey"},
 		{[]string{"--dev", "--nats-tls-cert", "c.pem"}, nil, "--nats-tls-key"},
 		{[]string{"--dev", "--redis-cert", "c.pem"}, nil, "--redis-key"},
+		{[]string{"--dev", "--trusted-proxies", "10.0.0.0/8"}, nil, "--trusted-proxies: only with --proxy-upstream"},
+		{[]string{"--dev", "--proxy-upstream", "http://x", "--trusted-proxies", "10.0.0.0/33"}, nil, `--trusted-proxies: "10.0.0.0/33"`},
+		{[]string{"--dev", "--shutdown-delay", "-1s"}, nil, "--shutdown-delay"},
 	} {
 		_, err := parseFlags(tc.args, func(k string) string { return tc.env[k] })
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -150,7 +150,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 
 	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken, RedactKeys: c.redactKeys,
-		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, Metrics: metrics, Logger: log})
+		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, TrustedProxies: c.trustedPrefixes, Metrics: metrics, Logger: log})
 	addrs := []daemon.Addr{{Flag: "grpc-addr", Addr: c.grpcAddr}, {Flag: "http-addr", Addr: c.httpAddr}}
 	if c.debugAddr != "" {
 		addrs = append(addrs, daemon.Addr{Flag: "debug-addr", Addr: c.debugAddr})
