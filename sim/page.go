@@ -272,12 +272,7 @@ func writeOutcomes(b *strings.Builder, reps []*Report) {
 		return fmt.Sprintf("%s: %s (%.2f%% of its demand)", html.EscapeString(r.Regions[i]), group(t.falseRej), pct(t.falseRej, t.requests))
 	})
 	row("Window refused falsely the most<sup>1</sup>", func(r *Report) string {
-		worst := -1
-		for i, w := range r.Windows {
-			if w.FalseRejected > 0 && (worst < 0 || w.FalseRejected > r.Windows[worst].FalseRejected) {
-				worst = i
-			}
-		}
+		worst := r.worstWindow(func(w *Window) int64 { return w.FalseRejected })
 		if worst < 0 {
 			return "none"
 		}
@@ -285,12 +280,7 @@ func writeOutcomes(b *strings.Builder, reps []*Report) {
 		return fmt.Sprintf("%s: %s (%.2f%% of its requests)", r.windowString(w), group(w.FalseRejected), w.FalseRejPct())
 	})
 	row("Over-admission, worst window<sup>2</sup>", func(r *Report) string {
-		worst := -1
-		for i, w := range r.Windows {
-			if w.Over > 0 && (worst < 0 || w.Over > r.Windows[worst].Over) {
-				worst = i
-			}
-		}
+		worst := r.worstWindow(func(w *Window) int64 { return w.Over })
 		if worst < 0 {
 			return "none"
 		}
@@ -414,4 +404,16 @@ func writeRegions(b *strings.Builder, reps []*Report) {
 		b.WriteString("</tr>\n")
 	}
 	b.WriteString("</tbody></table>\n<p class=\"notes\">Percentages are of the region's demand; the region refused falsely the most, in proportion, is in bold.</p>\n")
+}
+
+// worstWindow is the index of the first window with the most of what by
+// counts, or -1 if none counts any.
+func (r *Report) worstWindow(by func(*Window) int64) int {
+	worst := -1
+	for i := range r.Windows {
+		if n := by(&r.Windows[i]); n > 0 && (worst < 0 || n > by(&r.Windows[worst])) {
+			worst = i
+		}
+	}
+	return worst
 }
