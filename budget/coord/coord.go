@@ -100,6 +100,7 @@ type Coordinator struct {
 	listed   map[string]bool        // regions named by a region's heartbeat
 	alloc    *budget.Allocator      // while leading
 	docs     map[string]budget.Document
+	issued   map[string][]issuedLeases // by rule, oldest first: see record
 
 	usage      *crdt.Counters
 	newRegions bool // a region was heard of since the copy was made
@@ -257,6 +258,9 @@ func (c *Coordinator) Restore(history [][]budget.Document) error {
 		}
 		latest := h[len(h)-1]
 		docs[latest.Rule] = latest
+		for _, d := range h {
+			c.record(d)
+		}
 		alloc.RestoreHistory(h)
 		c.books.inherit(latest.BooksClosed)
 	}
@@ -311,6 +315,7 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 		doc.SetSnapshot(c.alloc.Snapshot(rule.ID))
 		doc.BooksClosed = c.books.closed()
 		c.docs[rule.ID] = doc
+		c.record(doc)
 		docs = append(docs, doc)
 	}
 	return docs, found, errors.Join(errs...)
@@ -646,14 +651,17 @@ func (c *Coordinator) Status(now time.Time) []RegionStatus {
 	return out
 }
 
-// Figure is one region's figures for one rule at one time: what it may
-// admit (its lease's allowance, floor included), whether its lease holds,
-// and what it was asked for and admitted, in limits per window.
+// Figure is one region's figures for one rule at one time: what the
+// leader granted it (its lease's allowance, floor included), whether that
+// lease holds, and what it was asked for and admitted, in limits per
+// window. Demand and Admitted are of the replicas heard lately: Reported
+// says one was (a region cut off has none, and its figures say nothing).
 type Figure struct {
 	Share    float64 `json:"share"`
 	Valid    bool    `json:"lease_valid"`
 	Demand   float64 `json:"demand"`
 	Admitted float64 `json:"admitted"`
+	Reported bool    `json:"reported,omitempty"`
 }
 
 // Figures returns every rule's figures at now, by rule and region.
@@ -669,6 +677,7 @@ func (c *Coordinator) Figures(now time.Time) map[string]map[string]Figure {
 				p := points[r.region]
 				p.Demand += t.rate.Rate()
 				p.Admitted += t.admitted.Rate()
+				p.Reported = p.Reported || now.Sub(r.heard) <= c.demandSilence()
 				points[r.region] = p
 			}
 		}

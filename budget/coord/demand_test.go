@@ -125,3 +125,23 @@ func TestKeysOfUnknownRulesAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestObserveKeepsOnlyReportedRules: a follower takes in the leader's
+// documents of the rules its regions report, and no other: a message
+// cannot make it keep a rule no region runs.
+func TestObserveKeepsOnlyReportedRules(t *testing.T) {
+	f, err := coord.New(coord.Config{ID: "gs2", Regions: []string{"eu", "us"}, Budget: budget.DefaultConfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f.Heartbeat(now, gossip.Heartbeat{Region: "eu", Replica: "eu-1", Regions: []string{"eu", "us"},
+		Rules: map[string]gossip.RuleReport{"g": {WindowMillis: 60_000, Algorithm: "fixed_window"}}})
+	for _, rule := range []string{"g", "made-up"} {
+		f.Observe(budget.Document{Rule: rule, Seq: 7, Leader: "gs1", Issued: now})
+	}
+	docs := f.Budgets()
+	if len(docs) != 1 || docs[0].Rule != "g" || docs[0].Seq != 7 {
+		t.Fatalf("a follower keeps %+v, want the document of g alone", docs)
+	}
+}

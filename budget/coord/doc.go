@@ -31,6 +31,14 @@
 // (budget.Attribute) and, for a carry_debt rule, withheld from their next
 // windows. It needs the rules the regions enforce (SetRules).
 //
+// What is granted and what is enforced: a region cut off does not receive
+// the leases published for it, and runs on its last lease until that
+// expires, then on its floor. Each replica names in its heartbeat the
+// lease it holds; Enforced tells from it, and the documents that lease
+// came in, whether the region still holds a lease or is on its floor.
+// A coordinator that follows is given the leader's documents (Observe),
+// so that its Budgets, Figures and Enforced show the leases in force.
+//
 // # Use
 //
 //	c, _ := coord.New(coord.Config{ID: "gs-1", Regions: regions})
@@ -39,6 +47,8 @@
 //	c.Restore(history)                // on taking the lead
 //	docs, found, err := c.Rebalance(now) // every second, while leading: publish docs
 //	c.Tick(now)                       // every second, leader or not
+//	c.Observe(doc)                    // following: each document the leader publishes
+//	c.Enforced(now)                   // what each region's replicas say they enforce
 //
 // Nothing here does I/O, reads a clock or starts a goroutine; a
 // Coordinator is not safe for concurrent use.

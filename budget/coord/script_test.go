@@ -44,6 +44,10 @@ import (
 //	leader id=gs2              the leader goes; a new one, which heard the same gossip, takes over from
 //	                           the published documents
 //	status                     the regions as the leader sees them
+//	follower id=gs2            a coordinator that follows: it hears the same heartbeats, and is given
+//	                           every document the leader publishes (Observe)
+//	enforced [of=gs2]          what each region's replicas report they enforce, beside what the leader
+//	                           granted, as the leader (or the follower) sees it
 //	marks                      the leader's high-water marks of the live windows
 func TestScripts(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
@@ -56,6 +60,7 @@ func TestScripts(t *testing.T) {
 type harness struct {
 	start, now time.Time
 	c          *coord.Coordinator
+	follower   *coord.Coordinator // if any: hears what the leader hears, observes its documents
 	cfg        coord.Config
 	window     time.Duration
 	carryDebt  bool
@@ -99,6 +104,7 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		d.MaybeScanArgs(t, "id", &h.cfg.ID)
 		h.replicas, h.history, h.printed = map[string]*scriptReplica{}, map[string][]budget.Document{}, map[string]string{}
+		h.follower = nil
 		h.c = h.newLeader(t, h.cfg)
 		h.c.SetRules(h.now, h.rules(t, limit))
 		replicas := regions
@@ -180,6 +186,21 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 			}
 		}
 		fmt.Fprintf(&b, "%s %s leads, from %d published documents\n", h.at(), id, len(h.history["g"]))
+	case "follower":
+		cfg := h.cfg
+		d.ScanArgs(t, "id", &cfg.ID)
+		f, err := coord.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.follower = f
+		fmt.Fprintf(&b, "%s follows\n", cfg.ID)
+	case "enforced":
+		c := h.c
+		if d.HasArg("of") {
+			c = h.follower
+		}
+		h.printEnforced(c)
 	case "status":
 		for _, st := range h.c.Status(h.now) {
 			fmt.Fprintf(&b, "%s: last heard %dms ago, %d replicas, suspect %v\n", st.Region, st.LastHeardMS, st.Replicas, st.Suspect)
@@ -270,9 +291,13 @@ func (h *harness) heartbeat(r *scriptReplica) {
 	if epoch != r.usedEpoch {
 		used = 0
 	}
-	h.c.Heartbeat(h.now, gossip.Heartbeat{Region: r.region, Replica: r.name, Rules: map[string]gossip.RuleReport{
+	hb := gossip.Heartbeat{Region: r.region, Replica: r.name, Rules: map[string]gossip.RuleReport{
 		"g": {Admitted: r.total, Acked: r.acked, Used: used, UsedEpoch: epoch, WindowMillis: h.window.Milliseconds(),
-			Algorithm: "fixed_window", Limit: r.limit}}})
+			Algorithm: "fixed_window", Limit: r.limit}}}
+	h.c.Heartbeat(h.now, hb)
+	if h.follower != nil {
+		h.follower.Heartbeat(h.now, hb)
+	}
 	r.acked = r.held
 }
 
@@ -289,6 +314,9 @@ func (h *harness) rebalance(t *testing.T, full bool) {
 			oa.Admitted, oa.Amount, oa.CarryDebt)
 	}
 	for _, doc := range docs {
+		if h.follower != nil {
+			h.follower.Observe(doc)
+		}
 		h.history[doc.Rule] = append(h.history[doc.Rule], doc)
 		if len(h.history[doc.Rule]) > coord.History {
 			h.history[doc.Rule] = h.history[doc.Rule][1:]
@@ -313,6 +341,45 @@ func (h *harness) rebalance(t *testing.T, full bool) {
 		if !full {
 			h.printed[doc.Rule] = line
 		}
+	}
+}
+
+// printEnforced prints what each region enforces of rule g as c sees it,
+// and what c knows the leader granted it.
+func (h *harness) printEnforced(c *coord.Coordinator) {
+	enforced := c.Enforced(h.now)["g"]
+	doc := c.Budget("g")
+	for _, region := range c.Regions() {
+		e, ok := enforced[region]
+		var says string
+		switch {
+		case !ok:
+			says = "no report"
+		case e.State == coord.EnforcingLease && e.Allowance >= 0:
+			says = fmt.Sprintf("lease #%d %.3f until %s", e.Seq, e.Allowance, clock(time.UnixMilli(e.ExpiresMS).Sub(h.start)))
+		case e.State == coord.EnforcingLease:
+			says = fmt.Sprintf("lease #%d", e.Seq)
+		case e.State == coord.EnforcingLapsed && e.ExpiresMS > 0:
+			says = fmt.Sprintf("lapsed #%d at %s, floor %.3f", e.Seq, clock(time.UnixMilli(e.ExpiresMS).Sub(h.start)), e.Allowance)
+		case e.State == coord.EnforcingLapsed:
+			says = fmt.Sprintf("lapsed #%d, floor %.3f", e.Seq, e.Allowance)
+		case e.State == coord.EnforcingFloor:
+			says = fmt.Sprintf("no lease, floor %.3f", e.Allowance)
+		default:
+			says = fmt.Sprintf("lease #%d unknown", e.Seq)
+		}
+		if ok {
+			says += fmt.Sprintf(" (%d replicas, %d on floor, heard %dms ago)", e.Replicas, e.OnFloor, e.HeardMS)
+		}
+		granted := "nothing"
+		if l, ok := doc.Lease(region); ok {
+			state := "holds"
+			if !l.Holds(h.now) {
+				state = "expired"
+			}
+			granted = fmt.Sprintf("#%d %.3f until %s, %s", l.Seq, l.Allowance(), clock(l.Expires.Sub(h.start)), state)
+		}
+		fmt.Fprintf(h.out, "%s: enforces %s; granted %s\n", region, says, granted)
 	}
 }
 

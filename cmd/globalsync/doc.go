@@ -16,12 +16,20 @@
 //	globalsync --nats nats://127.0.0.1:4222 --grpc-addr 127.0.0.1:9081 --http-addr 127.0.0.1:9080 [--regions a,b,c]
 //
 // gRPC: geoquota.v1.GlobalSync (GetGlobalUsage, GetBudgets, ListRegions),
-// health and reflection. HTTP: GET /healthz, /metrics, /v1/budgets (the
-// leases last published), /v1/regions (regions heard from, replicas,
-// partition suspicion, and whether this instance leads),
-// /v1/over-admissions, and a dashboard at / (the regions, every global
-// rule's shares, lease state, demand and admissions over the last ten
-// minutes, from /v1/dashboard).
+// health and reflection. HTTP: GET /healthz (the process answers),
+// /readyz (200 once this instance knows whether it leads or which instance
+// does, from the leader's claim it read or wrote within the last leader
+// TTL, with its NATS connection up; 503 otherwise), /metrics, /v1/budgets
+// (the leases last published: a follower is given the leader's as they
+// are pushed), /v1/regions (regions heard from, replicas, partition
+// suspicion, and whether this instance leads), /v1/over-admissions, and a
+// dashboard at / (from /v1/dashboard): who leads, with a link to the
+// leader's dashboard on a follower's (the claim names it: --dashboard-url);
+// the regions; every global rule's leases as the leader granted them
+// beside what each region's replicas last reported they enforce (the
+// lease they acknowledge, and whether it still holds); demand and
+// admissions over the last ten minutes on a time axis, with the faults
+// seen (a region silent, a lease lapsed) and leader changes marked.
 //
 // With --rules the leader publishes the rules to every region (JetStream
 // KV bucket geoquota-rules) and closes each window's books: over-admission

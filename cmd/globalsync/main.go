@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -56,6 +57,7 @@ func main() {
 
 type config struct {
 	nats, grpcAddr, httpAddr, rules, adminToken, regions, id, logFormat string
+	dashboardURL                                                        string
 	rebalance, leaderTTL, leaseTTL                                      time.Duration
 	reserve                                                             float64
 	regionList                                                          []string
@@ -72,7 +74,8 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs := flag.NewFlagSet("globalsync", flag.ContinueOnError)
 	fs.StringVar(&c.nats, "nats", "", "NATS URL(s), with JetStream (required)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:9081", "address of the gRPC API: geoquota.v1.GlobalSync, health, reflection")
-	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API: /healthz, /v1/budgets, /v1/regions")
+	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API and dashboard: /, /healthz, /readyz, /v1/budgets, /v1/regions")
+	fs.StringVar(&c.dashboardURL, "dashboard-url", "", "this instance's dashboard as operators reach it, named to the other instances so that a follower's links to the leader's; default: from --http-addr")
 	fs.StringVar(&c.rules, "rules", "", "rules file (YAML), or a directory of envoyproxy/ratelimit domain files: with it, each window's books are closed (over-admission, carry_debt)")
 	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token every /v1 read and geoquota.v1.GlobalSync call must carry; empty: open")
 	fs.StringVar(&c.regions, "regions", "", "every region, comma-separated; empty: the regions heard from")
@@ -202,6 +205,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		go srv.Serve(httpLis)
 	}
 	defer srv.Close()
+	svc.SetURL(dashboardURL(c.dashboardURL, httpLis.Addr(), httpTLS != nil))
 	log.Info("globalsync serving", "id", c.id, "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String())
 	<-ctx.Done()
 	log.Info("shutting down")
@@ -215,6 +219,16 @@ func httpHandler(svc *Service, reg *prometheus.Registry, id, token string) http.
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", serveDashboard)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		rd := svc.Readiness()
+		if !rd.Ready {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "NOT_READY", "message": rd.Reason}})
+			return
+		}
+		writeJSON(w, map[string]string{"status": "ready", "role": rd.Role, "leader": rd.Leader})
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	read := func(pattern string, f func() any) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
@@ -231,6 +245,29 @@ func httpHandler(svc *Service, reg *prometheus.Registry, id, token string) http.
 	read("GET /v1/regions", func() any { return map[string]any{"leader": svc.Leader(), "id": id, "regions": svc.Regions()} })
 	read("GET /v1/dashboard", func() any { return svc.Dashboard() })
 	return mux
+}
+
+// dashboardURL is where operators reach the dashboard: flag, if given,
+// else the address the HTTP API listens on, named by the host's name if
+// that address is every interface's.
+func dashboardURL(flag string, addr net.Addr, tls bool) string {
+	if flag != "" {
+		return flag
+	}
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		if host, err = os.Hostname(); err != nil {
+			return ""
+		}
+	}
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port) + "/"
 }
 
 // requireToken makes every geoquota.v1.GlobalSync call carry the token in

@@ -29,6 +29,10 @@ import (
 type Config struct {
 	// ID tells this instance from the others.
 	ID string
+	// URL is where operators reach this instance's dashboard: the
+	// leader's claim names it, so that a follower's dashboard links to
+	// the leader's. Empty: not known (SetURL may tell it later).
+	URL string
 	// Regions are every region; empty: the regions heard from.
 	Regions []string
 	// Rebalance is how often budgets are recomputed and published. 1s.
@@ -96,13 +100,21 @@ type Service struct {
 	claims   jetstream.KeyValue
 	rulesKV  jetstream.KeyValue
 	gossip   *control.Gossip
+	pushed   *nats.Subscription // the budget documents the leader pushes
 
 	mu        sync.Mutex // over the coordinator, and the fields below
 	coord     *coord.Coordinator
 	leaderRev uint64            // the leader claim's revision, while leading
 	revs      map[string]uint64 // budget key → last revision seen
 	rulesRev  uint64            // the rules bucket's revision of the rules published
-	history   []DashboardSample // the dashboard's, oldest first
+	url       string            // Config.URL, or as SetURL set it
+	// claim is the leader's claim as this instance last read or wrote
+	// it, at claimAt; claimAt is zero while the last try to read or take
+	// it failed (who leads is not known).
+	claim   leaderClaim
+	claimAt time.Time
+	history []DashboardSample // the dashboard's, oldest first
+	faults  faultLog          // the dashboard's faults and leader changes
 
 	overAdmitted *prometheus.CounterVec
 
@@ -130,7 +142,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, nc: nc, coord: c, revs: map[string]uint64{}, overAdmitted: newOverAdmittedMetric(),
+	s := &Service{cfg: cfg, nc: nc, coord: c, revs: map[string]uint64{}, overAdmitted: newOverAdmittedMetric(), url: cfg.URL,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(s.overAdmitted, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_globalsync_leader",
@@ -158,7 +170,13 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("globalsync: %w", err)
 	}
 	s.subjects = node.Names()
+	// Following, the coordinator is given the leader's documents as they
+	// are pushed: the dashboard and the API show the leases in force.
+	if s.pushed, err = nc.Subscribe(s.subjects.PushBudgets(), s.observePushed); err != nil {
+		return nil, fmt.Errorf("globalsync: subscribing to the pushed budgets: %w", err)
+	}
 	if s.gossip, err = control.StartGossip(nc, node, control.GossipOptions{Clock: cfg.Clock, Manual: cfg.Manual, Logger: cfg.Logger}); err != nil {
+		s.pushed.Unsubscribe()
 		return nil, fmt.Errorf("globalsync: %w", err)
 	}
 	if cfg.Manual {
@@ -176,8 +194,28 @@ func (s *Service) Close() {
 		s.closed.Store(true)
 		close(s.stop)
 		<-s.done
+		s.pushed.Unsubscribe()
 		s.gossip.Close()
 	})
+}
+
+// observePushed hands the coordinator a budget document the leader
+// pushed; it keeps it only while following.
+func (s *Service) observePushed(m *nats.Msg) {
+	doc, err := budget.DecodeDocument(m.Data)
+	if err != nil {
+		s.cfg.Logger.Warn("globalsync: pushed budget document ignored", "err", err)
+		return
+	}
+	s.with(func(c *coord.Coordinator) { c.Observe(doc) })
+}
+
+// SetURL sets where operators reach this instance's dashboard (Config.URL),
+// for the claims it writes from now on.
+func (s *Service) SetURL(url string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.url = url
 }
 
 // Gossip returns the service's gossip, to tick it by hand (Manual).
@@ -188,6 +226,47 @@ func (s *Service) Leader() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.coord.Leading()
+}
+
+// Readiness says whether the instance is ready to serve (/readyz): it is
+// connected to NATS, and it knows whether it leads or which instance
+// does, from the leader's claim it read or wrote within the last leader
+// TTL.
+type Readiness struct {
+	Ready bool `json:"ready"`
+	// Role is "leader" or "follower" while ready.
+	Role string `json:"role,omitempty"`
+	// Leader is the leading instance's ID, and LeaderURL its dashboard
+	// if it said where that is.
+	Leader    string `json:"leader,omitempty"`
+	LeaderURL string `json:"leader_url,omitempty"`
+	// Reason says why the instance is not ready.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Readiness returns whether the instance is ready to serve, and its role.
+func (s *Service) Readiness() Readiness {
+	now := s.cfg.Clock()
+	s.mu.Lock()
+	claim, at, leading := s.claim, s.claimAt, s.coord.Leading()
+	s.mu.Unlock()
+	switch {
+	case s.closed.Load():
+		return Readiness{Reason: "shutting down"}
+	case !s.nc.IsConnected():
+		return Readiness{Reason: "not connected to NATS (" + s.nc.Status().String() + ")"}
+	case at.IsZero():
+		return Readiness{Reason: "does not know who leads: the leader's claim (JetStream KV bucket " +
+			s.cfg.Names.LeaderBucket() + ") could not be read or taken at the last try, or not yet"}
+	case now.Sub(at) > s.cfg.LeaderTTL:
+		return Readiness{Reason: fmt.Sprintf("last read the leader's claim %v ago, more than the leader TTL (%v)",
+			now.Sub(at).Round(time.Millisecond), s.cfg.LeaderTTL)}
+	}
+	r := Readiness{Ready: true, Role: "follower", Leader: claim.ID, LeaderURL: claim.URL}
+	if leading && claim.ID == s.cfg.ID {
+		r.Role = "leader"
+	}
+	return r
 }
 
 func (s *Service) run() {
@@ -287,29 +366,36 @@ func (s *Service) publishRules(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// leaderClaim is the leader's claim, the value of control.LeaderKey in the
+// leader bucket. URL, if known, is the leader's dashboard.
 type leaderClaim struct {
 	ID         string `json:"id"`
 	UntilMilli int64  `json:"until_ms"`
+	URL        string `json:"url,omitempty"`
 }
 
 // lead renews this instance's claim, or takes the lead if the claim has
 // lapsed; it reports whether this instance leads. Compare-and-swap on the
-// key's revision makes sure only one instance holds it.
+// key's revision makes sure only one instance holds it. It notes the
+// claim it read or wrote (nothing if it could do neither): who leads.
 func (s *Service) lead(ctx context.Context, now time.Time) bool {
-	val, _ := json.Marshal(leaderClaim{ID: s.cfg.ID, UntilMilli: now.Add(s.cfg.LeaderTTL).UnixMilli()})
 	s.mu.Lock()
+	own := leaderClaim{ID: s.cfg.ID, UntilMilli: now.Add(s.cfg.LeaderTTL).UnixMilli(), URL: s.url}
 	leading, rev := s.coord.Leading(), s.leaderRev
 	s.mu.Unlock()
+	val, _ := json.Marshal(own)
 	if leading {
 		nrev, err := s.claims.Update(ctx, control.LeaderKey, val, rev)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err != nil {
 			s.coord.Follow()
+			s.claimAt = time.Time{}
 			s.cfg.Logger.Warn("globalsync: lost the lead", "err", err)
 			return false
 		}
 		s.leaderRev = nrev
+		s.claim, s.claimAt = own, now
 		return true
 	}
 	var nrev uint64
@@ -321,6 +407,9 @@ func (s *Service) lead(ctx context.Context, now time.Time) bool {
 		var cur leaderClaim
 		if json.Unmarshal(en.Value(), &cur) == nil && cur.ID != s.cfg.ID &&
 			now.UnixMilli() < cur.UntilMilli+s.cfg.Budget.Skew.Milliseconds() {
+			s.mu.Lock()
+			s.claim, s.claimAt = cur, now
+			s.mu.Unlock()
 			return false // another leads
 		}
 		// Lapsed, or ours (this instance lost its step, a publish
@@ -328,16 +417,23 @@ func (s *Service) lead(ctx context.Context, now time.Time) bool {
 		nrev, err = s.claims.Update(ctx, control.LeaderKey, val, en.Revision())
 	}
 	if err != nil {
+		s.mu.Lock()
+		s.claimAt = time.Time{}
+		s.mu.Unlock()
 		return false
 	}
 	tctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.takeOver(tctx); err != nil {
+		s.mu.Lock()
+		s.claimAt = time.Time{}
+		s.mu.Unlock()
 		s.cfg.Logger.Warn("globalsync: taking the lead", "err", err)
 		return false
 	}
 	s.mu.Lock()
 	s.leaderRev = nrev
+	s.claim, s.claimAt = own, now
 	s.mu.Unlock()
 	s.cfg.Logger.Info("globalsync: leading", "id", s.cfg.ID)
 	return true

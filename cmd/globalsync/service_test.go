@@ -77,7 +77,9 @@ func (w *world) step(d time.Duration) {
 	regions, services := w.regions, w.services
 	w.mu.Unlock()
 	for _, r := range regions {
-		r.gossip.Tick()
+		if !r.silent.Load() {
+			r.gossip.Tick()
+		}
 	}
 	for _, s := range services {
 		if s.closed.Load() {
@@ -99,11 +101,13 @@ func (w *world) waitFor(d time.Duration, what string, cond func() bool) {
 }
 
 // region is one regiond replica in this process: an engine on memory, its
-// gossip, and its budget and rules watchers.
+// gossip, and its budget and rules watchers. A silent one sends nothing
+// (no heartbeat, no delta): globalsync no longer hears it.
 type region struct {
 	name   string
 	engine *regional.Engine
 	gossip *control.Gossip
+	silent atomic.Bool
 }
 
 // strictRules is a strict global limit.
@@ -588,6 +592,9 @@ func TestReadsNeedTheToken(t *testing.T) {
 			t.Errorf("GET %s without the token: %d, want 200", path, got)
 		}
 	}
+	if got := get("/readyz", ""); got == 401 {
+		t.Errorf("GET /readyz without the token: %d, want it open (200 or 503)", got)
+	}
 	// Lists are [] before anything is in them, never null.
 	for _, path := range []string{"/v1/budgets", "/v1/over-admissions"} {
 		req, _ := http.NewRequest(http.MethodGet, web.URL+path, nil)
@@ -655,5 +662,73 @@ func TestHelp(t *testing.T) {
 				t.Errorf("globalsync %s says nothing of %q:\n%s", h, want, err)
 			}
 		}
+	}
+}
+
+// TestReadyz: /readyz answers 503 until the instance knows who leads (it
+// has read or taken the leader's claim), then 200 with its role; 503 again
+// once its last read of the claim is older than the leader TTL, and while
+// NATS is away. /healthz stays 200 throughout.
+func TestReadyz(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	w := newWorld(t)
+	cfg := Config{Regions: []string{"eu", "us"}, Rebalance: 200 * time.Millisecond, LeaderTTL: time.Second}
+	serve := func(s *Service) string {
+		web := httptest.NewServer(httpHandler(s, prometheus.NewRegistry(), s.cfg.ID, "s3cret"))
+		t.Cleanup(web.Close)
+		return web.URL
+	}
+	type answer struct {
+		Status, Role, Leader string
+		Error                struct{ Code, Message string }
+	}
+	get := func(url, path string) (int, answer) {
+		t.Helper()
+		res, err := http.Get(url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var a answer
+		if path == "/readyz" {
+			if err := json.NewDecoder(res.Body).Decode(&a); err != nil {
+				t.Fatalf("GET %s: %v", path, err)
+			}
+		}
+		return res.StatusCode, a
+	}
+	a := w.service("a", ns.ClientURL(), cfg)
+	aURL := serve(a)
+	if code, got := get(aURL, "/readyz"); code != 503 || got.Error.Code != "NOT_READY" || !strings.Contains(got.Error.Message, "who leads") {
+		t.Fatalf("/readyz before the first tick: %d %+v, want 503 NOT_READY saying it does not know who leads", code, got)
+	}
+	w.step(200 * time.Millisecond)
+	if code, got := get(aURL, "/readyz"); code != 200 || got.Status != "ready" || got.Role != "leader" || got.Leader != "a" {
+		t.Fatalf("/readyz of the only instance: %d %+v, want 200, leading", code, got)
+	}
+	b := w.service("b", ns.ClientURL(), cfg)
+	bURL := serve(b)
+	w.step(200 * time.Millisecond)
+	if code, got := get(bURL, "/readyz"); code != 200 || got.Role != "follower" || got.Leader != "a" {
+		t.Fatalf("/readyz of the second instance: %d %+v, want 200, following a", code, got)
+	}
+	// Ticks stop while time goes on: what it knows of the leader is old.
+	w.mu.Lock()
+	w.now = w.now.Add(2 * cfg.LeaderTTL)
+	w.mu.Unlock()
+	if code, got := get(bURL, "/readyz"); code != 503 || !strings.Contains(got.Error.Message, "leader TTL") {
+		t.Fatalf("/readyz with the claim last read %v ago: %d %+v, want 503", 2*cfg.LeaderTTL, code, got)
+	}
+	w.step(200 * time.Millisecond)
+	if code, got := get(bURL, "/readyz"); code != 200 {
+		t.Fatalf("/readyz once ticking again: %d %+v, want 200", code, got)
+	}
+	ns.Stop()
+	harness.WaitFor(t, 20*time.Second, "b not ready without NATS", func() bool {
+		code, got := get(bURL, "/readyz")
+		return code == 503 && strings.Contains(got.Error.Message, "NATS")
+	})
+	if code, _ := get(bURL, "/healthz"); code != 200 {
+		t.Fatalf("/healthz without NATS: %d, want 200", code)
 	}
 }
