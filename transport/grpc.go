@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -316,16 +317,16 @@ func (s *Server) regionList() *pb.ListRegionsResponse {
 	out := &pb.ListRegionsResponse{AnsweredBy: s.opts.Region}
 	now := time.Now()
 	for _, r := range s.engine.GlobalRegions() {
-		st := &pb.RegionStatus{Region: r, LastHeardMs: -1, PartitionSuspected: true}
+		st := &pb.RegionStatus{Region: r, PartitionSuspected: true} // never heard: no last_heard_ms
 		if r == s.opts.Region {
-			st.LastHeardMs, st.PartitionSuspected = 0, false
+			st.LastHeardMs, st.PartitionSuspected = proto.Int64(0), false
 			for _, rule := range s.engine.GlobalRules() {
 				if l, _, ok := s.engine.Lease(rule.ID); ok {
 					st.Leases = append(st.Leases, LeaseProto(l, now))
 				}
 			}
 		} else if at, ok := s.engine.LastHeard(r); ok {
-			st.LastHeardMs, st.PartitionSuspected = now.Sub(at).Milliseconds(), now.Sub(at) > s.engine.StaleAfter()
+			st.LastHeardMs, st.PartitionSuspected = proto.Int64(now.Sub(at).Milliseconds()), now.Sub(at) > s.engine.StaleAfter()
 		}
 		out.Regions = append(out.Regions, st)
 	}

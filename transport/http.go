@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"io"
 	"maps"
 	"mime"
@@ -81,6 +82,12 @@ type errorBody struct {
 		Message string         `json:"message"`
 		Details map[string]any `json:"details,omitempty"`
 	} `json:"error"`
+}
+
+// WriteError answers an error as every geoquota HTTP API does:
+// {"error":{"code":…,"message":…}} (docs/api.md#errors).
+func WriteError(w http.ResponseWriter, status int, code, msg string) {
+	writeError(w, status, code, msg, nil)
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string, details map[string]any) {
@@ -378,12 +385,14 @@ type usageBody struct {
 	Regions       []regionBody `json:"regions"`
 }
 
+// regionBody is a region's part of a global counter. Share is null when
+// no budget is known, LastHeardMS when the region was never heard from.
 type regionBody struct {
-	Region      string  `json:"region"`
-	Used        int64   `json:"used"`
-	Share       float64 `json:"share"`
-	LastHeardMS int64   `json:"last_heard_ms"`
-	Stale       bool    `json:"stale"`
+	Region      string   `json:"region"`
+	Used        int64    `json:"used"`
+	Share       *float64 `json:"share"`
+	LastHeardMS *int64   `json:"last_heard_ms"`
+	Stale       bool     `json:"stale"`
 }
 
 // queryRequest reads rule and descriptors from a query string: rule=,
@@ -437,7 +446,7 @@ func (s *Server) usageBody(rule string, u regional.Usage) usageBody {
 	used := u.Limit - u.Remaining
 	b := usageBody{Rule: rule, Key: u.Key, Algorithm: u.Algorithm.String(), WindowSeconds: ceilSeconds(u.Window),
 		Limit: u.Limit, Remaining: u.Remaining, Used: used, ResetAt: rfc3339(u.ResetAt), GlobalUsed: used,
-		Regions: []regionBody{{Region: s.opts.Region, Used: used, Share: 1}}}
+		Regions: []regionBody{{Region: s.opts.Region, Used: used, Share: proto.Float64(1), LastHeardMS: proto.Int64(0)}}}
 	if !u.WindowStart.IsZero() {
 		// A window's start exactly (whole seconds for windows of whole
 		// seconds), as window_start= takes it back.
@@ -446,14 +455,17 @@ func (s *Server) usageBody(rule string, u regional.Usage) usageBody {
 	if u.Global {
 		b.GlobalUsed, b.Regions = u.GlobalUsed, b.Regions[:0]
 		for _, r := range u.Regions {
-			rb := regionBody{Region: r.Region, Used: r.Used, Share: r.Share}
+			rb := regionBody{Region: r.Region, Used: r.Used}
+			if r.Share >= 0 {
+				rb.Share = proto.Float64(r.Share)
+			}
 			if r.Region == s.opts.Region {
-				b.Used = r.Used
+				b.Used, rb.LastHeardMS = r.Used, proto.Int64(0)
 			} else if at, ok := s.engine.LastHeard(r.Region); ok {
-				rb.LastHeardMS = time.Since(at).Milliseconds()
+				rb.LastHeardMS = proto.Int64(time.Since(at).Milliseconds())
 				rb.Stale = time.Since(at) > s.engine.StaleAfter()
 			} else {
-				rb.LastHeardMS, rb.Stale = -1, true
+				rb.Stale = true // never heard: no last_heard_ms
 			}
 			b.Regions = append(b.Regions, rb)
 		}

@@ -48,13 +48,15 @@ const keepClosed = 10 * time.Minute
 // OverAdmission is one region's part of a window that admitted more than
 // its limit.
 type OverAdmission struct {
-	Rule, Key, Region string
-	WindowStart       time.Time
-	Amount            int64
+	Rule        string    `json:"rule"`
+	Key         string    `json:"key"`
+	Region      string    `json:"region"`
+	WindowStart time.Time `json:"window_start"`
+	Amount      int64     `json:"amount"`
 	// Admitted is what the region admitted in the window; CarryDebt says
 	// the amount is withheld from its next windows.
-	Admitted  int64
-	CarryDebt bool
+	Admitted  int64 `json:"admitted"`
+	CarryDebt bool  `json:"carry_debt"`
 }
 
 // SetRules gives the coordinator the rules the regions enforce, in force

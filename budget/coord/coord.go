@@ -624,8 +624,10 @@ func (c *Coordinator) Window(rule string) (time.Duration, bool) {
 
 // RegionStatus is what the coordinator knows of a region.
 type RegionStatus struct {
-	Region      string `json:"region"`
-	LastHeardMS int64  `json:"last_heard_ms"`
+	Region string `json:"region"`
+	// LastHeardMS is how long ago the region was last heard from; nil
+	// (JSON null) if never.
+	LastHeardMS *int64 `json:"last_heard_ms"`
 	Replicas    int    `json:"replicas"`
 	// Suspect is set when the region has been silent for longer than
 	// three rebalances: cut off, or down.
@@ -636,9 +638,10 @@ type RegionStatus struct {
 func (c *Coordinator) Status(now time.Time) []RegionStatus {
 	var out []RegionStatus
 	for _, name := range c.Regions() {
-		st := RegionStatus{Region: name, LastHeardMS: -1, Suspect: true}
+		st := RegionStatus{Region: name, Suspect: true}
 		if at, ok := c.heard[name]; ok {
-			st.LastHeardMS = now.Sub(at).Milliseconds()
+			ms := now.Sub(at).Milliseconds()
+			st.LastHeardMS = &ms
 			st.Suspect = now.Sub(at) > 3*c.cfg.Rebalance
 		}
 		for _, r := range c.replicas {

@@ -94,8 +94,8 @@ type Enforced struct {
 	Seq uint64 `json:"seq,omitempty"`
 	// Allowance is what the region may admit per window under it, as a
 	// fraction of the limit: the lease's allowance while it holds, its
-	// floor otherwise; -1 if not known (EnforcingUnknown).
-	Allowance float64 `json:"allowance"`
+	// floor otherwise; nil (absent) if not known (EnforcingUnknown).
+	Allowance *float64 `json:"allowance,omitempty"`
 	// ExpiresMS is when the lease expires (Unix ms), 0 if not known.
 	ExpiresMS int64 `json:"expires_ms,omitempty"`
 	// Replicas is how many replicas' reports this is of: those heard
@@ -170,9 +170,9 @@ func (c *Coordinator) enforced(rule, region string, floor float64, now time.Time
 // if an older one does, and has lapsed if a newer one has.
 func (c *Coordinator) replicaEnforces(rule, region string, acked uint64, floor float64, now time.Time) Enforced {
 	if acked == 0 {
-		return Enforced{State: EnforcingFloor, Allowance: floor}
+		return Enforced{State: EnforcingFloor, Allowance: &floor}
 	}
-	e := Enforced{State: EnforcingUnknown, Seq: acked, Allowance: -1}
+	e := Enforced{State: EnforcingUnknown, Seq: acked}
 	for _, is := range c.issued[rule] {
 		l, ok := is.leases[region]
 		if !ok {
@@ -183,16 +183,18 @@ func (c *Coordinator) replicaEnforces(rule, region string, acked uint64, floor f
 		case is.seq == acked:
 			e.ExpiresMS = l.Expires.UnixMilli()
 			if holds {
-				e.State, e.Allowance = EnforcingLease, max(0, l.Floor+l.Share-l.Debt)
+				e.State, e.Allowance = EnforcingLease, ptr(max(0, l.Floor+l.Share-l.Debt))
 			} else {
-				e.State, e.Allowance = EnforcingLapsed, l.Floor
+				e.State, e.Allowance = EnforcingLapsed, ptr(l.Floor)
 			}
 			return e
 		case is.seq < acked && holds:
 			e.State = EnforcingLease
 		case is.seq > acked && !holds && e.State == EnforcingUnknown:
-			e.State, e.Allowance = EnforcingLapsed, l.Floor
+			e.State, e.Allowance = EnforcingLapsed, ptr(l.Floor)
 		}
 	}
 	return e
 }
+
+func ptr(f float64) *float64 { return &f }

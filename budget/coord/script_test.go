@@ -203,7 +203,11 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		h.printEnforced(c)
 	case "status":
 		for _, st := range h.c.Status(h.now) {
-			fmt.Fprintf(&b, "%s: last heard %dms ago, %d replicas, suspect %v\n", st.Region, st.LastHeardMS, st.Replicas, st.Suspect)
+			heard := int64(-1)
+			if st.LastHeardMS != nil {
+				heard = *st.LastHeardMS
+			}
+			fmt.Fprintf(&b, "%s: last heard %dms ago, %d replicas, suspect %v\n", st.Region, heard, st.Replicas, st.Suspect)
 		}
 	case "marks":
 		doc := h.c.Budget("g")
@@ -355,16 +359,16 @@ func (h *harness) printEnforced(c *coord.Coordinator) {
 		switch {
 		case !ok:
 			says = "no report"
-		case e.State == coord.EnforcingLease && e.Allowance >= 0:
-			says = fmt.Sprintf("lease #%d %.3f until %s", e.Seq, e.Allowance, clock(time.UnixMilli(e.ExpiresMS).Sub(h.start)))
+		case e.State == coord.EnforcingLease && e.Allowance != nil:
+			says = fmt.Sprintf("lease #%d %.3f until %s", e.Seq, *e.Allowance, clock(time.UnixMilli(e.ExpiresMS).Sub(h.start)))
 		case e.State == coord.EnforcingLease:
 			says = fmt.Sprintf("lease #%d", e.Seq)
 		case e.State == coord.EnforcingLapsed && e.ExpiresMS > 0:
-			says = fmt.Sprintf("lapsed #%d at %s, floor %.3f", e.Seq, clock(time.UnixMilli(e.ExpiresMS).Sub(h.start)), e.Allowance)
+			says = fmt.Sprintf("lapsed #%d at %s, floor %.3f", e.Seq, clock(time.UnixMilli(e.ExpiresMS).Sub(h.start)), *e.Allowance)
 		case e.State == coord.EnforcingLapsed:
-			says = fmt.Sprintf("lapsed #%d, floor %.3f", e.Seq, e.Allowance)
+			says = fmt.Sprintf("lapsed #%d, floor %.3f", e.Seq, *e.Allowance)
 		case e.State == coord.EnforcingFloor:
-			says = fmt.Sprintf("no lease, floor %.3f", e.Allowance)
+			says = fmt.Sprintf("no lease, floor %.3f", *e.Allowance)
 		default:
 			says = fmt.Sprintf("lease #%d unknown", e.Seq)
 		}

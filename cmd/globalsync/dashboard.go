@@ -81,10 +81,11 @@ func (f *faultLog) note(now time.Time, regions []coord.RegionStatus, enforced ma
 		// the fault is marked, though it shows a few rebalances later.
 		since, silent := f.silent[st.Region]
 		switch {
-		case st.Suspect && st.LastHeardMS >= 0 && !silent:
-			f.silent[st.Region] = ms - st.LastHeardMS
-			add(ms-st.LastHeardMS, FaultSilent, st.Region, "", fmt.Sprintf("%s not heard from then on (noticed %.1f s later): cut off, or down",
-				st.Region, float64(st.LastHeardMS)/1000))
+		case st.Suspect && st.LastHeardMS != nil && !silent:
+			heard := *st.LastHeardMS
+			f.silent[st.Region] = ms - heard
+			add(ms-heard, FaultSilent, st.Region, "", fmt.Sprintf("%s not heard from then on (noticed %.1f s later): cut off, or down",
+				st.Region, float64(heard)/1000))
 		case !st.Suspect && silent:
 			delete(f.silent, st.Region)
 			add(ms, FaultHeard, st.Region, "", fmt.Sprintf("%s heard again, after %.0f s", st.Region, float64(ms-since)/1000))
@@ -97,7 +98,11 @@ func (f *faultLog) note(now time.Time, regions []coord.RegionStatus, enforced ma
 			switch {
 			case e.State == coord.EnforcingLapsed && !f.lapsed[k]:
 				f.lapsed[k] = true
-				add(ms, FaultLapsed, region, rule, fmt.Sprintf("%s's lease of %s lapsed, by its last report: on its floor, %.3f of the limit", region, rule, e.Allowance))
+				text := fmt.Sprintf("%s's lease of %s lapsed, by its last report: on its floor", region, rule)
+				if e.Allowance != nil {
+					text += fmt.Sprintf(", %.3f of the limit", *e.Allowance)
+				}
+				add(ms, FaultLapsed, region, rule, text)
 			case e.State == coord.EnforcingLease && f.lapsed[k]:
 				delete(f.lapsed, k)
 				add(ms, FaultRenewed, region, rule, fmt.Sprintf("%s holds a lease of %s again", region, rule))

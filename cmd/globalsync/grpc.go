@@ -43,12 +43,14 @@ func (g grpcServer) GetGlobalUsage(_ context.Context, in *pb.GetGlobalUsageReque
 	used := g.s.GlobalUsage(regional.CounterKey(in.GetRule(), in.GetKey()), time.UnixMilli(start))
 	out := &pb.GetGlobalUsageResponse{Rule: in.GetRule(), Key: in.GetKey(), WindowStartUnixMs: start}
 	for _, st := range g.s.Regions() {
-		ru := &pb.RegionUsage{Region: st.Region, Used: used[st.Region], LastHeardMs: st.LastHeardMS, Stale: st.Suspect, Share: -1}
+		// share absent: no budget known.
+		ru := &pb.RegionUsage{Region: st.Region, Used: used[st.Region], LastHeardMs: st.LastHeardMS, Stale: st.Suspect}
 		if l, ok := doc.Lease(st.Region); ok && doc.Seq > 0 {
-			ru.Share = l.Allowance()
+			share := l.Allowance()
 			if !l.Holds(now) {
-				ru.Share = l.Floor
+				share = l.Floor
 			}
+			ru.Share = &share
 		}
 		out.GlobalUsed += ru.Used
 		out.Regions = append(out.Regions, ru)

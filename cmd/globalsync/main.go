@@ -234,7 +234,7 @@ func httpHandler(svc *Service, reg *prometheus.Registry, id, token string) http.
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			if token != "" && !transport.BearerMatches(r.Header.Get("Authorization"), token) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="geoquota"`)
-				http.Error(w, "globalsync's API needs Authorization: Bearer <admin token>", http.StatusUnauthorized)
+				transport.WriteError(w, http.StatusUnauthorized, "UNAUTHENTICATED", "globalsync's API needs Authorization: Bearer <admin token>")
 				return
 			}
 			writeJSON(w, f())
@@ -244,6 +244,22 @@ func httpHandler(svc *Service, reg *prometheus.Registry, id, token string) http.
 	read("GET /v1/budgets", func() any { return svc.Budgets() })
 	read("GET /v1/regions", func() any { return map[string]any{"leader": svc.Leader(), "id": id, "regions": svc.Regions()} })
 	read("GET /v1/dashboard", func() any { return svc.Dashboard() })
+	// Errors as JSON, as every geoquota API answers them (SPEC §12): a
+	// path served with another method, and any other path.
+	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/v1/over-admissions", "/v1/budgets", "/v1/regions", "/v1/dashboard"} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", "GET, HEAD")
+			transport.WriteError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", r.Method+" "+path+": use GET")
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			w.Header().Set("Allow", "GET, HEAD")
+			transport.WriteError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", r.Method+" /: use GET")
+			return
+		}
+		transport.WriteError(w, http.StatusNotFound, "NOT_FOUND", "no such endpoint: "+r.Method+" "+r.URL.Path)
+	})
 	return mux
 }
 

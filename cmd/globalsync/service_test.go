@@ -369,7 +369,7 @@ func TestGlobalSyncAPI(t *testing.T) {
 		u, err = client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "g", Key: "k7"})
 		return err == nil && u.GetGlobalUsed() == 7
 	})
-	if len(u.Regions) != 2 || u.Regions[0].Region != "eu" || u.Regions[0].Used != 7 || u.Regions[0].Share <= 0 || u.Regions[1].Used != 0 {
+	if len(u.Regions) != 2 || u.Regions[0].Region != "eu" || u.Regions[0].Used != 7 || u.Regions[0].GetShare() <= 0 || u.Regions[1].Used != 0 {
 		t.Fatalf("GetGlobalUsage: %v", u)
 	}
 	// A region's own usage report knows the other regions' shares too,
@@ -594,6 +594,56 @@ func TestReadsNeedTheToken(t *testing.T) {
 	}
 	if got := get("/readyz", ""); got == 401 {
 		t.Errorf("GET /readyz without the token: %d, want it open (200 or 503)", got)
+	}
+	// Errors are JSON, as every geoquota API's: 401, 404, 405.
+	for _, c := range []struct {
+		method, path, auth string
+		status             int
+		code               string
+	}{
+		{http.MethodGet, "/v1/budgets", "", 401, "UNAUTHENTICATED"},
+		{http.MethodGet, "/v1/nothing", "", 404, "NOT_FOUND"},
+		{http.MethodPost, "/v1/budgets", "Bearer s3cret", 405, "METHOD_NOT_ALLOWED"},
+		{http.MethodDelete, "/", "", 405, "METHOD_NOT_ALLOWED"},
+	} {
+		req, _ := http.NewRequest(c.method, web.URL+c.path, nil)
+		if c.auth != "" {
+			req.Header.Set("Authorization", c.auth)
+		}
+		res, err := web.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Error struct{ Code, Message string }
+		}
+		derr := json.NewDecoder(res.Body).Decode(&body)
+		res.Body.Close()
+		if res.StatusCode != c.status || derr != nil || body.Error.Code != c.code || res.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d %+v (%v), want %d %s as JSON", c.method, c.path, res.StatusCode, body, derr, c.status, c.code)
+		}
+	}
+	// A region never heard from: last_heard_ms null, not a number.
+	{
+		req, _ := http.NewRequest(http.MethodGet, web.URL+"/v1/regions", nil)
+		req.Header.Set("Authorization", "Bearer s3cret")
+		res, err := web.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Regions []map[string]any `json:"regions"`
+		}
+		json.NewDecoder(res.Body).Decode(&body)
+		res.Body.Close()
+		if len(body.Regions) != 2 {
+			t.Fatalf("/v1/regions: %v", body)
+		}
+		for _, r := range body.Regions {
+			if v, ok := r["last_heard_ms"]; !ok || v != nil {
+				t.Errorf("/v1/regions: a region never heard from has last_heard_ms %v (given: %v), want null", v, ok)
+			}
+		}
 	}
 	// Lists are [] before anything is in them, never null.
 	for _, path := range []string{"/v1/budgets", "/v1/over-admissions"} {

@@ -538,7 +538,7 @@ rules:
 	defer conn.Close()
 	lr, err := pb.NewRateLimiterClient(conn).ListRegions(t.Context(), &pb.ListRegionsRequest{})
 	if err != nil || lr.AnsweredBy != "us" || len(lr.Regions) != 2 || lr.Regions[0].Region != "eu" || lr.Regions[0].PartitionSuspected ||
-		lr.Regions[0].LastHeardMs < 0 || lr.Regions[1].Region != "us" || len(lr.Regions[1].Leases) != 0 {
+		lr.Regions[0].LastHeardMs == nil || lr.Regions[0].GetLastHeardMs() < 0 || lr.Regions[1].Region != "us" || len(lr.Regions[1].Leases) != 0 {
 		t.Fatalf("ListRegions: %v, %v", lr, err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/geoquota/geoquota/budget/coord"
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/geoquota/geoquota/sim"
 )
@@ -286,11 +287,7 @@ func (run *liveRun) books(ctx context.Context) ([]sim.OverAdmission, time.Durati
 		fmt.Fprintln(run.stderr, "sim live: no globalsync leads: over-admission found by globalsync not reported")
 		return nil, 0
 	}
-	var all []struct {
-		Rule, Key, Region string
-		WindowStart       time.Time
-		Amount            int64
-	}
+	var all []coord.OverAdmission
 	if err := run.getJSON(ctx, "http://"+leader+"/v1/over-admissions", &all); err != nil {
 		fmt.Fprintf(run.stderr, "sim live: over-admissions: %v\n", err)
 		return nil, 0

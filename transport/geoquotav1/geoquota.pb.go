@@ -629,11 +629,12 @@ type RegionUsage struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
 	Used   int64                  `protobuf:"varint,2,opt,name=used,proto3" json:"used,omitempty"`
-	// The region's budget share of the global limit, 0 to 1.
-	Share float64 `protobuf:"fixed64,3,opt,name=share,proto3" json:"share,omitempty"`
-	// How long ago this region was last heard from.
-	LastHeardMs   int64 `protobuf:"varint,4,opt,name=last_heard_ms,json=lastHeardMs,proto3" json:"last_heard_ms,omitempty"`
-	Stale         bool  `protobuf:"varint,5,opt,name=stale,proto3" json:"stale,omitempty"`
+	// The region's budget share of the global limit, 0 to 1; absent when no
+	// budget is known.
+	Share *float64 `protobuf:"fixed64,3,opt,name=share,proto3,oneof" json:"share,omitempty"`
+	// How long ago this region was last heard from; absent if never.
+	LastHeardMs   *int64 `protobuf:"varint,4,opt,name=last_heard_ms,json=lastHeardMs,proto3,oneof" json:"last_heard_ms,omitempty"`
+	Stale         bool   `protobuf:"varint,5,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -683,15 +684,15 @@ func (x *RegionUsage) GetUsed() int64 {
 }
 
 func (x *RegionUsage) GetShare() float64 {
-	if x != nil {
-		return x.Share
+	if x != nil && x.Share != nil {
+		return *x.Share
 	}
 	return 0
 }
 
 func (x *RegionUsage) GetLastHeardMs() int64 {
-	if x != nil {
-		return x.LastHeardMs
+	if x != nil && x.LastHeardMs != nil {
+		return *x.LastHeardMs
 	}
 	return 0
 }
@@ -1654,8 +1655,8 @@ func (x *ListRegionsResponse) GetLeader() bool {
 type RegionStatus struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
-	// How long ago the region was last heard from; -1 if never.
-	LastHeardMs int64 `protobuf:"varint,2,opt,name=last_heard_ms,json=lastHeardMs,proto3" json:"last_heard_ms,omitempty"`
+	// How long ago the region was last heard from; absent if never.
+	LastHeardMs *int64 `protobuf:"varint,2,opt,name=last_heard_ms,json=lastHeardMs,proto3,oneof" json:"last_heard_ms,omitempty"`
 	// Silent for longer than a few heartbeats: cut off, or down.
 	PartitionSuspected bool `protobuf:"varint,3,opt,name=partition_suspected,json=partitionSuspected,proto3" json:"partition_suspected,omitempty"`
 	// Replicas heard from lately (globalsync only).
@@ -1704,8 +1705,8 @@ func (x *RegionStatus) GetRegion() string {
 }
 
 func (x *RegionStatus) GetLastHeardMs() int64 {
-	if x != nil {
-		return x.LastHeardMs
+	if x != nil && x.LastHeardMs != nil {
+		return *x.LastHeardMs
 	}
 	return 0
 }
@@ -2181,13 +2182,15 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	" \x01(\x03R\n" +
 	"globalUsed\x122\n" +
 	"\aregions\x18\v \x03(\v2\x18.geoquota.v1.RegionUsageR\aregions\x12\x16\n" +
-	"\x06region\x18\f \x01(\tR\x06region\"\x89\x01\n" +
+	"\x06region\x18\f \x01(\tR\x06region\"\xaf\x01\n" +
 	"\vRegionUsage\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x12\n" +
-	"\x04used\x18\x02 \x01(\x03R\x04used\x12\x14\n" +
-	"\x05share\x18\x03 \x01(\x01R\x05share\x12\"\n" +
-	"\rlast_heard_ms\x18\x04 \x01(\x03R\vlastHeardMs\x12\x14\n" +
-	"\x05stale\x18\x05 \x01(\bR\x05stale\"U\n" +
+	"\x04used\x18\x02 \x01(\x03R\x04used\x12\x19\n" +
+	"\x05share\x18\x03 \x01(\x01H\x00R\x05share\x88\x01\x01\x12'\n" +
+	"\rlast_heard_ms\x18\x04 \x01(\x03H\x01R\vlastHeardMs\x88\x01\x01\x12\x14\n" +
+	"\x05stale\x18\x05 \x01(\bR\x05staleB\b\n" +
+	"\x06_shareB\x10\n" +
+	"\x0e_last_heard_ms\"U\n" +
 	"\x0fResetKeyRequest\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12.\n" +
 	"\arequest\x18\x02 \x01(\v2\x14.geoquota.v1.RequestR\arequest\"\x12\n" +
@@ -2243,13 +2246,14 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\aregions\x18\x01 \x03(\v2\x19.geoquota.v1.RegionStatusR\aregions\x12\x1f\n" +
 	"\vanswered_by\x18\x02 \x01(\tR\n" +
 	"answeredBy\x12\x16\n" +
-	"\x06leader\x18\x03 \x01(\bR\x06leader\"\xc3\x01\n" +
+	"\x06leader\x18\x03 \x01(\bR\x06leader\"\xda\x01\n" +
 	"\fRegionStatus\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\tR\x06region\x12\"\n" +
-	"\rlast_heard_ms\x18\x02 \x01(\x03R\vlastHeardMs\x12/\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12'\n" +
+	"\rlast_heard_ms\x18\x02 \x01(\x03H\x00R\vlastHeardMs\x88\x01\x01\x12/\n" +
 	"\x13partition_suspected\x18\x03 \x01(\bR\x12partitionSuspected\x12\x1a\n" +
 	"\breplicas\x18\x04 \x01(\x05R\breplicas\x12*\n" +
-	"\x06leases\x18\x05 \x03(\v2\x12.geoquota.v1.LeaseR\x06leases\"\xc3\x01\n" +
+	"\x06leases\x18\x05 \x03(\v2\x12.geoquota.v1.LeaseR\x06leasesB\x10\n" +
+	"\x0e_last_heard_ms\"\xc3\x01\n" +
 	"\x05Lease\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x10\n" +
@@ -2417,6 +2421,8 @@ func file_transport_geoquotav1_geoquota_proto_init() {
 	if File_transport_geoquotav1_geoquota_proto != nil {
 		return
 	}
+	file_transport_geoquotav1_geoquota_proto_msgTypes[7].OneofWrappers = []any{}
+	file_transport_geoquotav1_geoquota_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
