@@ -238,29 +238,24 @@ func (r *Report) worstRegion() int {
 	return worst
 }
 
-// writeOutcomes writes the table of a run's outcomes, a column per
-// report, and its notes.
-func writeOutcomes(b *strings.Builder, reps []*Report) {
-	b.WriteString(`<table class="outcomes"><thead><tr><th></th>`)
-	for _, r := range reps {
-		fmt.Fprintf(b, "<th>%s</th>", r.Mode)
-	}
-	b.WriteString("</tr></thead><tbody>\n")
-	row := func(name string, cell func(r *Report) string) {
-		fmt.Fprintf(b, "<tr><th>%s</th>", name)
-		for _, r := range reps {
-			fmt.Fprintf(b, "<td>%s</td>", cell(r))
-		}
-		b.WriteString("</tr>\n")
-	}
-	row("Demand (requests asked)", func(r *Report) string { return group(r.Requests) })
-	row("Admitted", func(r *Report) string {
+// outcomeRow is a row of the outcomes table: its name, and its cell for a
+// report. compare marks the rows the scenarios' comparison shows too.
+type outcomeRow struct {
+	name    string
+	compare bool
+	cell    func(r *Report) string
+}
+
+// outcomeRows are the rows of the outcomes table, in order.
+var outcomeRows = []outcomeRow{
+	{"Demand (requests asked)", false, func(r *Report) string { return group(r.Requests) }},
+	{"Admitted", true, func(r *Report) string {
 		return fmt.Sprintf("%s (%.1f%% of demand)", group(r.Admitted), pct(r.Admitted, r.Requests))
-	})
-	row("False rejections<sup>1</sup>", func(r *Report) string {
+	}},
+	{"False rejections<sup>1</sup>", true, func(r *Report) string {
 		return fmt.Sprintf("%s (%.2f%% of demand)", group(r.FalseRejected), pct(r.FalseRejected, r.Requests))
-	})
-	row("Region refused falsely the most<sup>1</sup>", func(r *Report) string {
+	}},
+	{"Region refused falsely the most<sup>1</sup>", true, func(r *Report) string {
 		i := r.worstRegion()
 		if i < 0 {
 			if len(r.Windows) > 0 && r.Windows[0].FalseRejectedByRegion == nil {
@@ -270,30 +265,30 @@ func writeOutcomes(b *strings.Builder, reps []*Report) {
 		}
 		t := r.byRegion()[i]
 		return fmt.Sprintf("%s: %s (%.2f%% of its demand)", html.EscapeString(r.Regions[i]), group(t.falseRej), pct(t.falseRej, t.requests))
-	})
-	row("Window refused falsely the most<sup>1</sup>", func(r *Report) string {
+	}},
+	{"Window refused falsely the most<sup>1</sup>", false, func(r *Report) string {
 		worst := r.worstWindow(func(w *Window) int64 { return w.FalseRejected })
 		if worst < 0 {
 			return "none"
 		}
 		w := r.Windows[worst]
 		return fmt.Sprintf("%s: %s (%.2f%% of its requests)", r.windowString(w), group(w.FalseRejected), w.FalseRejPct())
-	})
-	row("Over-admission, worst window<sup>2</sup>", func(r *Report) string {
+	}},
+	{"Over-admission, worst window<sup>2</sup>", true, func(r *Report) string {
 		worst := r.worstWindow(func(w *Window) int64 { return w.Over })
 		if worst < 0 {
 			return "none"
 		}
 		w := r.Windows[worst]
 		return fmt.Sprintf("%.2f%% of the limit (%s)", w.OverPct(r.Limit), r.windowString(w))
-	})
-	row("Over-admission allowed", func(r *Report) string {
+	}},
+	{"Over-admission allowed", false, func(r *Report) string {
 		if r.Mode == "elastic" {
 			return fmt.Sprintf("up to %g%% of the limit", r.ElasticBound)
 		}
 		return "none"
-	})
-	row("Over-admitted in all<sup>2</sup>", func(r *Report) string {
+	}},
+	{"Over-admitted in all<sup>2</sup>", true, func(r *Report) string {
 		var over int64
 		n := 0
 		for _, w := range r.Windows {
@@ -303,8 +298,8 @@ func writeOutcomes(b *strings.Builder, reps []*Report) {
 			}
 		}
 		return fmt.Sprintf("%s in %d of %d windows", group(over), n, len(r.Windows))
-	})
-	row("Busiest counter, least admitted in a full window<sup>3</sup>", func(r *Report) string {
+	}},
+	{"Busiest counter, least admitted in a full window<sup>3</sup>", true, func(r *Report) string {
 		least := -1
 		for i, w := range r.Windows {
 			if w.Full && (least < 0 || w.Admitted < r.Windows[least].Admitted) {
@@ -316,8 +311,8 @@ func writeOutcomes(b *strings.Builder, reps []*Report) {
 		}
 		w := r.Windows[least]
 		return fmt.Sprintf("%.1f%% of the limit (%s)", 100*w.Utilization(r.Limit), r.windowString(w))
-	})
-	row("Copies agreed after a heal", func(r *Report) string {
+	}},
+	{"Copies agreed after a heal", true, func(r *Report) string {
 		if len(r.Heals) == 0 {
 			return "no heal"
 		}
@@ -330,8 +325,8 @@ func writeOutcomes(b *strings.Builder, reps []*Report) {
 			}
 		}
 		return strings.Join(parts, "; ")
-	})
-	row("Lease expiries", func(r *Report) string {
+	}},
+	{"Lease expiries", false, func(r *Report) string {
 		if r.Live {
 			return "not seen live"
 		}
@@ -343,8 +338,8 @@ func writeOutcomes(b *strings.Builder, reps []*Report) {
 			parts = append(parts, fmt.Sprintf("%s at %s", html.EscapeString(e.Region), timeString(e.At)))
 		}
 		return strings.Join(parts, ", ")
-	})
-	row("Over-admission globalsync found<sup>4</sup>", func(r *Report) string {
+	}},
+	{"Over-admission globalsync found<sup>4</sup>", false, func(r *Report) string {
 		var found int64
 		for _, f := range r.Found {
 			found += f.Amount
@@ -353,21 +348,102 @@ func writeOutcomes(b *strings.Builder, reps []*Report) {
 			return "no window's books closed"
 		}
 		return fmt.Sprintf("%s (windows that ended by %s)", group(found), timeString(r.BooksClosed))
-	})
-	row("Messages cut / lost", func(r *Report) string {
+	}},
+	{"Messages cut / lost", false, func(r *Report) string {
 		if r.Live {
 			return "not seen live"
 		}
 		return group(r.MessagesCut) + " / " + group(r.MessagesLost)
-	})
+	}},
+}
+
+// writeOutcomes writes the table of a run's outcomes, a column per
+// report, and its notes.
+func writeOutcomes(b *strings.Builder, reps []*Report) {
+	b.WriteString(`<table class="outcomes"><thead><tr><th></th>`)
+	for _, r := range reps {
+		fmt.Fprintf(b, "<th>%s</th>", r.Mode)
+	}
+	b.WriteString("</tr></thead><tbody>\n")
+	for _, row := range outcomeRows {
+		fmt.Fprintf(b, "<tr><th>%s</th>", row.name)
+		for _, r := range reps {
+			fmt.Fprintf(b, "<td>%s</td>", row.cell(r))
+		}
+		b.WriteString("</tr>\n")
+	}
 	b.WriteString("</tbody></table>\n")
+	writeOutcomeNotes(b, fmt.Sprintf(" (%s)", group(reps[0].Limit)))
+}
+
+// writeOutcomeNotes writes the notes of the outcomes' table; limit, if
+// not empty, names the limit.
+func writeOutcomeNotes(b *strings.Builder, limit string) {
 	fmt.Fprintf(b, `<div class="notes">
 <p><sup>1</sup> A false rejection is a request refused while its counter still had room in the window: one that a perfect global limiter (one exact count, no delay between regions) would have admitted. In each window, each counter's false rejections are its denials up to the part of the limit it left unused; a region's part of them is in proportion to the requests of that counter it refused.</p>
-<p><sup>2</sup> Over-admission is what a counter admitted in a window beyond the limit (%s), as a percentage of the limit; the worst counter of the window counts.</p>
+<p><sup>2</sup> Over-admission is what a counter admitted in a window beyond the limit%s, as a percentage of the limit; the worst counter of the window counts.</p>
 <p><sup>3</sup> The busiest counter is the one that admitted most in the window; a full window is one the run covers whole. Below 100%% is room left unused, a loss only where demand exceeded the limit.</p>
 <p><sup>4</sup> What globalsync, closing the books of each window, found admitted over the limit.</p>
 </div>
-`, group(reps[0].Limit))
+`, limit)
+}
+
+// WriteComparison writes dir/index.html: a table of the outcomes of
+// several scenarios of one seed, a row per scenario and mode, each
+// linking the scenario's page (WritePage). runs holds each scenario's
+// reports. It returns the page's path.
+func WriteComparison(dir string, runs ...[]*Report) (string, error) {
+	if len(runs) == 0 {
+		return "", errors.New("sim: no scenario to compare")
+	}
+	var b strings.Builder
+	title := fmt.Sprintf("%d scenarios compared, seed %d", len(runs), runs[0][0].Seed)
+	fmt.Fprintf(&b, `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>%s</title>
+<style>%s.outcomes .txt{text-align:left;vertical-align:top}</style>
+</head><body>
+<h1>%s</h1>
+<p>Each scenario's outcomes in each mode it runs; the scenario's name leads to its page, with its charts.</p>
+<table class="outcomes compare"><thead><tr><th class="txt">scenario</th><th class="txt">mode</th><th class="txt">faults</th>`, html.EscapeString(title), pageStyle, html.EscapeString(title))
+	for _, row := range outcomeRows {
+		if row.compare {
+			fmt.Fprintf(&b, "<th>%s</th>", row.name)
+		}
+	}
+	b.WriteString("</tr></thead><tbody>\n")
+	for _, reps := range runs {
+		for i, r := range reps {
+			b.WriteString("<tr>")
+			if i == 0 {
+				var faults []string
+				for _, f := range r.Faults {
+					faults = append(faults, spanString(f.From, f.To)+": "+f.What)
+				}
+				if len(faults) == 0 {
+					faults = []string{"none"}
+				}
+				fmt.Fprintf(&b, `<th class="txt" rowspan="%d"><a href="%s">%s</a></th>`, len(reps), html.EscapeString(r.Scenario+"-index.html"), html.EscapeString(r.Scenario))
+				fmt.Fprintf(&b, `<td class="txt">%s</td>`, r.Mode)
+				fmt.Fprintf(&b, `<td class="txt" rowspan="%d">%s</td>`, len(reps), html.EscapeString(strings.Join(faults, "; ")))
+			} else {
+				fmt.Fprintf(&b, `<td class="txt">%s</td>`, r.Mode)
+			}
+			for _, row := range outcomeRows {
+				if row.compare {
+					fmt.Fprintf(&b, "<td>%s</td>", row.cell(r))
+				}
+			}
+			b.WriteString("</tr>\n")
+		}
+	}
+	b.WriteString("</tbody></table>\n")
+	writeOutcomeNotes(&b, "")
+	b.WriteString("</body></html>\n")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "index.html")
+	return path, os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // writeRegions writes what became of each region's demand over the run,

@@ -399,3 +399,59 @@ func sortedKeys(m map[float64]float64) []float64 {
 	slices.Sort(out)
 	return out
 }
+
+// TestComparison: the comparison page has a row per scenario and mode,
+// each scenario linking its page, and the compared outcomes as the
+// scenario's own page shows them.
+func TestComparison(t *testing.T) {
+	reps := runSmall(t)
+	other := make([]*Report, len(reps))
+	for i, r := range reps {
+		c := *r
+		c.Scenario, c.Faults = "calm", nil
+		other[i] = &c
+	}
+	dir := t.TempDir()
+	path, err := WriteComparison(dir, reps, other)
+	if err != nil || path != filepath.Join(dir, "index.html") {
+		t.Fatalf("%s, %v", path, err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	for _, scenario := range []string{reps[0].Scenario, "calm"} {
+		if !strings.Contains(page, fmt.Sprintf(`rowspan="%d"><a href="%s-index.html">%s</a>`, len(reps), scenario, scenario)) {
+			t.Errorf("no row group linking %s's page", scenario)
+		}
+	}
+	rows := strings.Count(page, "<tr>") - 1 // the heading's
+	if rows != 2*len(reps) {
+		t.Errorf("%d rows, want %d (a scenario and mode each)", rows, 2*len(reps))
+	}
+	compared := 0
+	for _, row := range outcomeRows {
+		if !row.compare {
+			if strings.Contains(page, "<th>"+row.name+"</th>") {
+				t.Errorf("%q compared, though not marked so", row.name)
+			}
+			continue
+		}
+		compared++
+		if !strings.Contains(page, "<th>"+row.name+"</th>") {
+			t.Errorf("no column %q", row.name)
+		}
+		for _, r := range reps {
+			if !strings.Contains(page, "<td>"+row.cell(r)+"</td>") {
+				t.Errorf("%s %s: no cell %q for %q", r.Scenario, r.Mode, row.cell(r), row.name)
+			}
+		}
+	}
+	if compared < 5 {
+		t.Errorf("%d outcomes compared", compared)
+	}
+	if _, err := WriteComparison(dir); err == nil {
+		t.Error("a comparison of nothing written")
+	}
+}

@@ -28,7 +28,7 @@ func parseRunFlags(args []string) (runConfig, error) {
 	var c runConfig
 	fs := flag.NewFlagSet("sim run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&c.scenario, "scenario", "", "a built-in scenario (see -list), or a scenario file (.yaml)")
+	fs.StringVar(&c.scenario, "scenario", "", "a built-in scenario (see -list), or a scenario file (.yaml); several, comma-separated, are run in turn and compared in a table (index.html)")
 	fs.Uint64Var(&c.seed, "seed", 1, "the seed: the same seed gives the same output")
 	fs.StringVar(&c.mode, "mode", "", "strict, elastic or both; empty or both runs every mode the scenario names, and the page sets them side by side")
 	fs.StringVar(&c.out, "out", "sim-out", "the directory to write the report into: CSV, SVG charts and an HTML page; empty writes none")
@@ -81,14 +81,39 @@ func runSim(c runConfig, stdout, stderr io.Writer) error {
 		}
 		return nil
 	}
-	sc, err := sim.Load(c.scenario)
+	names := strings.Split(c.scenario, ",")
+	var runs [][]*sim.Report
+	for i, name := range names {
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		reps, err := runScenario(c, strings.TrimSpace(name), stdout, stderr)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, reps)
+	}
+	if c.out != "" && len(runs) > 1 {
+		page, err := sim.WriteComparison(c.out, runs...)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "sim run: wrote %s (%d scenarios compared)\n", page, len(runs))
+	}
+	return nil
+}
+
+// runScenario runs one scenario in each of its modes (or the one -mode
+// names), prints each report, and writes its files and its page.
+func runScenario(c runConfig, name string, stdout, stderr io.Writer) ([]*sim.Report, error) {
+	sc, err := sim.Load(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	modes := sc.Modes
 	if c.mode != "" && c.mode != "both" {
 		if !slices.Contains(modes, c.mode) {
-			return fmt.Errorf("-mode %s: scenario %s runs in %v", c.mode, sc.Name, modes)
+			return nil, fmt.Errorf("-mode %s: scenario %s runs in %v", c.mode, sc.Name, modes)
 		}
 		modes = []string{c.mode}
 	}
@@ -97,20 +122,20 @@ func runSim(c runConfig, stdout, stderr io.Writer) error {
 		start := time.Now()
 		rep, err := sim.Run(sc, mode, c.seed, sim.Options{Workers: c.workers, Duration: c.duration})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if i > 0 {
 			fmt.Fprintln(stdout)
 		}
 		if err := rep.WriteText(stdout); err != nil {
-			return err
+			return nil, err
 		}
 		took := time.Since(start)
 		fmt.Fprintf(stderr, "sim run: %s %s: %d requests in %v of wall time (%.0f simulated requests/s)\n",
 			sc.Name, mode, rep.Requests, took.Round(time.Millisecond), float64(rep.Requests)/took.Seconds())
 		if c.out != "" {
 			if err := rep.WriteFiles(c.out); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		reps = append(reps, rep)
@@ -118,7 +143,7 @@ func runSim(c runConfig, stdout, stderr io.Writer) error {
 	if c.out != "" {
 		page, err := sim.WritePage(c.out, reps...)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if len(modes) > 1 {
 			fmt.Fprintf(stderr, "sim run: wrote %s (%s side by side)\n", page, strings.Join(modes, " and "))
@@ -126,7 +151,7 @@ func runSim(c runConfig, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "sim run: wrote %s\n", page)
 		}
 	}
-	return nil
+	return reps, nil
 }
 
 // accuracyConfig is sim accuracy's flags.

@@ -80,6 +80,36 @@ func TestSimRun(t *testing.T) {
 }
 
 // TestSimRunFromFile runs a scenario file of one's own.
+// TestSimRunCompares: several scenarios, comma-separated, run in turn,
+// each with its page, and a page comparing them.
+func TestSimRunCompares(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errs := runCmd(t, "run", "-scenario", "steady,partition", "-seed", "1", "-mode", "strict", "-duration", "2m", "-out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "scenario steady, strict mode") || !strings.Contains(out, "scenario partition, strict mode") {
+		t.Errorf("output lacks a scenario:\n%s", out)
+	}
+	page, err := os.ReadFile(filepath.Join(dir, "index.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"2 scenarios compared, seed 1", `<a href="steady-index.html">steady</a>`, `<a href="partition-index.html">partition</a>`, "ap cut off"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("index.html lacks %q", want)
+		}
+	}
+	for _, f := range []string{"steady-index.html", "partition-index.html"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	if !strings.Contains(errs, "(2 scenarios compared)") {
+		t.Errorf("stderr does not name the comparison: %s", errs)
+	}
+}
+
 func TestSimRunFromFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "mine.yaml")
 	os.WriteFile(path, []byte(`name: mine
