@@ -374,7 +374,7 @@ func (e *Engine) Validate(req *Request) error {
 			continue
 		}
 		p := r.params(r.appendKey(buf[:0], req, tier), tier)
-		if err := costError(r, p, req.Cost); err != nil {
+		if err := costError(r, p, req.Cost); err != nil && !r.Shadow { // a shadow rule never denies
 			return err
 		}
 	}
@@ -418,7 +418,17 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 			continue
 		}
 		if it.cost > it.params.Limit { // before the key cap: a bad request tracks no key
-			return costError(r, it.params, req.Cost)
+			if !r.Shadow {
+				return costError(r, it.params, req.Cost)
+			}
+			// A shadow rule only says it would deny, asking the store
+			// nothing.
+			us := now.UnixMicro()
+			it.decided = true
+			it.result = Result{Remaining: it.params.Limit, ResetAt: it.params.resetAt(us), RetryAfter: it.params.WindowMicros()}
+			sc.keys = append(sc.keys, keyClose)
+			it.end = len(sc.keys)
+			continue
 		}
 		folded := false
 		if r.MaxKeys > 0 {
@@ -436,7 +446,7 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 			sc.keys = append(sc.keys, keyClose)
 		}
 		it.end = len(sc.keys)
-		if it.cost > it.params.Limit { // folded into a smaller limit
+		if it.cost > it.params.Limit && !r.Shadow { // folded into a smaller limit
 			return costError(r, it.params, req.Cost)
 		}
 	}

@@ -58,13 +58,25 @@ func newDescNode(key, value string) *descNode {
 		wild: map[string][]*descNode{}, byKey: map[string]*descNode{}}
 }
 
-// resolve returns the rule of the tree the request meets, or nil.
+// resolve returns the rule of the tree the request meets, or nil, when
+// the order of its descriptors is not known (an HTTP or gRPC check; Envoy
+// RLS requests are placed by their order: Place). It walks the tree as
+// envoyproxy/ratelimit does, trying at each level the keys the request
+// carries in the tree's order, and takes the first path that uses every
+// descriptor and ends at a limit; a bounded number of steps.
 func (n *descNode) resolve(req *Request) *Rule {
 	carried := req.carried()
+	if carried == 0 || carried > maxEnvoyDepth {
+		return nil
+	}
 	var used [maxEnvoyDepth]string
-	for depth := 0; depth < maxEnvoyDepth; depth++ {
-		var next *descNode
+	steps := 0
+	var walk func(n *descNode, depth int) *Rule
+	walk = func(n *descNode, depth int) *Rule {
 		for _, k := range n.keys {
+			if steps++; steps > maxEnvoySteps {
+				return nil
+			}
 			if slices.Contains(used[:depth], k) {
 				continue
 			}
@@ -72,7 +84,8 @@ func (n *descNode) resolve(req *Request) *Rule {
 			if !ok {
 				continue
 			}
-			if next = n.exact[k+"\x00"+v]; next == nil {
+			next := n.exact[k+"\x00"+v]
+			if next == nil {
 				for _, w := range n.wild[k] {
 					if w.wildcard.match(v) {
 						next = w
@@ -83,13 +96,52 @@ func (n *descNode) resolve(req *Request) *Rule {
 			if next == nil {
 				next = n.byKey[k]
 			}
-			break // the first key the request carries decides, found or not
+			if next == nil {
+				continue
+			}
+			if depth+1 == carried {
+				if next.rule != nil {
+					return next.rule
+				}
+				continue
+			}
+			used[depth] = k
+			if r := walk(next, depth+1); r != nil {
+				return r
+			}
+		}
+		return nil
+	}
+	return walk(n, 0)
+}
+
+// maxEnvoySteps bounds the keys resolve looks at for one request.
+const maxEnvoySteps = 1024
+
+// resolveOrdered returns the rule of the tree that entries, in order, meet
+// (nil for none), exactly as envoyproxy/ratelimit walks its tree: for each
+// entry the child of its key and value, else a wildcard child that
+// matches, else the child of its key alone; the limit of the child the
+// last entry reaches.
+func (n *descNode) resolveOrdered(keys, values []string) *Rule {
+	for i, k := range keys {
+		v := values[i]
+		next := n.exact[k+"\x00"+v]
+		if next == nil {
+			for _, w := range n.wild[k] {
+				if w.wildcard.match(v) {
+					next = w
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = n.byKey[k]
 		}
 		if next == nil {
 			return nil
 		}
-		used[depth] = next.key
-		if depth+1 == carried {
+		if i == len(keys)-1 {
 			return next.rule
 		}
 		if len(next.children) == 0 {
@@ -98,6 +150,28 @@ func (n *descNode) resolve(req *Request) *Rule {
 		n = next
 	}
 	return nil
+}
+
+// Placing reports whether the domain's requests are placed by a
+// descriptor tree (see Place).
+func (rs *RuleSet) Placing(domain string) bool {
+	_, ok := rs.trees[domain]
+	return ok
+}
+
+// Place puts the request where the descriptor tree of its domain, an
+// envoyproxy/ratelimit configuration's, takes its entries in the order
+// given (keys as the request names them: remote_address is ip): the rule
+// it meets, or none, is then the request's in this rule set, whatever
+// its descriptors' order elsewhere. It returns that rule (nil for none;
+// an unlimited one limits nothing) and whether the domain has a tree.
+func (rs *RuleSet) Place(req *Request, keys, values []string) (*Rule, bool) {
+	t, ok := rs.trees[req.Domain]
+	if !ok {
+		return nil, false
+	}
+	req.placed, req.placedIn = t.resolveOrdered(keys, values), rs
+	return req.placed, true
 }
 
 // carried counts the descriptors the request carries.
@@ -112,11 +186,16 @@ func (req *Request) carried() int {
 }
 
 // Resolve returns the rule of an envoyproxy/ratelimit domain that the
-// request meets, and whether its domain came from such a configuration.
+// request meets (the one Place put it at, or else found from its
+// descriptors in any order), and whether its domain came from such a
+// configuration. An unlimited rule (Unlimited) limits nothing.
 func (rs *RuleSet) Resolve(req *Request) (*Rule, bool) {
 	t, ok := rs.trees[req.Domain]
 	if !ok {
 		return nil, false
+	}
+	if req.placedIn == rs {
+		return req.placed, true
 	}
 	return t.resolve(req), true
 }
@@ -230,7 +309,7 @@ func loadSources(path string, srcs []envoySource) (*RuleSet, error) {
 // compileEnvoy builds a rule set of every domain of the files.
 func compileEnvoy(srcs []envoySource) (*RuleSet, error) {
 	c := &envoyCompiler{rs: &RuleSet{byID: map[string]*Rule{}, descriptors: map[string]bool{}, trees: map[string]*descNode{}},
-		domainAt: map[string]string{}, names: map[string]*Rule{}}
+		domainAt: map[string]string{}}
 	for _, d := range wellKnown {
 		c.rs.descriptors[d] = true
 	}
@@ -257,14 +336,6 @@ func compileEnvoy(srcs []envoySource) (*RuleSet, error) {
 	if len(c.rs.trees) == 0 {
 		return nil, &RuleError{File: c.file, Field: "domain", Msg: "no domain: every request would go through unlimited"}
 	}
-	for _, r := range c.rs.rules {
-		for _, name := range r.Replaces {
-			if c.names[name] == nil {
-				return nil, &RuleError{File: r.envoyAt.file, Line: r.envoyAt.line, Rule: r.ID, Field: "rate_limit.replaces",
-					Msg: fmt.Sprintf("no limit is named %q", name)}
-			}
-		}
-	}
 	c.rs.buildIndex()
 	return c.rs, nil
 }
@@ -273,13 +344,6 @@ type envoyCompiler struct {
 	rs       *RuleSet
 	file     string
 	domainAt map[string]string // domain to where it was first given
-	names    map[string]*Rule  // rate_limit.name to its rule
-}
-
-// envoyPlace is where an entry sits in its file, for messages.
-type envoyPlace struct {
-	file string
-	line int
 }
 
 func (c *envoyCompiler) fail(n *yaml.Node, field, format string, args ...any) *RuleError {
@@ -359,6 +423,9 @@ type envoyLevel struct {
 }
 
 func (c *envoyCompiler) descriptors(n *yaml.Node, domain string, parent *descNode, path []envoyLevel, field string) error {
+	if n.Tag == "!!null" {
+		return nil // descriptors: left empty
+	}
 	if n.Kind != yaml.SequenceNode {
 		return c.fail(n, field, "want a list")
 	}
@@ -394,7 +461,7 @@ func (c *envoyCompiler) descriptor(n *yaml.Node, domain string, parent *descNode
 		key = alias // what the RLS server names it
 	}
 	var value string
-	if vn, ok := f["value"]; ok {
+	if vn, ok := f["value"]; ok && vn.Tag != "!!null" {
 		if value, err = c.str(vn, field+".value"); err != nil {
 			return err
 		}
@@ -461,12 +528,10 @@ func (c *envoyCompiler) descriptor(n *yaml.Node, domain string, parent *descNode
 	}
 	c.rs.descriptors[key] = true
 	path = append(slices.Clip(path), envoyLevel{key: key, value: value, shared: shared})
-	if rl, ok := f["rate_limit"]; ok {
+	if rl, ok := f["rate_limit"]; ok && rl.Tag != "!!null" {
 		if node.rule, err = c.rateLimit(rl, domain, path, shadow, field+".rate_limit"); err != nil {
 			return err
 		}
-	} else if shadow {
-		return c.fail(f["shadow_mode"], field+".shadow_mode", "an entry without rate_limit has nothing to shadow")
 	}
 	if ds, ok := f["descriptors"]; ok {
 		return c.descriptors(ds, domain, node, path, field+".descriptors")
@@ -542,7 +607,8 @@ func (c *envoyCompiler) rateLimit(n *yaml.Node, domain string, path []envoyLevel
 		}
 	}
 	if unlimited {
-		return nil, nil // the entry is known and limits nothing
+		// Limits nothing; placed like the others, for its replaces.
+		return &Rule{ID: c.ruleID(domain, path), Domain: domain, Name: name, Replaces: replaces, unlimited: true}, nil
 	}
 	// One counter per value of each level, but the levels whose
 	// wildcard's values share one.
@@ -560,13 +626,6 @@ func (c *envoyCompiler) rateLimit(n *yaml.Node, domain string, path []envoyLevel
 		return nil, rerr
 	}
 	r.Name, r.Replaces, r.denyAll = name, replaces, perUnit == 0
-	r.envoyAt = envoyPlace{c.file, n.Line}
-	if name != "" {
-		if c.names[name] != nil {
-			return nil, c.fail(f["name"], field+".name", "%q names another limit too", name)
-		}
-		c.names[name] = r
-	}
 	c.rs.byID[r.ID] = r
 	c.rs.rules = append(c.rs.rules, r)
 	return r, nil

@@ -33,6 +33,17 @@ func envoyRequest(domain string, kv ...string) Request {
 	return r
 }
 
+// metName names the rule met, "" for none.
+func metName(r *Rule) string {
+	switch {
+	case r == nil:
+		return ""
+	case r.Unlimited():
+		return r.ID + " (unlimited)"
+	}
+	return r.ID
+}
+
 // TestEnvoyConfigExamples: the examples of envoyproxy/ratelimit's README,
 // read from a directory as its runtime layout has them, place each request
 // where that service does: the limit at the end of a path as long as the
@@ -59,7 +70,7 @@ func TestEnvoyConfigExamples(t *testing.T) {
 		{"edge_proxy_per_ip", []string{"ip", "50.0.0.5"}, "edge_proxy_per_ip.ip_50.0.0.5"}, // key and value first
 		{"example4", []string{"key", "value", "subkey", "subvalue"}, "example4.key_value.subkey"},
 		{"example4", []string{"key", "value"}, ""},
-		{"internal", []string{"ldap", "x"}, ""}, // unlimited
+		{"internal", []string{"ldap", "x"}, "internal.ldap (unlimited)"},
 		{"internal", []string{"azure", "x"}, "internal.azure"},
 		{"example6", []string{"service", "auth-service", "user", "user-a"}, "example6.service.user_user-a"},
 		{"example6", []string{"service", "auth-service", "user", "user-c"}, ""},
@@ -79,15 +90,16 @@ func TestEnvoyConfigExamples(t *testing.T) {
 	} {
 		req := envoyRequest(c.domain, c.kv...)
 		r, ok := rs.Resolve(&req)
-		got := ""
-		if r != nil {
-			got = r.ID
-		}
+		got := metName(r)
 		if got != c.want || (!ok && c.domain != "other_domain") {
 			t.Errorf("%s %v: met %q (domain known: %v), want %q", c.domain, c.kv, got, ok, c.want)
 		}
-		if m := rs.AppendMatches(nil, &req); len(m) != min(len(got), 1) {
-			t.Errorf("%s %v: the engine would apply %d rules", c.domain, c.kv, len(m))
+		applies := 0
+		if r != nil && !r.Unlimited() {
+			applies = 1
+		}
+		if m := rs.AppendMatches(nil, &req); len(m) != applies {
+			t.Errorf("%s %v: the engine would apply %d rules, want %d", c.domain, c.kv, len(m), applies)
 		}
 	}
 	for id, want := range map[string]struct {
@@ -161,16 +173,13 @@ descriptors:
 		{[]string{"foo", "x"}, "rl.foo"},
 		{[]string{"foo", "x", "bar", "y"}, "rl.foo.bar"},
 		{[]string{"foo", "x", "bar", "bkthomps"}, "rl.foo.bar_bkthomps"},
-		{[]string{"foo", "x", "bay", "y"}, ""},
+		{[]string{"foo", "x", "bay", "y"}, "rl.foo.bay (unlimited)"},
 		{[]string{"foo", "x", "qux", "y"}, ""},
 		{[]string{"bar", "y"}, ""},
 	} {
 		req := envoyRequest("rl", c.kv...)
-		got := ""
-		if r, _ := rs.Resolve(&req); r != nil {
-			got = r.ID
-		}
-		if got != c.want {
+		r, _ := rs.Resolve(&req)
+		if got := metName(r); got != c.want {
 			t.Errorf("%v: met %q, want %q", c.kv, got, c.want)
 		}
 	}
@@ -226,6 +235,16 @@ func TestEnvoyConfigEnforced(t *testing.T) {
 	if d := check("example6", "service", "auth", "user", "user-a"); !d.Allowed || d.Limits[0].Remaining != 0 || !d.Limits[0].Shadow {
 		t.Fatalf("shadow limit: %+v", d)
 	}
+	// A shadow limit never denies, not even a cost above it.
+	req := envoyRequest("example6", "service", "auth", "user", "user-a")
+	req.Cost = 11
+	var d Decision
+	if err := e.Check(context.Background(), &req, &d); err != nil || !d.Allowed || len(d.Limits) != 1 || d.Limits[0].Allowed || !d.Limits[0].Shadow {
+		t.Fatalf("a cost of 11 on a shadow limit of 10: %+v, %v", d, err)
+	}
+	if err := e.Validate(&req); err != nil {
+		t.Fatalf("a cost above a shadow limit refused: %v", err)
+	}
 	// Shared and isolated wildcards.
 	allowed(5, "example11", "files", "files/a.pdf")
 	allowed(5, "example11", "files", "files/b.csv")
@@ -257,8 +276,6 @@ func TestEnvoyConfigRefused(t *testing.T) {
 			"d.yaml:4: descriptors[0].quota_mode: not supported"},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
 			`d.yaml:5: descriptors[1]: k "v" given twice at this level`},
-		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, replaces: [{ name: nobody }] }\n",
-			`d.yaml:4: rule "d.k": rate_limit.replaces: no limit is named "nobody"`},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: \"a?*\"\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
 			"d.yaml:4: descriptors[0].value: \"a?*\": a ? in a wildcard value"},
 		{"domain: d\ndescriptors:\n  - key: k\n    share_threshold: true\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
@@ -290,5 +307,81 @@ func TestEnvoyConfigRefused(t *testing.T) {
 	write("b.yaml", "rules:\n  - { id: x, capacity: 1, refill_per_second: 1 }\n")
 	if _, err := LoadFile(dir); err == nil || !strings.Contains(err.Error(), "envoyproxy/ratelimit domain files") {
 		t.Fatalf("a geoquota file in the directory: %v", err)
+	}
+}
+
+// TestEnvoyConfigLoadsWhatItLoads: what envoyproxy/ratelimit loads without
+// a word loads here too — empty lists and values, replaces naming no
+// limit, names given twice, shadow_mode without a limit.
+func TestEnvoyConfigLoadsWhatItLoads(t *testing.T) {
+	rs, err := Parse("d.yaml", []byte(`domain: d
+descriptors:
+  - key: a
+    descriptors:
+  - key: b
+    value: ~
+    rate_limit:
+  - key: c
+    shadow_mode: true
+  - key: e
+    rate_limit: { name: same, unit: minute, requests_per_unit: 1, replaces: [{ name: nobody }] }
+  - key: f
+    rate_limit: { name: same, unit: minute, requests_per_unit: 1 }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Rules()) != 2 {
+		t.Fatalf("%d rules, want 2", len(rs.Rules()))
+	}
+}
+
+// TestEnvoyConfigOrder: placed by its entries in the order Envoy sends
+// them, a request meets the limit envoyproxy/ratelimit applies, whatever
+// the order of the tree's entries; without the order (HTTP and gRPC
+// checks) the first key of a level the request carries leads.
+func TestEnvoyConfigOrder(t *testing.T) {
+	rs, err := Parse("m.yaml", []byte(`domain: messaging
+descriptors:
+  - key: to_number
+    rate_limit: { unit: day, requests_per_unit: 100 }
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: { unit: day, requests_per_unit: 5 }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		keys, values []string
+		want         string
+	}{
+		{[]string{"message_type", "to_number"}, []string{"marketing", "1"}, "messaging.message_type_marketing.to_number"},
+		{[]string{"to_number", "message_type"}, []string{"1", "marketing"}, ""},
+		{[]string{"to_number"}, []string{"1"}, "messaging.to_number"},
+		{[]string{"message_type"}, []string{"marketing"}, ""},
+	} {
+		var kv []string
+		for i := range c.keys {
+			kv = append(kv, c.keys[i], c.values[i])
+		}
+		req := envoyRequest("messaging", kv...)
+		placed, ok := rs.Place(&req, c.keys, c.values)
+		again, _ := rs.Resolve(&req)
+		if !ok || metName(placed) != c.want || again != placed {
+			t.Errorf("%v %v: placed at %q, resolved %q, want %q", c.keys, c.values, metName(placed), metName(again), c.want)
+		}
+		if m := rs.AppendMatches(nil, &req); (len(m) == 1) != (c.want != "") {
+			t.Errorf("%v: the engine would apply %d rules", c.keys, len(m))
+		}
+	}
+	// Placed by another rule set (the rules reloaded since): found again.
+	other, _ := Parse("m.yaml", rs.YAML())
+	req := envoyRequest("messaging", "message_type", "marketing", "to_number", "1")
+	rs.Place(&req, []string{"to_number", "message_type"}, []string{"1", "marketing"})
+	if r, _ := other.Resolve(&req); r == nil {
+		t.Error("a request placed by an older rule set is not placed again by the new one")
 	}
 }

@@ -142,12 +142,16 @@ type Rule struct {
 	Name     string
 	Replaces []string
 
-	match    matcher
-	denyAll  bool       // a limit of 0, of an envoyproxy/ratelimit configuration
-	envoyAt  envoyPlace // where such a limit is written
-	self     []*Rule    // the rule alone, as candidates returns it
-	overflow Params     // the shared counter of keys beyond MaxKeys
+	match     matcher
+	denyAll   bool    // a limit of 0, of an envoyproxy/ratelimit configuration
+	unlimited bool    // such a configuration's unlimited: true
+	self      []*Rule // the rule alone, as candidates returns it
+	overflow  Params  // the shared counter of keys beyond MaxKeys
 }
+
+// Unlimited reports whether the rule is an unlimited entry of an
+// envoyproxy/ratelimit configuration: it limits and counts nothing.
+func (r *Rule) Unlimited() bool { return r.unlimited }
 
 // DefaultMaxKeys is the cap on the keys a rule tracks in a region when
 // its rule sets no max_keys: ten times the 100,000 tenants a deployment is

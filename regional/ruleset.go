@@ -85,10 +85,8 @@ func firstSegment(path string) string {
 
 func (rs *RuleSet) candidates(req *Request) []*Rule {
 	if rs.trees != nil {
-		if t := rs.trees[req.Domain]; t != nil {
-			if r := t.resolve(req); r != nil {
-				return r.self
-			}
+		if r, _ := rs.Resolve(req); r != nil && !r.unlimited {
+			return r.self
 		}
 		return nil
 	}
@@ -172,6 +170,10 @@ type Request struct {
 	// Cost is the request's weight; 0 means each rule's own cost (1 unless
 	// the rule says otherwise).
 	Cost int64
+
+	// placed is the rule RuleSet.Place found for the request in placedIn.
+	placed   *Rule
+	placedIn *RuleSet
 }
 
 // Descriptor is a named value of a request.

@@ -3,7 +3,9 @@ package transport
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,11 +151,18 @@ func TestEnvoyRateLimitExamples(t *testing.T) {
 			t.Fatalf("marketing message %d: %v", i+1, r)
 		}
 	}
-	// Unlimited, and a path no limit ends: OK, no limit named.
+	// Unlimited, and a path no limit ends: OK, no limit named; unlimited
+	// says MaxUint32 remaining, as envoyproxy/ratelimit does.
 	for _, d := range [][]string{{"ldap", "x"}, {"message_type", "marketing"}} {
-		if r := ask(map[string]string{"ldap": "internal", "message_type": "messaging"}[d[0]], d); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].CurrentLimit != nil {
+		r := ask(map[string]string{"ldap": "internal", "message_type": "messaging"}[d[0]], d)
+		if r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].CurrentLimit != nil || (r.Statuses[0].LimitRemaining == math.MaxUint32) != (d[0] == "ldap") {
 			t.Fatalf("%v: %v", d, r)
 		}
+	}
+	// The entries' order decides, as in envoyproxy/ratelimit: the same
+	// entries the other way round meet no limit.
+	if r := ask("messaging", []string{"to_number", "2061111111", "message_type", "marketing"}); r.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("entries out of the tree's order: %v", r)
 	}
 	// replaces: with both descriptors, only the replacing limit counts.
 	r := ask("example7", []string{"key_1", "value_1", "user", "bkthomps"}, []string{"key_2", "value_2", "user", "bkthomps"})
@@ -247,21 +256,32 @@ func TestEnvoyRLS(t *testing.T) {
 	if after := v.dbsize(); after != before {
 		t.Fatalf("answers without a limit counted: %d keys, then %d", before, after)
 	}
-	// Bad input: InvalidArgument, nothing counted.
-	for _, tc := range []struct {
-		req   *rlsv3.RateLimitRequest
-		field string
-	}{
-		{&rlsv3.RateLimitRequest{}, "descriptors"},
-		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{{}}}, "descriptors[0].entries"},
-		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "a", "api_key", "b")}}, "descriptors[0].entries[1]"},
-		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{entries("api_key", "a", "remote_address", "not-an-ip")}}, "descriptors[0].ip"},
+	// A call of no descriptors is InvalidArgument. A descriptor of bad
+	// input is OVER_LIMIT and counts nothing, and the call's other
+	// descriptors are decided: an error would have Envoy let them all
+	// through (failure_mode_deny: false).
+	_, err = c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{})
+	wantInvalid(t, err, "descriptors")
+	invalidBefore := metricValue(t, v, `geoquota_checks_total{decision="invalid",rule=""}`)
+	for _, bad := range []*ratelimitv3.RateLimitDescriptor{
+		{},
+		entries("api_key", "a", "api_key", "b"),
+		entries("api_key", "a", "remote_address", "not-an-ip"),
+		entries("api_key", "", "endpoint", "/search"),
+		entries("api_key", strings.Repeat("k", 600), "endpoint", "/search"),
 	} {
-		_, err := c.ShouldRateLimit(ctx, tc.req)
-		wantInvalid(t, err, tc.field)
+		resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			bad, entries("api_key", "envoy-c", "endpoint", "/search")}})
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+			resp.Statuses[1].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[1].CurrentLimit.GetName() != "search" {
+			t.Fatalf("a bad descriptor %v beside a good one: %v, %v", bad, resp, err)
+		}
 	}
-	if after := v.dbsize(); after != before {
-		t.Fatalf("rejected requests counted: %d keys, then %d", before, after)
+	if got := metricValue(t, v, `geoquota_checks_total{decision="invalid",rule=""}`); got != invalidBefore+5 {
+		t.Fatalf(`geoquota_checks_total{decision="invalid"}: %v, want %v`, got, invalidBefore+5)
+	}
+	if after := v.dbsize(); after != before+1 { // envoy-c's search counter
+		t.Fatalf("bad descriptors counted: %d keys, then %d", before, after)
 	}
 }
 
@@ -356,4 +376,16 @@ rules:
 	if err != nil || one.Decisions[0].NotCounted || !one.Decisions[0].Allowed {
 		t.Fatalf("one request, its deadline (150 ms) under the store's timeout (200 ms): %v, %v; want checked and allowed", one, err)
 	}
+}
+
+// metricValue is a series' value in /metrics, 0 if it is not there.
+func metricValue(t *testing.T, v *env, series string) float64 {
+	t.Helper()
+	var f float64
+	if s := metricLine(t, v, series); s != "" {
+		if _, err := fmt.Sscan(s, &f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
 }

@@ -38,17 +38,18 @@ const (
 	decShadowOver // a shadow limit that would have denied
 	decKeyLimit   // a new key past its rule's max_keys
 	decUnlimited  // a request no rule applied to
+	decInvalid    // an Envoy RLS descriptor of bad input, answered OVER_LIMIT
 	decisionKinds
 )
 
-var decisionLabels = [decisionKinds]string{"allowed", "over_limit", "blocked", "unavailable", "bypassed", "shadow_over_limit", "key_limit", "unlimited"}
+var decisionLabels = [decisionKinds]string{"allowed", "over_limit", "blocked", "unavailable", "bypassed", "shadow_over_limit", "key_limit", "unlimited", "invalid"}
 
 // NewMetrics registers the metrics, with the engine's own counters read
 // when scraped. e may be nil, and attached later with Attach.
 func NewMetrics(e *regional.Engine) *Metrics {
 	m := &Metrics{Registry: prometheus.NewRegistry(), children: map[string]*[decisionKinds]prometheus.Counter{}}
 	m.checks = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "geoquota_checks_total", Help: "Limits checked, by rule and decision (rule is empty for keys allowed or blocked by list, and for requests no rule applied to: unlimited).",
+		Name: "geoquota_checks_total", Help: "Limits checked, by rule and decision (rule is empty for keys allowed or blocked by list, for requests no rule applied to: unlimited, and for Envoy RLS descriptors of bad input: invalid).",
 	}, []string{"rule", "decision"})
 	m.checkDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "geoquota_check_duration_seconds", Help: "Time to decide a request, by API.",

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -49,40 +50,30 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 	if len(in.Descriptors) > 1 {
 		reqs, answers = make([]regional.Request, len(in.Descriptors)), make([]answer, len(in.Descriptors))
 	}
+	rs := s.engine.Rules()
+	var placed []*regional.Rule // by descriptor: where a domain's descriptor tree put it
+	if rs.Placing(in.Domain) {
+		placed = make([]*regional.Rule, len(reqs))
+	}
 	for i, desc := range in.Descriptors {
-		prefix := func() string { return fmt.Sprintf("descriptors[%d]", i) }
-		entries := make(map[string]string, len(desc.GetEntries()))
-		for j, e := range desc.GetEntries() {
-			key := e.GetKey()
-			if alias, ok := descriptorAliases[key]; ok {
-				key = alias
-			}
-			if _, dup := entries[key]; dup {
-				return nil, grpcError(&FieldError{Field: fmt.Sprintf("%s.entries[%d]", prefix(), j), Msg: "key " + e.GetKey() + " given twice"})
-			}
-			entries[key] = e.GetValue()
-		}
-		if len(entries) == 0 {
-			return nil, grpcError(&FieldError{Field: prefix() + ".entries", Msg: "required"})
-		}
-		cost := uint64(in.HitsAddend)
-		if h := desc.GetHitsAddend(); h != nil {
-			cost = h.GetValue()
-		}
-		if cost > math.MaxInt32 {
-			return nil, grpcError(&FieldError{Field: prefix() + ".hits_addend", Msg: "too large"})
-		}
-		req, err := requestFrom(in.Domain, entries, int64(cost), "entries")
+		req, err := descriptorRequest(in, desc, rs, placed, i)
 		if err == nil {
 			err = s.engine.Validate(&req)
 		}
 		if answers[i] = answerOf(err); answers[i] == check && err != nil {
-			return nil, grpcError(fieldPath(prefix(), renameField(err, "descriptors.", "entries.")))
+			// Bad input costs its descriptor, not the call: an error
+			// would let Envoy pass every descriptor of it.
+			answers[i] = invalid
+			s.metrics.envoy.count("", decInvalid)
+			continue
+		}
+		if placed != nil && placed[i] != nil && placed[i].Unlimited() && answers[i] == check {
+			answers[i] = unlimitedEntry
 		}
 		reqs[i] = req
 	}
-	if len(reqs) > 1 {
-		replaceLimits(s.engine.Rules(), reqs, answers)
+	if len(reqs) > 1 && placed != nil {
+		replaceLimits(placed, answers)
 	}
 	// The response, its statuses and their durations, its headers and
 	// the decision's limits in one allocation, for one descriptor.
@@ -125,7 +116,11 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		case unlimited:
 			st.Code = rlsv3.RateLimitResponse_OK
 			continue
-		case overLimit:
+		case unlimitedEntry:
+			// As envoyproxy/ratelimit answers its unlimited entries.
+			st.Code, st.LimitRemaining = rlsv3.RateLimitResponse_OK, math.MaxUint32
+			continue
+		case overLimit, invalid:
 			st.Code, out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
 			all.Allowed = false
 			continue
@@ -168,34 +163,56 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 
 // replaceLimits answers OK, counting nothing, each descriptor whose limit
 // is replaced by the limit another descriptor of the request meets: the
-// replaces of an envoyproxy/ratelimit configuration.
-func replaceLimits(rs *regional.RuleSet, reqs []regional.Request, answers []answer) {
-	met := make([]*regional.Rule, len(reqs))
-	replacing := false
-	for i := range reqs {
-		if answers[i] != check {
+// replaces of an envoyproxy/ratelimit configuration. placed are the
+// limits the descriptors met, answered or not.
+func replaceLimits(placed []*regional.Rule, answers []answer) {
+	for i, r := range placed {
+		if r == nil || r.Name == "" || answers[i] == invalid {
 			continue
 		}
-		r, ok := rs.Resolve(&reqs[i])
-		if !ok {
-			return // a domain of geoquota rules: no replaces
-		}
-		met[i] = r
-		replacing = replacing || (r != nil && len(r.Replaces) > 0)
-	}
-	if !replacing {
-		return
-	}
-	for i, r := range met {
-		if r == nil || r.Name == "" {
-			continue
-		}
-		for j, o := range met {
-			if j != i && o != nil && slices.Contains(o.Replaces, r.Name) {
+		for j, o := range placed {
+			if j != i && o != nil && answers[j] != invalid && slices.Contains(o.Replaces, r.Name) {
 				answers[i] = unlimited
 			}
 		}
 	}
+}
+
+// descriptorRequest is the engine's request of the i-th descriptor, placed
+// in its domain's descriptor tree by its entries' order when the domain has
+// one (placed non-nil).
+func descriptorRequest(in *rlsv3.RateLimitRequest, desc *ratelimitv3.RateLimitDescriptor, rs *regional.RuleSet, placed []*regional.Rule, i int) (regional.Request, error) {
+	prefix := func() string { return fmt.Sprintf("descriptors[%d]", i) }
+	entries := make(map[string]string, len(desc.GetEntries()))
+	var keys, values []string
+	for j, e := range desc.GetEntries() {
+		key := e.GetKey()
+		if alias, ok := descriptorAliases[key]; ok {
+			key = alias
+		}
+		if _, dup := entries[key]; dup {
+			return regional.Request{}, &FieldError{Field: fmt.Sprintf("%s.entries[%d]", prefix(), j), Msg: "key " + e.GetKey() + " given twice"}
+		}
+		entries[key] = e.GetValue()
+		if placed != nil {
+			keys, values = append(keys, key), append(values, e.GetValue())
+		}
+	}
+	if len(entries) == 0 {
+		return regional.Request{}, &FieldError{Field: prefix() + ".entries", Msg: "required"}
+	}
+	cost := uint64(in.HitsAddend)
+	if h := desc.GetHitsAddend(); h != nil {
+		cost = h.GetValue()
+	}
+	if cost > math.MaxInt32 {
+		return regional.Request{}, &FieldError{Field: prefix() + ".hits_addend", Msg: "too large"}
+	}
+	req, err := requestFrom(in.Domain, entries, int64(cost), "entries")
+	if err == nil && placed != nil {
+		placed[i], _ = rs.Place(&req, keys, values)
+	}
+	return req, err
 }
 
 // answer is what the protocol answers a descriptor: the engine's decision,
@@ -203,9 +220,11 @@ func replaceLimits(rs *regional.RuleSet, reqs []regional.Request, answers []answ
 type answer uint8
 
 const (
-	check     answer = iota // the engine decides
-	unlimited               // no rule knows it: OK
-	overLimit               // its cost is more than a rule can ever allow
+	check          answer = iota // the engine decides
+	unlimited                    // no rule knows it, or its limit is replaced: OK
+	overLimit                    // its cost is more than a rule can ever allow
+	invalid                      // bad input: OVER_LIMIT, counting nothing
+	unlimitedEntry               // an unlimited entry of an envoyproxy/ratelimit tree: OK, MaxUint32 remaining
 )
 
 // answerOf is the answer to a descriptor whose request met err in the
@@ -258,6 +277,18 @@ func (e *envoyLimits) of(l *regional.LimitStatus) *rlsv3.RateLimitResponse_RateL
 func envoyLimit(l *regional.LimitStatus) *rlsv3.RateLimitResponse_RateLimit {
 	rl := &rlsv3.RateLimitResponse_RateLimit{Name: l.Rule.ID, RequestsPerUnit: uint32(min(l.Limit, math.MaxUint32))}
 	w := l.Window
+	// envoyproxy/ratelimit's own units, as it counts them, first.
+	switch w {
+	case 7 * 24 * time.Hour:
+		rl.Unit = rlsv3.RateLimitResponse_RateLimit_WEEK
+		return rl
+	case 30 * 24 * time.Hour:
+		rl.Unit = rlsv3.RateLimitResponse_RateLimit_MONTH
+		return rl
+	case 365 * 24 * time.Hour:
+		rl.Unit = rlsv3.RateLimitResponse_RateLimit_YEAR
+		return rl
+	}
 	for _, u := range []struct {
 		d    time.Duration
 		unit rlsv3.RateLimitResponse_RateLimit_Unit

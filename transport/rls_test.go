@@ -2,7 +2,9 @@ package transport
 
 import (
 	"fmt"
+	"math"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -58,6 +60,60 @@ func TestRLSAnswersShareLimitsSafely(t *testing.T) {
 	for range 8 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestUnlimitedReplaces: an unlimited entry of an envoyproxy/ratelimit
+// configuration replaces the limits it names, as that service does.
+func TestUnlimitedReplaces(t *testing.T) {
+	s := newRLSServer(t, `domain: vip
+descriptors:
+  - key: user
+    rate_limit: { name: per_user, unit: hour, requests_per_unit: 1 }
+  - key: vip
+    rate_limit: { unlimited: true, replaces: [{ name: per_user }] }
+`)
+	desc := func(k, v string) *ratelimitv3.RateLimitDescriptor {
+		return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: k, Value: v}}}
+	}
+	for i := range 3 {
+		out, err := s.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "vip", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "a"), desc("vip", "yes")}})
+		if err != nil || out.OverallCode != rlsv3.RateLimitResponse_OK || out.Statuses[0].CurrentLimit != nil || out.Statuses[1].LimitRemaining != math.MaxUint32 {
+			t.Fatalf("call %d, a VIP: %v, %v", i+1, out, err)
+		}
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		out, err := s.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "vip", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "a")}})
+		if err != nil || out.OverallCode != want {
+			t.Fatalf("call %d without the VIP entry: %v, %v; want %v (the replaced limit counted nothing before)", i+1, out, err, want)
+		}
+	}
+}
+
+// TestEnvoyLimitUnits: a limit's window as Envoy's unit: the largest that
+// divides it, times a multiplier, and envoyproxy/ratelimit's week, month
+// (30 days) and year (365 days) as themselves.
+func TestEnvoyLimitUnits(t *testing.T) {
+	day := 24 * time.Hour
+	for _, c := range []struct {
+		window time.Duration
+		unit   rlsv3.RateLimitResponse_RateLimit_Unit
+		mult   uint32
+	}{
+		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND, 0},
+		{90 * time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND, 90},
+		{2 * time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR, 2},
+		{day, rlsv3.RateLimitResponse_RateLimit_DAY, 0},
+		{7 * day, rlsv3.RateLimitResponse_RateLimit_WEEK, 0},
+		{14 * day, rlsv3.RateLimitResponse_RateLimit_DAY, 14},
+		{30 * day, rlsv3.RateLimitResponse_RateLimit_MONTH, 0},
+		{365 * day, rlsv3.RateLimitResponse_RateLimit_YEAR, 0},
+		{1500 * time.Millisecond, rlsv3.RateLimitResponse_RateLimit_SECOND, 2},
+	} {
+		rl := envoyLimit(&regional.LimitStatus{Rule: &regional.Rule{ID: "r"}, Limit: 5, Window: c.window})
+		if rl.Unit != c.unit || rl.GetUnitMultiplier().GetValue() != c.mult {
+			t.Errorf("%v: %v × %d, want %v × %d", c.window, rl.Unit, rl.GetUnitMultiplier().GetValue(), c.unit, c.mult)
 		}
 	}
 }
