@@ -84,18 +84,7 @@ func (n *descNode) resolve(req *Request) *Rule {
 			if !ok {
 				continue
 			}
-			next := n.exact[k+"\x00"+v]
-			if next == nil {
-				for _, w := range n.wild[k] {
-					if w.wildcard.match(v) {
-						next = w
-						break
-					}
-				}
-			}
-			if next == nil {
-				next = n.byKey[k]
-			}
+			next := n.child(k, v)
 			if next == nil {
 				continue
 			}
@@ -115,6 +104,21 @@ func (n *descNode) resolve(req *Request) *Rule {
 	return walk(n, 0)
 }
 
+// child is the entry below n that an entry of the request meets: the one
+// of its key and value, else the first whose wildcard value matches, else
+// the one of its key alone; nil for none.
+func (n *descNode) child(k, v string) *descNode {
+	if next := n.exact[k+"\x00"+v]; next != nil {
+		return next
+	}
+	for _, w := range n.wild[k] {
+		if w.wildcard.match(v) {
+			return w
+		}
+	}
+	return n.byKey[k]
+}
+
 // maxEnvoySteps bounds the keys resolve looks at for one request.
 const maxEnvoySteps = 1024
 
@@ -125,19 +129,7 @@ const maxEnvoySteps = 1024
 // last entry reaches.
 func (n *descNode) resolveOrdered(keys, values []string) *Rule {
 	for i, k := range keys {
-		v := values[i]
-		next := n.exact[k+"\x00"+v]
-		if next == nil {
-			for _, w := range n.wild[k] {
-				if w.wildcard.match(v) {
-					next = w
-					break
-				}
-			}
-		}
-		if next == nil {
-			next = n.byKey[k]
-		}
+		next := n.child(k, values[i])
 		if next == nil {
 			return nil
 		}
