@@ -193,6 +193,10 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	g := grpc.NewServer(gopts...)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
+	healthCtx, stopHealth := context.WithCancel(ctx)
+	healthDone := make(chan struct{})
+	go func() { defer close(healthDone); followReadiness(healthCtx, hs, svc.Readiness, time.Second) }()
+	defer func() { stopHealth(); <-healthDone }()
 	pb.RegisterGlobalSyncServer(g, grpcServer{s: svc})
 	reflection.Register(g)
 	go g.Serve(grpcLis)
@@ -210,6 +214,27 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	<-ctx.Done()
 	log.Info("shutting down")
 	return nil
+}
+
+// followReadiness keeps gRPC health's overall status ("") as /readyz says,
+// checked every period, until ctx is done: SERVING when ready, NOT_SERVING
+// else.
+func followReadiness(ctx context.Context, hs *health.Server, ready func() Readiness, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if ready().Ready {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		hs.SetServingStatus("", st)
+		select {
+		case <-ctx.Done():
+			hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // httpHandler is globalsync's HTTP API and dashboard. With a token, every

@@ -782,3 +782,45 @@ func TestReadyz(t *testing.T) {
 		t.Fatalf("/healthz without NATS: %d, want 200", code)
 	}
 }
+
+// TestHealthFollowsReadiness: gRPC health says what /readyz says, and
+// NOT_SERVING once stopped.
+func TestHealthFollowsReadiness(t *testing.T) {
+	hs := health.NewServer()
+	var ready atomic.Bool
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		followReadiness(ctx, hs, func() Readiness { return Readiness{Ready: ready.Load()} }, time.Millisecond)
+	}()
+	status := func() healthpb.HealthCheckResponse_ServingStatus {
+		r, err := hs.Check(t.Context(), &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Status
+	}
+	waitStatus := func(want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for status() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("health %v, want %v", status(), want)
+			}
+			time.Sleep(time.Millisecond) // polling the condition, with a deadline
+		}
+	}
+	waitStatus(healthpb.HealthCheckResponse_NOT_SERVING)
+	ready.Store(true)
+	waitStatus(healthpb.HealthCheckResponse_SERVING)
+	ready.Store(false)
+	waitStatus(healthpb.HealthCheckResponse_NOT_SERVING)
+	ready.Store(true)
+	waitStatus(healthpb.HealthCheckResponse_SERVING)
+	cancel()
+	<-done
+	if s := status(); s != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("after stopping: %v", s)
+	}
+}
