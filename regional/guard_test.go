@@ -802,4 +802,23 @@ rules:
 	if h := denialHold(e.rules.Load().Rule("g")); h != globalDenialHold {
 		t.Errorf("a global limit's denial held %d µs, want %d", h, globalDenialHold)
 	}
+	// A global limit's denial, told by a sibling, is held briefly but says
+	// to retry at the window's end, as the sibling's own answer did; a
+	// forged later end is cut to a window.
+	now := clock.Now()
+	end := now.Truncate(time.Minute).Add(time.Minute)
+	for key, reset := range map[string]time.Time{"g1": end, "g2": century} {
+		if err := e.NoteDenial(Denial{Key: CounterKey("g", key), Until: now.Add(time.Second), Cost: 1, ResetAt: reset}); err != nil {
+			t.Fatal(err)
+		}
+		d := mustCheck(t, e, Request{APIKey: key})
+		l := d.Limit()
+		want := reset
+		if reset == century {
+			want = now.Add(time.Minute + time.Second)
+		}
+		if d.Allowed || !l.Cached || !l.ResetAt.Equal(want) || l.RetryAfter != want.Sub(now) {
+			t.Errorf("%s, told to wait until %v: reset %v, retry %v; want %v and %v", key, reset, l.ResetAt, l.RetryAfter, want, want.Sub(now))
+		}
+	}
 }

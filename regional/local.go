@@ -172,7 +172,15 @@ func (e *Engine) NoteDenial(d Denial) error {
 		if old == nil {
 			e.denialCount.Add(1)
 		}
-		m[d.Key] = &denial{until: until, cost: max(1, d.Cost), resetAt: min(d.ResetAt.UnixMicro(), hold)}
+		dn := &denial{until: until, cost: max(1, d.Cost), resetAt: min(d.ResetAt.UnixMicro(), hold)}
+		if r.Scope == ScopeGlobal {
+			// As this replica's own denial says (rememberDenial): held
+			// briefly, for a new lease may come, but retry at the window's
+			// end, at most a window away.
+			dn.resetAt = min(d.ResetAt.UnixMicro(), now+r.Base.WindowMicros()+denialSkew)
+			dn.retryAt = dn.resetAt
+		}
+		m[d.Key] = dn
 	})
 	return nil
 }

@@ -306,6 +306,10 @@ func (run *liveRun) getJSON(ctx context.Context, url string, v any) error {
 	if err != nil {
 		return err
 	}
+	if run.st.AdminToken != "" {
+		// globalsync's reads need it (deploy/local up sets one).
+		req.Header.Set("Authorization", "Bearer "+run.st.AdminToken)
+	}
 	resp, err := run.client.Do(req)
 	if err != nil {
 		return err

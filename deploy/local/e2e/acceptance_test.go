@@ -76,6 +76,9 @@ func TestUpSimLiveDown(t *testing.T) {
 		t.Fatalf("sim live: %v\n%s\n%s", err, stderr.String(), out)
 	}
 	t.Logf("sim live:\n%s%s", stderr.String(), out)
+	if strings.Contains(stderr.String(), "no globalsync leads") || strings.Contains(stderr.String(), "over-admissions:") {
+		t.Errorf("sim live did not read globalsync's findings (its reads need the deployment's admin token)")
+	}
 	compared := regexp.MustCompile(`== simulated vs live \(partition, (\w+) mode\)\n(?:.*\n)*?over-admission, worst window +([\d.]+)% +([\d.]+)%`).FindAllStringSubmatch(string(out), -1)
 	if len(compared) != 2 {
 		t.Fatalf("sim live printed %d comparisons, want one per mode", len(compared))
