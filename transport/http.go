@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"io"
 	"maps"
+	"math"
 	"mime"
 	"net/http"
 	"slices"
@@ -457,7 +458,7 @@ func (s *Server) usageBody(rule string, u regional.Usage) usageBody {
 		for _, r := range u.Regions {
 			rb := regionBody{Region: r.Region, Used: r.Used}
 			if r.Share >= 0 {
-				rb.Share = proto.Float64(r.Share)
+				rb.Share = proto.Float64(math.Round(r.Share*1e6) / 1e6) // 0.95, not 0.9499999991
 			}
 			if r.Region == s.opts.Region {
 				b.Used, rb.LastHeardMS = r.Used, proto.Int64(0)

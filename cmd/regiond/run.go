@@ -224,7 +224,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	})
 	srv.SetServing(true)
 	log.Info("regiond serving", "region", c.region, "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String(),
-		"store", storeName(c), "rules", rules.Source, "admin", c.adminToken != "", "proxy", c.proxyUpstream)
+		"store", storeName(c), "rules", rules.Source, "rule_count", len(rules.Rules()), "admin", c.adminToken != "", "proxy", c.proxyUpstream)
 
 	var runErr error
 	select {

@@ -87,13 +87,27 @@ func parse(fs *flag.FlagSet, args []string, out io.Writer) error {
 	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(out, "usage: go run ./deploy/local %s [flags]\n\n", fs.Name())
+		if fs.Name() == "fault" {
+			fmt.Fprint(out, faultUsage)
+		} else {
+			fmt.Fprintf(out, "usage: go run ./deploy/local %s [flags]\n\n", fs.Name())
+		}
 		fs.SetOutput(out)
 		fs.PrintDefaults()
 		fmt.Fprintln(out, "\nDocumentation: docs/operations.md, README.md")
 	}
 	return err
 }
+
+// faultUsage is fault's: its faults, then its flags.
+const faultUsage = `usage: go run ./deploy/local fault [flags] FAULT
+
+  partition REGION[,REGION]  cut the regions off from every other region and from globalsync
+  split A,B C,D …            cut the regions into groups (each group keeps its links)
+  latency A B DURATION       delay the link between regions A and B (150ms, say)
+  heal                       undo every fault
+
+`
 
 func run(args []string, out, errOut io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {

@@ -92,6 +92,13 @@ func TestHelp(t *testing.T) {
 			t.Errorf("%v: %v, stdout %q, stderr %q", args, err, out.String(), errOut.String())
 		}
 	}
+	var fault strings.Builder
+	run([]string{"fault", "-h"}, &fault, io.Discard)
+	for _, f := range []string{"partition REGION", "split", "latency A B DURATION", "heal"} {
+		if !strings.Contains(fault.String(), f) {
+			t.Errorf("fault -h does not name %q:\n%s", f, fault.String())
+		}
+	}
 	var out, errOut strings.Builder
 	if err := run(nil, &out, &errOut); err == nil || !strings.Contains(errOut.String(), "usage") {
 		t.Errorf("no command: %v, stderr %q", err, errOut.String())
