@@ -219,9 +219,22 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	distributable := max(0, 1-a.cfg.Reserve)
 	needs := make([]float64, len(regions))
 	weights := make([]float64, len(regions))
+	live := 0.0
 	for i, r := range regions {
 		weights[i] = s.demand[r]
 		needs[i] = max(0, s.demand[r]-floor)
+		live += weights[i]
+	}
+	if live == 0 {
+		// No demand anywhere (a rule whose traffic is all on counters
+		// with budgets of their own, or idle): the rest goes evenly to
+		// the regions heard within a lease's life, not to one cut off
+		// (takeDemand forgot its demand), which could not use it.
+		for i, r := range regions {
+			if _, heard := s.demand[r]; heard {
+				weights[i] = 1
+			}
+		}
 	}
 	shares := s.steady(regions, waterFill(needs, weights, distributable), distributable, a.cfg.Hysteresis)
 	wants := make([]float64, len(regions))

@@ -294,7 +294,9 @@ func (run *liveRun) books(ctx context.Context) ([]sim.OverAdmission, time.Durati
 	}
 	var found []sim.OverAdmission
 	for _, oa := range all {
-		if oa.Rule == run.rule && strings.Contains(oa.Key, run.prefix) {
+		// This run's: its rule, in its windows (globalsync hashes the
+		// keys unless --key-redaction none, so their prefix cannot tell).
+		if oa.Rule == run.rule && !oa.WindowStart.Before(run.t0) && (strings.Contains(oa.Key, run.prefix) || strings.HasPrefix(oa.Key, "sha256:")) {
 			found = append(found, sim.OverAdmission{Key: oa.Key, Region: oa.Region, WindowStart: oa.WindowStart.Sub(run.t0), Amount: oa.Amount})
 		}
 	}
