@@ -364,8 +364,14 @@ func writeDecision(w http.ResponseWriter, d *regional.Decision, now time.Time) {
 			"the rate limiter's store is unavailable and this rule fails closed", details)
 	default:
 		retry := max(1, ceilSeconds(l.RetryAfter))
+		scope := ""
+		if l.Rule.Scope == regional.ScopeGlobal {
+			// The region may have spent its share while the limit has room
+			// elsewhere: say whose limit it is.
+			scope = " worldwide, of which this region admits its share"
+		}
 		writeError(w, http.StatusTooManyRequests, "RATE_LIMIT_EXCEEDED",
-			fmt.Sprintf("rate limit of rule %q exceeded: %d per %ds; retry in %ds", l.Rule.ID, l.Limit, ceilSeconds(l.Window), retry),
+			fmt.Sprintf("rate limit of rule %q exceeded: %d per %ds%s; retry in %ds", l.Rule.ID, l.Limit, ceilSeconds(l.Window), scope, retry),
 			map[string]any{"rule": l.Rule.ID, "limit": l.Limit, "window_seconds": ceilSeconds(l.Window),
 				"retry_after_seconds": retry, "reset_at": rfc3339(l.ResetAt)})
 	}

@@ -377,3 +377,26 @@ func metricLine(t *testing.T, v *env, series string) string {
 	}
 	return ""
 }
+
+// TestGlobalDenialSaysWhoseLimit: a global limit's 429 says the limit is
+// worldwide and the region admits its share, since the region may have
+// spent its share while the limit has room elsewhere; a regional one's
+// does not.
+func TestGlobalDenialSaysWhoseLimit(t *testing.T) {
+	v := newEnv(t, envOptions{rules: `
+rules:
+  - { id: g, match: { api_key: "g*" }, by: [api_key], scope: global, algorithm: fixed_window, limit: 1, window: 1h }
+  - { id: minute, match: { endpoint: /minute }, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h }
+`})
+	for _, c := range []struct{ key, path, rule string }{{"g1", "/x", "g"}, {"r1", "/minute", "minute"}} {
+		v.check(c.key, c.path)
+		resp := v.check(c.key, c.path)
+		b := decodeBody(t, resp)
+		e, _ := b["error"].(map[string]any)
+		msg, _ := e["message"].(string)
+		if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(msg, `rule "`+c.rule+`"`) ||
+			strings.Contains(msg, "worldwide, of which this region admits its share") != (c.rule == "g") {
+			t.Errorf("%s: %s %q", c.rule, resp.Status, msg)
+		}
+	}
+}
