@@ -409,23 +409,19 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 		if it.cost == 0 {
 			it.cost = r.Cost
 		}
-		if r.denyAll {
-			// A limit of 0: denied, with nothing asked of the store.
-			it.params.Limit, it.decided = 0, true
-			it.result = Result{ResetAt: it.params.resetAt(now.UnixMicro()), RetryAfter: it.params.resetAt(now.UnixMicro()) - now.UnixMicro()}
-			sc.keys = append(sc.keys, keyClose)
-			it.end = len(sc.keys)
-			continue
-		}
-		if it.cost > it.params.Limit { // before the key cap: a bad request tracks no key
-			if !r.Shadow {
+		if r.denyAll || it.cost > it.params.Limit { // before the key cap: a bad request tracks no key
+			if !r.denyAll && !r.Shadow {
 				return costError(r, it.params, req.Cost)
 			}
-			// A shadow rule only says it would deny, asking the store
-			// nothing.
+			// Denied, asking the store nothing: a limit of 0, or a cost
+			// above a shadow rule's limit (which only says it would deny).
 			us := now.UnixMicro()
+			reset := it.params.resetAt(us)
+			it.result = Result{Remaining: it.params.Limit, ResetAt: reset, RetryAfter: it.params.WindowMicros()}
+			if r.denyAll {
+				it.params.Limit, it.result.Remaining, it.result.RetryAfter = 0, 0, reset-us
+			}
 			it.decided = true
-			it.result = Result{Remaining: it.params.Limit, ResetAt: it.params.resetAt(us), RetryAfter: it.params.WindowMicros()}
 			sc.keys = append(sc.keys, keyClose)
 			it.end = len(sc.keys)
 			continue

@@ -73,11 +73,10 @@ func trustedPeer(addr string, trusted []netip.Prefix) bool {
 // not an address ends the walk at the one before it: nothing further left
 // can be believed.
 func clientIP(peer string, forwarded []string, trusted []netip.Prefix) string {
-	isTrusted := func(s string) bool { return trustedPeer(s, trusted) }
 	ip := peer
-	for i := len(forwarded) - 1; i >= 0 && isTrusted(ip); i-- {
+	for i := len(forwarded) - 1; i >= 0 && trustedPeer(ip, trusted); i-- {
 		hops := strings.Split(forwarded[i], ",")
-		for j := len(hops) - 1; j >= 0 && isTrusted(ip); j-- {
+		for j := len(hops) - 1; j >= 0 && trustedPeer(ip, trusted); j-- {
 			hop := strings.TrimSpace(hops[j])
 			if _, err := netip.ParseAddr(hop); err != nil {
 				return ip
