@@ -8,10 +8,13 @@ GO ?= go
 # workers; its scenarios, each the same single code path run for longer,
 # without it (under it they took six of CI's twenty minutes). Allocation counts need the race detector off
 # (it makes sync.Pool drop what it holds). Last, the end-to-end suite: real
-# deployments of regiond and globalsync processes, broken under load.
+# deployments of regiond and globalsync processes, broken under load. The
+# daemons are built with -tags vtprotobuf (transport.Codec): the gRPC tests of
+# transport run again so built.
 .PHONY: test
 test:
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v 'geoquota/sim$$')
+	$(GO) test -race -count=1 -tags vtprotobuf -run 'Codec|RLS|EnvoyRateLimit|EnvoyLimit|Unlimited' ./transport
 	$(GO) test -race -count=1 -timeout 10m -run 'TestSameSeedSameOutput|TestScenarios/million/' ./sim
 	$(GO) test -count=1 -timeout 10m ./sim
 	$(GO) test -count=1 -run AllocatesNothing ./regional

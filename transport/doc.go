@@ -54,6 +54,9 @@
 // InvalidArgument with a BadRequest detail naming the field. In Envoy's
 // API each descriptor is decided on its own, as in Envoy's reference
 // service; remote_address is taken as ip, and hits_addend is the cost.
+// The daemons serve with Codec: gRPC's, but marshalling Envoy's messages
+// with vtprotobuf's generated code in a binary built with -tags
+// vtprotobuf (go-control-plane compiles that code only then).
 //
 // # Metrics
 //

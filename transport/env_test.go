@@ -94,7 +94,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.ForceServerCodecV2(Codec())) // the daemons' codec
 	v.srv.RegisterGRPC(g)
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)

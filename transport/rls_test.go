@@ -24,7 +24,8 @@ func newRLSServer(t testing.TB, rules string) rlsServer {
 }
 
 // TestRLSAnswersShareLimitsSafely: concurrent RLS calls share each
-// limit's RateLimit message, and gRPC marshals the answers at once: the
+// limit's RateLimit message, and gRPC marshals the answers at once (by
+// Codec, and with -tags vtprotobuf by vtprotobuf's code): the
 // messages must only be read (the race detector watches, as make test
 // runs it), and each answer says its own remaining.
 func TestRLSAnswersShareLimitsSafely(t *testing.T) {
@@ -42,10 +43,11 @@ func TestRLSAnswersShareLimitsSafely(t *testing.T) {
 					errs <- err
 					return
 				}
-				b, err := proto.Marshal(out)
+				data, err := Codec().Marshal(out) // as the daemons' gRPC servers marshal
 				var back rlsv3.RateLimitResponse
 				if err == nil {
-					err = proto.Unmarshal(b, &back)
+					err = proto.Unmarshal(data.Materialize(), &back)
+					data.Free()
 				}
 				st := back.GetStatuses()
 				if err != nil || len(st) != 1 || st[0].GetCurrentLimit().GetRequestsPerUnit() != 1000 ||

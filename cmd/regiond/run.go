@@ -224,7 +224,8 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	})
 	srv.SetServing(true)
 	log.Info("regiond serving", "region", c.region, "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String(),
-		"store", storeName(c), "rules", rules.Source, "rule_count", len(rules.Rules()), "admin", c.adminToken != "", "proxy", c.proxyUpstream)
+		"store", storeName(c), "rules", rules.Source, "rule_count", len(rules.Rules()), "admin", c.adminToken != "", "proxy", c.proxyUpstream,
+		"vtprotobuf", transport.VTMarshals())
 
 	var runErr error
 	select {

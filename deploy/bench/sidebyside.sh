@@ -36,8 +36,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-go build -o "$work/regiond" ./cmd/regiond
-go build -o "$work/sim" ./cmd/sim
+go build -tags vtprotobuf -o "$work/regiond" ./cmd/regiond
+go build -tags vtprotobuf -o "$work/sim" ./cmd/sim
 if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
 	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
 		--dir "$work" --logfile "$work/redis.log"

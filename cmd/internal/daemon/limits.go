@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/geoquota/geoquota/transport"
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
@@ -75,7 +76,10 @@ func (l Limits) HTTPServer(h http.Handler, errorLog *log.Logger) *http.Server {
 		IdleTimeout: l.Idle, MaxHeaderBytes: l.MaxHeaderBytes, ErrorLog: errorLog}
 }
 
-// GRPCOptions returns the gRPC server options of the limits.
+// GRPCOptions returns the gRPC server options of the limits, and the
+// codec every daemon serves with (transport.Codec: vtprotobuf's
+// marshalling for Envoy's messages in a binary built with -tags
+// vtprotobuf).
 func (l Limits) GRPCOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(l.MaxStreams),
@@ -84,6 +88,7 @@ func (l Limits) GRPCOptions() []grpc.ServerOption {
 			MaxConnectionAgeGrace: l.MaxConnGrace}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.PingMin, PermitWithoutStream: true}),
 		grpc.NumStreamWorkers(l.StreamWorkers),
+		grpc.ForceServerCodecV2(transport.Codec()),
 	}
 }
 

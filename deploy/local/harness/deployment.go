@@ -127,13 +127,14 @@ func StartDeployment(ctx context.Context, opts DeploymentOptions) (*Deployment, 
 	return d, nil
 }
 
-// BuildDaemons builds regiond and globalsync into dir with go build.
+// BuildDaemons builds regiond and globalsync into dir with go build, as
+// for production: with -tags vtprotobuf (transport.Codec).
 func BuildDaemons(ctx context.Context, dir string) error {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		return fmt.Errorf("harness: building the daemons needs the go command: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, gobin, "build", "-o", dir+string(os.PathSeparator),
+	cmd := exec.CommandContext(ctx, gobin, "build", "-tags", "vtprotobuf", "-o", dir+string(os.PathSeparator),
 		"github.com/geoquota/geoquota/cmd/regiond", "github.com/geoquota/geoquota/cmd/globalsync")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("harness: go build of regiond and globalsync: %w\n%s", err, out)

@@ -1,0 +1,5 @@
+//go:build vtprotobuf
+
+package transport
+
+const vtprotobufTag = true
