@@ -3,7 +3,9 @@ package regional
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -366,8 +368,9 @@ func TestCheckArgsAreBounded(t *testing.T) {
 }
 
 // TestPlainChecksSurviveForeignKeys: a counter key that holds something
-// else (another type, or a string that is no state) is no state to the
-// check that meets it, and fails none of the checks sharing its call.
+// else (another type, a string that is no state, a state whose numbers
+// are not finite, in either form) is no state to the check that meets
+// it, and fails none of the checks sharing its call.
 func TestPlainChecksSurviveForeignKeys(t *testing.T) {
 	rs, srv := newTestRedisStore(t, RedisOptions{})
 	ctx := t.Context()
@@ -375,15 +378,67 @@ func TestPlainChecksSurviveForeignKeys(t *testing.T) {
 	defer admin.Close()
 	admin.RPush(ctx, "gq:{list:1}", "x")
 	admin.Set(ctx, "gq:{junk:1}", "1 not numbers here", 0)
+	admin.Set(ctx, "gq:{junk:2}", "1 -inf 0 0", 0)
+	inf := make([]byte, 25) // the binary form, its tokens -Inf
+	inf[0] = byte(TokenBucket)
+	binary.LittleEndian.PutUint64(inf[1:], math.Float64bits(math.Inf(-1)))
+	admin.Set(ctx, "gq:{junk:3}", inf, 0)
 	p := Params{Algorithm: TokenBucket, Limit: 10, Rate: 1}
 	var batch []*redisCall
-	for _, key := range []string{"gq:{ok:1}", "gq:{list:1}", "gq:{junk:1}", "gq:{ok:2}"} {
+	for _, key := range []string{"gq:{ok:1}", "gq:{list:1}", "gq:{junk:1}", "gq:{junk:2}", "gq:{junk:3}", "gq:{ok:2}"} {
 		batch = append(batch, rs.newCall([]Op{{Key: []byte(key), Params: p, Cost: 1}}, "check", 0, -1))
 	}
 	runBatch(t, rs, batch)
 	for i, c := range batch {
 		if r := c.results[0]; !r.Allowed || r.Remaining != 9 {
 			t.Errorf("check %d (%s): %+v, want allowed with 9 left, as a fresh bucket", i, c.limits[0].key, r)
+		}
+	}
+}
+
+// TestStateOfBeforeIsRead: a counter's state as the scripts wrote it
+// before (text: the algorithm and three numbers) is read, so that
+// counters survive an upgrade, and is written back in the binary form.
+func TestStateOfBeforeIsRead(t *testing.T) {
+	rs, srv := newTestRedisStore(t, RedisOptions{})
+	now := int64(1_764_166_000_123_456)
+	rs.testNow = func() int64 { return now }
+	ctx := t.Context()
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	// A bucket of 10 holding 5 tokens now; a fixed window of 10 that
+	// has counted 7 in the window now is in.
+	start := now / 60e6 * 60e6
+	admin.Set(ctx, "gq:{tb:1}", fmt.Sprintf("%d 5 %d 0", TokenBucket, now), 0)
+	admin.Set(ctx, "gq:{fw:1}", fmt.Sprintf("%d %d 7 0", FixedWindow, start), 0)
+	tb := Op{Key: []byte("gq:{tb:1}"), Params: Params{Algorithm: TokenBucket, Limit: 10, Rate: 1}, Cost: 1}
+	fw := Op{Key: []byte("gq:{fw:1}"), Params: Params{Algorithm: FixedWindow, Limit: 10, Window: 60e6}, Cost: 1}
+	for _, op := range []Op{tb, fw} {
+		for _, mode := range []string{"plain", "limits.lua"} {
+			ops := []Op{op}
+			if mode == "limits.lua" {
+				ops = []Op{op, {Key: []byte("gq:{other:1}"), Params: op.Params, Cost: 1}} // two limits: not plain
+			}
+			c := rs.newCall(ops, "check", 0, -1)
+			if c.groups[0].plain != (mode == "plain") {
+				t.Fatalf("%s: plain %v", mode, c.groups[0].plain)
+			}
+			runBatch(t, rs, []*redisCall{c})
+			// The bucket: 5 - 1 left, then 4 - 1; the window: 10 - 8,
+			// then 10 - 9 (the time stands still).
+			want := int64(4)
+			if op.Params.Algorithm == FixedWindow {
+				want = 2
+			}
+			if mode == "limits.lua" {
+				want--
+			}
+			if r := c.results[0]; !r.Allowed || r.Remaining != want {
+				t.Fatalf("%s by %s: %+v, want allowed with %d left", op.Key, mode, r, want)
+			}
+		}
+		if v, err := admin.Get(ctx, string(op.Key)).Result(); err != nil || len(v) != 25 || v[0] != byte(op.Params.Algorithm) {
+			t.Fatalf("%s stored as %q (%v), want the binary form", op.Key, v, err)
 		}
 	}
 }

@@ -9,7 +9,7 @@
 #   memory  regiond on its own memory (--dev with the same rules)
 #   hot     regiond on Redis, one key far over its limit (/hot)
 # For each: checks a second (median of the rounds) and its ratio to the
-# floor's, CPU per check (the server's, and redis-server's: utime + stime
+# floor's (also round by round, and regiond on Redis ÷ the peer's), CPU per check (the server's, and redis-server's: utime + stime
 # from /proc) and, for regiond, allocations per check (go_memstats_mallocs_total).
 # Then, in an open loop at half the floor's median peak, p50 and p99 of the
 # floor and of regiond on Redis and in memory, and their ratios.
@@ -103,6 +103,23 @@ for t in $targets; do
 	awk -v t="$t" -v r="$(col "$t" 2)" -v f="$floor_rate" -v c="$(col "$t" 3)" -v rc="$(col "$t" 4)" -v m="$(col "$t" 5)" \
 		'BEGIN {printf "| %s | %.0f | %.2f | %.1f | %.1f | %.1f |\n", t, r, r / f, c, rc, m}'
 done
+
+# Round by round: each target's checks a second ÷ the floor's of the same
+# round (and regiond on Redis ÷ the peer's), and their median.
+ratios() {
+	awk -v a="$1" -v b="$2" '$1 == a {x[++n] = $2} $1 == b {y[++m] = $2}
+		END {for (i = 1; i <= n && i <= m; i++) printf "%.2f\n", x[i] / y[i]}' "$work/results"
+}
+echo
+echo "Round by round:"
+echo
+for t in ${targets#floor }; do
+	[ "$t" = peer ] && continue
+	echo "- $t ÷ floor: $(ratios "$t" floor | paste -sd' ') (median $(ratios "$t" floor | median))"
+done
+if [ -n "${PEER:-}" ]; then
+	echo "- redis ÷ peer: $(ratios redis peer | paste -sd' ') (median $(ratios redis peer | median))"
+fi
 
 half=$(awk -v f="$floor_rate" 'BEGIN {printf "%d", f / 2}')
 echo

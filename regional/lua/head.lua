@@ -18,25 +18,35 @@ local function ttl_px(until_us)
   return string.format('%d', math.max(min_ttl, math.floor(math.max(1, until_us - now) / 1000) + 1))
 end
 
--- A counter's state is one string: its algorithm, then three numbers (see
--- State in algorithm.go), formatted with %.17g (Lua's own conversion keeps
--- 14 digits, and a time in microseconds has 16). State of another
--- algorithm is no state, and so is anything else the key holds (a value
--- of another type, or not numbers): read_state returns whether there is
--- one, and its numbers. It never fails, so that one key cannot fail the
+-- A counter's state is one string of 25 bytes: its algorithm (a byte),
+-- then three numbers (see State in algorithm.go) as little-endian
+-- doubles, exact for a time in microseconds (struct, a library of Redis's
+-- Lua; two to three times cheaper than writing and reading them as text).
+-- The text form of before, the algorithm and three %.17g numbers, is read
+-- too, so that counters survive an upgrade. State of another algorithm is
+-- no state, and so is anything else the key holds (a value of another
+-- type, other bytes, numbers not finite): read_state returns whether there
+-- is one, and its numbers. It never fails, so that one key cannot fail the
 -- checks a call of checks.lua decides with it.
 local function read_state(key, alg)
   local v = redis.pcall('GET', key)
-  if type(v) == 'string' then
-    local sa, x, y, z = string.match(v, '^(%d+) (%S+) (%S+) (%S+)$')
+  if type(v) ~= 'string' then return false, 0, 0, 0 end
+  local x, y, z
+  if #v == 25 and string.byte(v, 1) == alg then
+    local _
+    _, x, y, z = struct.unpack('<Bddd', v)
+  else
+    local sa
+    sa, x, y, z = string.match(v, '^(%d+) (%S+) (%S+) (%S+)$')
     x, y, z = tonumber(x), tonumber(y), tonumber(z)
-    if tonumber(sa) == alg and x and y and z then return true, x, y, z end
+    if tonumber(sa) ~= alg or not (x and y and z) then return false, 0, 0, 0 end
   end
+  -- x - x is 0 for a finite number, NaN for an infinite one or NaN.
+  if x - x == 0 and y - y == 0 and z - z == 0 then return true, x, y, z end
   return false, 0, 0, 0
 end
 
 -- write_state stores a counter's state until until_us.
 local function write_state(key, alg, a, b, c, until_us)
-  redis.call('SET', key, string.format('%d %.17g %.17g %.17g', alg, a, b, c), 'PX', ttl_px(until_us))
+  redis.call('SET', key, struct.pack('<Bddd', alg, a, b, c), 'PX', ttl_px(until_us))
 end
-
