@@ -130,6 +130,7 @@ type RedisStore struct {
 // NewRedisStore connects to Redis as regiond's --redis flag says:
 //
 //	redis://host:port/db, rediss://…          a single server (URL options as go-redis parses them)
+//	unix:///path/to/redis.sock?db=N            a single server on this host, by its Unix socket
 //	redis-sentinel://host:port,host:port/name  a primary managed by Sentinel
 //	host:port,host:port,…                      a Redis Cluster
 //
@@ -168,7 +169,7 @@ func NewRedisClient(spec string, auth RedisAuth) (client redis.UniversalClient, 
 		return nil
 	}
 	switch {
-	case strings.HasPrefix(spec, "redis://"), strings.HasPrefix(spec, "rediss://"):
+	case strings.HasPrefix(spec, "redis://"), strings.HasPrefix(spec, "rediss://"), strings.HasPrefix(spec, "unix://"):
 		o, err := redis.ParseURL(spec)
 		if err != nil {
 			return nil, false, fmt.Errorf("regional: --redis %q: %w", spec, err)
@@ -207,7 +208,7 @@ func NewRedisClient(spec string, auth RedisAuth) (client redis.UniversalClient, 
 		}
 		return redis.NewFailoverClient(o), false, nil
 	case strings.Contains(spec, "://"):
-		return nil, false, fmt.Errorf("regional: --redis %q: unknown scheme; want redis://, rediss://, redis-sentinel:// or host:port,host:port for a Cluster", spec)
+		return nil, false, fmt.Errorf("regional: --redis %q: unknown scheme; want redis://, rediss://, unix://, redis-sentinel:// or host:port,host:port for a Cluster", spec)
 	default:
 		addrs := strings.Split(spec, ",")
 		for _, a := range addrs {

@@ -172,3 +172,22 @@ func startTLSRedis(t *testing.T, dir, cert, key, ca string) string {
 	})
 	return addr
 }
+
+// TestUnixSocket: --redis unix:///path?db=N reaches a Redis on this host by
+// its socket, in the database named, with the password given by flag.
+func TestUnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	srv := harness.NewRedis(t, harness.RedisOptions{Args: []string{"--unixsocket", sock, "--unixsocketperm", "700"}})
+	requirePassword(t, "pw", srv.Addr())
+	if err := storeChecks(t, "unix://"+sock+"?db=3", RedisAuth{Password: "pw"}); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: "pw", DB: 3})
+	defer c.Close()
+	if n, err := c.DBSize(t.Context()).Result(); err != nil || n == 0 {
+		t.Fatalf("database 3 holds %d keys (%v), want the check's counter", n, err)
+	}
+	if err := storeChecks(t, "unix://"+sock+"?db=3", RedisAuth{}); err == nil {
+		t.Fatal("a check without the password went through")
+	}
+}

@@ -67,7 +67,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("regiond", flag.ContinueOnError)
 	fs.StringVar(&c.region, "region", "local", "name of this region")
-	fs.StringVar(&c.redis, "redis", "", "the region's Redis: redis://host:port/db, rediss://…, redis-sentinel://host:port,…/mastername, or host:port,host:port for a Cluster")
+	fs.StringVar(&c.redis, "redis", "", "the region's Redis: redis://host:port/db, rediss://…, unix:///path/redis.sock?db=N, redis-sentinel://host:port,…/mastername, or host:port,host:port for a Cluster")
 	fs.StringVar(&c.nats, "nats", "", "NATS URL(s) for gossip with the other regions and globalsync")
 	fs.StringVar(&c.rules, "rules", "", "rules file (YAML), or a directory of envoyproxy/ratelimit domain files (converted); watched and reloaded when it changes, and on SIGHUP")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:8081", "address of the gRPC API (geoquota.v1 and Envoy RLS v3)")
