@@ -3,6 +3,7 @@ package control
 import (
 	"bytes"
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -151,9 +152,19 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 	if err := js.DeleteKeyValue(ctx, subjects.RulesBucket()); err != nil {
 		t.Fatal(err)
 	}
-	if kv, err = js.CreateKeyValue(ctx, RulesBucketConfig(subjects)); err != nil {
-		t.Fatal(err)
-	}
+	// The server may still be removing the old bucket's store: "error
+	// creating store for stream" (JetStream's 10049) until it has.
+	waitFor(t, 10*time.Second, "the bucket made anew", func() bool {
+		kv, err = js.CreateKeyValue(ctx, RulesBucketConfig(subjects))
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == 10049 {
+			return false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return true
+	})
 	anew := []byte("rules:\n  - { id: g, by: [api_key], algorithm: fixed_window, limit: 13, window: 1m }\n")
 	if r, err := PublishRules(ctx, kv, anew); err != nil || r >= next {
 		t.Fatalf("a new bucket's first revision: %d, %v (the old one was at %d)", r, err, next)
