@@ -180,6 +180,9 @@ func NewRedisClient(spec string, auth RedisAuth) (client redis.UniversalClient, 
 		if o.TLSConfig, err = auth.tlsConfig(o.TLSConfig); err != nil {
 			return nil, false, err
 		}
+		if o.Network == "unix" && o.TLSConfig != nil {
+			return nil, false, fmt.Errorf("regional: --redis %q: Redis serves no TLS on a Unix socket; drop --redis-tls, --redis-ca and --redis-cert", spec)
+		}
 		o.OnConnect, o.ContextTimeoutEnabled = onConnect, true
 		return redis.NewClient(o), false, nil
 	case strings.HasPrefix(spec, "redis-sentinel://"):

@@ -396,49 +396,57 @@ func TestPlainChecksSurviveForeignKeys(t *testing.T) {
 	}
 }
 
-// TestStateOfBeforeIsRead: a counter's state as the scripts wrote it
-// before (text: the algorithm and three numbers) is read, so that
-// counters survive an upgrade, and is written back in the binary form.
-func TestStateOfBeforeIsRead(t *testing.T) {
+// TestStateFormsAreRead: a counter's state is read in both its forms, the
+// text the scripts write and the 25 bytes they will write once every
+// replica reads them (lua/head.lua), by checks.lua and by limits.lua, and
+// written back as text.
+func TestStateFormsAreRead(t *testing.T) {
 	rs, srv := newTestRedisStore(t, RedisOptions{})
 	now := int64(1_764_166_000_123_456)
 	rs.testNow = func() int64 { return now }
 	ctx := t.Context()
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
-	// A bucket of 10 holding 5 tokens now; a fixed window of 10 that
-	// has counted 7 in the window now is in.
+	binaryState := func(alg Algorithm, a, b float64) string {
+		v := make([]byte, 25)
+		v[0] = byte(alg)
+		binary.LittleEndian.PutUint64(v[1:], math.Float64bits(a))
+		binary.LittleEndian.PutUint64(v[9:], math.Float64bits(b))
+		return string(v)
+	}
+	// A bucket of 10 holding 5 tokens now; a fixed window of 10 that has
+	// counted 7 in the window now is in.
 	start := now / 60e6 * 60e6
-	admin.Set(ctx, "gq:{tb:1}", fmt.Sprintf("%d 5 %d 0", TokenBucket, now), 0)
-	admin.Set(ctx, "gq:{fw:1}", fmt.Sprintf("%d %d 7 0", FixedWindow, start), 0)
-	tb := Op{Key: []byte("gq:{tb:1}"), Params: Params{Algorithm: TokenBucket, Limit: 10, Rate: 1}, Cost: 1}
-	fw := Op{Key: []byte("gq:{fw:1}"), Params: Params{Algorithm: FixedWindow, Limit: 10, Window: 60e6}, Cost: 1}
-	for _, op := range []Op{tb, fw} {
-		for _, mode := range []string{"plain", "limits.lua"} {
+	seeds := []struct {
+		op    Op
+		state string
+		left  int64 // after one check
+	}{
+		{Op{Params: Params{Algorithm: TokenBucket, Limit: 10, Rate: 1}}, fmt.Sprintf("%d 5 %d 0", TokenBucket, now), 4},
+		{Op{Params: Params{Algorithm: TokenBucket, Limit: 10, Rate: 1}}, binaryState(TokenBucket, 5, float64(now)), 4},
+		{Op{Params: Params{Algorithm: FixedWindow, Limit: 10, Window: 60e6}}, fmt.Sprintf("%d %d 7 0", FixedWindow, start), 2},
+		{Op{Params: Params{Algorithm: FixedWindow, Limit: 10, Window: 60e6}}, binaryState(FixedWindow, float64(start), 7), 2},
+	}
+	for i, seed := range seeds {
+		for _, plain := range []bool{true, false} {
+			op := seed.op
+			op.Key, op.Cost = []byte(fmt.Sprintf("gq:{state:%d}", i)), 1
+			admin.Set(ctx, string(op.Key), seed.state, 0)
 			ops := []Op{op}
-			if mode == "limits.lua" {
-				ops = []Op{op, {Key: []byte("gq:{other:1}"), Params: op.Params, Cost: 1}} // two limits: not plain
+			if !plain { // two limits: limits.lua's
+				ops = append(ops, Op{Key: []byte(fmt.Sprintf("gq:{other:%d}", i)), Params: op.Params, Cost: 1})
 			}
 			c := rs.newCall(ops, "check", 0, -1)
-			if c.groups[0].plain != (mode == "plain") {
-				t.Fatalf("%s: plain %v", mode, c.groups[0].plain)
+			if c.groups[0].plain != plain {
+				t.Fatalf("seed %d: plain %v, want %v", i, c.groups[0].plain, plain)
 			}
 			runBatch(t, rs, []*redisCall{c})
-			// The bucket: 5 - 1 left, then 4 - 1; the window: 10 - 8,
-			// then 10 - 9 (the time stands still).
-			want := int64(4)
-			if op.Params.Algorithm == FixedWindow {
-				want = 2
+			if r := c.results[0]; !r.Allowed || r.Remaining != seed.left {
+				t.Fatalf("seed %d (%q), plain %v: %+v, want allowed with %d left", i, seed.state, plain, r, seed.left)
 			}
-			if mode == "limits.lua" {
-				want--
+			if v, err := admin.Get(ctx, string(op.Key)).Result(); err != nil || !strings.HasPrefix(v, fmt.Sprintf("%d ", op.Params.Algorithm)) {
+				t.Fatalf("seed %d stored as %q (%v), want the text form", i, v, err)
 			}
-			if r := c.results[0]; !r.Allowed || r.Remaining != want {
-				t.Fatalf("%s by %s: %+v, want allowed with %d left", op.Key, mode, r, want)
-			}
-		}
-		if v, err := admin.Get(ctx, string(op.Key)).Result(); err != nil || len(v) != 25 || v[0] != byte(op.Params.Algorithm) {
-			t.Fatalf("%s stored as %q (%v), want the binary form", op.Key, v, err)
 		}
 	}
 }

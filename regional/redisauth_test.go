@@ -174,7 +174,8 @@ func startTLSRedis(t *testing.T, dir, cert, key, ca string) string {
 }
 
 // TestUnixSocket: --redis unix:///path?db=N reaches a Redis on this host by
-// its socket, in the database named, with the password given by flag.
+// its socket, in the database named, with the password given by flag; TLS
+// asked for over it is refused at once.
 func TestUnixSocket(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "redis.sock")
 	srv := harness.NewRedis(t, harness.RedisOptions{Args: []string{"--unixsocket", sock, "--unixsocketperm", "700"}})
@@ -189,5 +190,8 @@ func TestUnixSocket(t *testing.T) {
 	}
 	if err := storeChecks(t, "unix://"+sock+"?db=3", RedisAuth{}); err == nil {
 		t.Fatal("a check without the password went through")
+	}
+	if _, _, err := NewRedisClient("unix://"+sock, RedisAuth{TLS: true}); err == nil || !strings.Contains(err.Error(), "no TLS on a Unix socket") {
+		t.Fatalf("TLS over a Unix socket: %v", err)
 	}
 }

@@ -44,16 +44,27 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	size := m.SizeVT()
 	if mem.IsBelowBufferPoolingThreshold(size) {
 		buf := make([]byte, size)
-		if _, err := m.MarshalToSizedBufferVTStrict(buf); err != nil {
+		if err := marshalVT(m, buf); err != nil {
 			return nil, fmt.Errorf("proto: marshal %T: %w", v, err)
 		}
 		return mem.BufferSlice{mem.SliceBuffer(buf)}, nil
 	}
 	pool := mem.DefaultBufferPool()
 	buf := pool.Get(size)
-	if _, err := m.MarshalToSizedBufferVTStrict((*buf)[:size]); err != nil {
+	if err := marshalVT(m, (*buf)[:size]); err != nil {
 		pool.Put(buf)
 		return nil, fmt.Errorf("proto: marshal %T: %w", v, err)
 	}
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
+
+// marshalVT marshals m into buf, which SizeVT sized: the code writes from
+// the end backwards, so a message that came out shorter (changed between
+// the two calls) would leave zeros first. That is an error, not a frame.
+func marshalVT(m vtMessage, buf []byte) error {
+	n, err := m.MarshalToSizedBufferVTStrict(buf)
+	if err == nil && n != len(buf) {
+		err = fmt.Errorf("marshalled %d bytes of the %d it was sized at", n, len(buf))
+	}
+	return err
 }

@@ -18,16 +18,20 @@ local function ttl_px(until_us)
   return string.format('%d', math.max(min_ttl, math.floor(math.max(1, until_us - now) / 1000) + 1))
 end
 
--- A counter's state is one string of 25 bytes: its algorithm (a byte),
--- then three numbers (see State in algorithm.go) as little-endian
--- doubles, exact for a time in microseconds (struct, a library of Redis's
--- Lua; two to three times cheaper than writing and reading them as text).
--- The text form of before, the algorithm and three %.17g numbers, is read
--- too, so that counters survive an upgrade. State of another algorithm is
--- no state, and so is anything else the key holds (a value of another
--- type, other bytes, numbers not finite): read_state returns whether there
--- is one, and its numbers. It never fails, so that one key cannot fail the
--- checks a call of checks.lua decides with it.
+-- A counter's state is one string: its algorithm, then three numbers (see
+-- State in algorithm.go). It is written as text, the numbers formatted
+-- with %.17g (Lua's own conversion keeps 14 digits, and a time in
+-- microseconds has 16), and read in that form or in 25 bytes: the
+-- algorithm's byte and three little-endian doubles (struct, a library of
+-- Redis's Lua), which costs Redis less to write and read
+-- (docs/benchmarks.md). The scripts do not write that form yet: a regiond
+-- of before, sharing the Redis through a rolling upgrade, would read it as
+-- no state and admit anew what was counted; once every replica reads it,
+-- write_state can write it. State of another algorithm is no state, and
+-- so is anything else the key holds (a value of another type, other
+-- bytes, numbers not finite): read_state returns whether there is one,
+-- and its numbers. It never fails, so that one key cannot fail the checks
+-- a call of checks.lua decides with it.
 local function read_state(key, alg)
   local v = redis.pcall('GET', key)
   if type(v) ~= 'string' then return false, 0, 0, 0 end
@@ -48,5 +52,5 @@ end
 
 -- write_state stores a counter's state until until_us.
 local function write_state(key, alg, a, b, c, until_us)
-  redis.call('SET', key, struct.pack('<Bddd', alg, a, b, c), 'PX', ttl_px(until_us))
+  redis.call('SET', key, string.format('%d %.17g %.17g %.17g', alg, a, b, c), 'PX', ttl_px(until_us))
 end
