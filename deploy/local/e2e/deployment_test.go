@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -73,6 +74,11 @@ func TestDeploymentState(t *testing.T) {
 		}
 		if ds.PID > 0 && syscall.Kill(ds.PID, 0) != nil {
 			t.Errorf("%s: pid %d is not running", what, ds.PID)
+		}
+		// Built as for production: Envoy's answers marshalled by
+		// vtprotobuf's code (transport.Codec), as regiond's start line says.
+		if log, err := os.ReadFile(ds.Log); regiond && (err != nil || !strings.Contains(string(log), "vtprotobuf=true")) {
+			t.Errorf("%s: its log does not say vtprotobuf=true (%v)", what, err)
 		}
 		pids = append(pids, ds.PID)
 		addrs = append(addrs, ds.HTTP, ds.GRPC)
