@@ -45,7 +45,7 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	if mem.IsBelowBufferPoolingThreshold(size) {
 		buf := make([]byte, size)
 		if err := marshalVT(m, buf); err != nil {
-			return nil, fmt.Errorf("proto: marshal %T: %w", v, err)
+			return nil, err
 		}
 		return mem.BufferSlice{mem.SliceBuffer(buf)}, nil
 	}
@@ -53,7 +53,7 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	buf := pool.Get(size)
 	if err := marshalVT(m, (*buf)[:size]); err != nil {
 		pool.Put(buf)
-		return nil, fmt.Errorf("proto: marshal %T: %w", v, err)
+		return nil, err
 	}
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
@@ -66,5 +66,8 @@ func marshalVT(m vtMessage, buf []byte) error {
 	if err == nil && n != len(buf) {
 		err = fmt.Errorf("marshalled %d bytes of the %d it was sized at", n, len(buf))
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("proto: marshal %T: %w", m, err)
+	}
+	return nil
 }
