@@ -236,10 +236,13 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 			}
 		}
 	}
-	shares := s.steady(regions, waterFill(needs, weights, distributable), distributable, a.cfg.Hysteresis)
+	targets := waterFill(needs, weights, distributable)
+	shares := s.steady(regions, targets, distributable, a.cfg.Hysteresis)
 	wants := make([]float64, len(regions))
+	spare := distributable
 	for i := range regions {
 		wants[i] = floor + shares[i]
+		spare -= needs[i]
 	}
 	fractions := s.room(first, last, regions, floorOf, wants, higherLimits(rule, floor))
 	var seed map[int64]map[string]float64
@@ -268,6 +271,7 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	expires := now.Add(a.cfg.LeaseTTL)
 	for i, r := range regions {
 		f := max(fractions[i], floor)
+		why := s.reasonOf(r, f, wants[i], targets[i], shares[i], needs[i], spare, live)
 		s.share[r] = f - floor
 		s.floors[r] = max(s.floors[r], floor)
 		if newWindow && s.debt[r] > 0 {
@@ -281,7 +285,7 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 		s.issue(r, grant{seq: s.seq, fraction: f, floor: floor, expires: expires}, first, last)
 		leases[i] = Lease{
 			Rule: rule.ID, Region: r, Seq: s.seq, Floor: floor, Share: f - floor,
-			Debt: s.held[r], Issued: now, Expires: expires,
+			Debt: s.held[r], Issued: now, Expires: expires, Reason: why,
 		}
 	}
 	return append(leases, a.rebalanceCounters(now, rule, s, regions, first, last, ruleBefore{before, seed, floorOf})...), nil

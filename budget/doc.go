@@ -18,7 +18,9 @@
 //
 // A Lease gives one region floor plus share until its expiry. The region
 // enforces Lease.Allowance while the lease holds (by its own clock) and its
-// floor after; see Allowance.
+// floor after; see Allowance. A lease of a rule also says why its share is
+// what it is (Lease.Reason): the step of the rebalance that decided it,
+// for operators to read; it changes nothing.
 //
 // # Strict safety
 //

@@ -55,6 +55,8 @@ type LeaseDoc struct {
 	Share   float64   `json:"share"`
 	Debt    float64   `json:"debt,omitempty"`
 	Expires time.Time `json:"expires"`
+	// Reason says why the share is what it is; regions do not read it.
+	Reason Reason `json:"reason,omitzero"`
 }
 
 // NewDocument puts one rebalance's leases of a rule in a document.
@@ -81,7 +83,7 @@ func NewDocument(leader string, leases []Lease) Document {
 			}
 			continue
 		}
-		d.Leases[l.Region] = LeaseDoc{Floor: l.Floor, Share: l.Share, Debt: l.Debt, Expires: l.Expires}
+		d.Leases[l.Region] = LeaseDoc{Floor: l.Floor, Share: l.Share, Debt: l.Debt, Expires: l.Expires, Reason: l.Reason}
 	}
 	return d
 }
@@ -131,7 +133,7 @@ func (d Document) Snapshot() Snapshot {
 func (d Document) Lease(region string) (Lease, bool) {
 	l, ok := d.Leases[region]
 	return Lease{Rule: d.Rule, Region: region, Seq: d.Seq, Floor: l.Floor, Share: l.Share, Debt: l.Debt,
-		Issued: d.Issued, Expires: l.Expires}, ok
+		Issued: d.Issued, Expires: l.Expires, Reason: l.Reason}, ok
 }
 
 // All returns every lease in the document, by region.

@@ -23,6 +23,8 @@ type Lease struct {
 	Debt    float64
 	Issued  time.Time
 	Expires time.Time
+	// Reason says why the share is what it is (a rule's lease only).
+	Reason Reason
 	// Released, on a lease of a counter's own budget (Key), says the
 	// counter has no more leases: the region enforces the one it holds
 	// (or its floor) until then, and its rule's lease from then on. Floor,

@@ -107,7 +107,9 @@ func (e *Engine) Usage(ctx context.Context, rule string, req *Request) (Usage, e
 // UsageAt reports a global rule's window that contains at, as this
 // region's store has it: past windows are kept until a window (at least
 // a minute) after they end, for globalsync and for whoever checks that
-// every region agrees. A rule that is not global keeps no past windows.
+// every region agrees. A window older than that is a WindowExpiredError
+// (ErrWindowExpired), one not begun a RequestError. A rule that is not
+// global keeps no past windows.
 func (e *Engine) UsageAt(ctx context.Context, rule string, req *Request, at time.Time) (Usage, error) {
 	r, key, p, err := e.counter(rule, req)
 	if err != nil {
@@ -115,6 +117,9 @@ func (e *Engine) UsageAt(ctx context.Context, rule string, req *Request, at time
 	}
 	if r.Scope != ScopeGlobal {
 		return Usage{}, &RequestError{Field: "window_start", Msg: fmt.Sprintf("%q is not a global rule: only global rules keep past windows", r.ID)}
+	}
+	if err := keptWindow(r, &p, at, e.now()); err != nil {
+		return Usage{}, err
 	}
 	return e.globalUsage(ctx, r, key, p, at)
 }
@@ -315,6 +320,16 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	now := e.now()
 	us := now.UnixMicro()
 	e.expireGlobal(now)
+	var errs []error
+	if gs, ok := e.store.(GlobalStore); ok && e.shared {
+		// What fails here fails while the store does: logged as a
+		// check's failure is, at most once a second.
+		if _, err := e.writeBack(ctx, now); err != nil {
+			e.storeError(err, us)
+		} else if err := e.heartbeat(ctx, gs); err != nil {
+			e.storeError(err, us)
+		}
+	}
 	e.batches.sweep(func(key string, l *batch) bool {
 		if l.expires > us {
 			return false
@@ -326,7 +341,6 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	returns := e.returns
 	e.returns = nil
 	e.returnsMu.Unlock()
-	var errs []error
 	var retry []batchReturn
 	for _, r := range returns {
 		given, err := e.store.Refund(ctx, []byte(r.key), r.params, r.n, r.takenAt)

@@ -306,6 +306,13 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 				p, n = cs.Own(crdt.ID{Key: key, Epoch: start})
 				pp, pn = cs.Own(crdt.ID{Key: key, Epoch: start - window/1000})
 			})
+			// Decided in memory lately: the most the region may have used.
+			if b := g.degraded.usedBound(key, start); b > p-min(p, n) {
+				p, n = b, 0
+			}
+			if b := g.degraded.usedBound(key, start-window/1000); b > pp-min(pp, pn) {
+				pp, pn = b, 0
+			}
 			rep.Used = math.Max(0, float64(int64(p)-int64(n))) / float64(limit)
 			if g.startedUs <= (ep-1)*window {
 				// This copy has counted since before the window before

@@ -46,6 +46,10 @@ type Config struct {
 	Violations ViolationLog
 	// Global places the region among the others for global rules.
 	Global GlobalConfig
+	// Replica names this replica among its region's, in a shared store:
+	// the replicas say there what they admitted of global limits while it
+	// could not answer (degraded.go). Empty means a name made at random.
+	Replica string
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -118,6 +122,9 @@ func New(cfg Config, rules *RuleSet) *Engine {
 	}
 	if e.cfg.Region == "" {
 		e.cfg.Region = "local"
+	}
+	if e.cfg.Replica == "" {
+		e.cfg.Replica = randomName()
 	}
 	g, err := newGlobalState(e.cfg.Region, cfg.Global)
 	if err != nil {
@@ -251,14 +258,18 @@ type LimitStatus struct {
 
 // Stats are the engine's counters since it started. Safe to read at any time.
 type Stats struct {
-	Degraded                               atomic.Int64 // decisions made without the shared store
-	StoreErrors                            atomic.Int64
-	DenialCacheHits, BatchHits             atomic.Int64
-	BatchTaken, BatchReturned, BatchLapsed atomic.Int64 // tokens
-	KeysRefused, KeysFolded                atomic.Int64
-	Penalties                              atomic.Int64
-	RuleReloads, RuleReloadErrors          atomic.Int64
-	ViolationsDropped                      atomic.Int64
+	Degraded atomic.Int64 // decisions made without the shared store
+	// Global limits' cost admitted without the store (degraded.go), of
+	// it written to the store since, and lost: its window ended before
+	// the store came back.
+	GlobalDegraded, GlobalWrittenBack, GlobalDegradedLost atomic.Int64
+	StoreErrors                                           atomic.Int64
+	DenialCacheHits, BatchHits                            atomic.Int64
+	BatchTaken, BatchReturned, BatchLapsed                atomic.Int64 // tokens
+	KeysRefused, KeysFolded                               atomic.Int64
+	Penalties                                             atomic.Int64
+	RuleReloads, RuleReloadErrors                         atomic.Int64
+	ViolationsDropped                                     atomic.Int64
 	// Siblings' denials refused: a key too long, a key of no rule in
 	// force; and those held for less than they asked (see NoteDenial).
 	DenialsTooLong, DenialsUnknownRule, DenialsCapped atomic.Int64
@@ -295,6 +306,9 @@ type item struct {
 	refused     bool
 	storeNow    int64
 	allowance   int64 // a global limit's: what the region may admit of it
+	// degradedTaken: a global limit admitted in memory, without the
+	// store (degraded.go), given back if the request is denied.
+	degradedTaken bool
 }
 
 // Check decides whether the request may go through and fills d (reusing
@@ -456,6 +470,7 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 // applies fallbacks when it cannot answer.
 func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 	sc.ops, sc.opItem = sc.ops[:0], sc.opItem[:0]
+	inMemory := false // a global limit this replica admitted without the store has not been written yet
 	for i := range sc.items {
 		it := &sc.items[i]
 		if it.decided {
@@ -463,10 +478,25 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 		}
 		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Batch: it.rule.Batch})
 		if it.rule.Scope == ScopeGlobal {
-			e.globalOp(&sc.ops[len(sc.ops)-1], it.rule, time.UnixMicro(now))
-			it.allowance = sc.ops[len(sc.ops)-1].Allowance
+			op := &sc.ops[len(sc.ops)-1]
+			e.globalOp(op, it.rule, time.UnixMicro(now))
+			it.allowance = op.Allowance
+			if e.shared && e.global.degraded.episode.Load() && it.rule.Fallback != FailClosed {
+				sc.ops = sc.ops[:len(sc.ops)-1]
+				e.degradedGlobal(it, it.allowance, now)
+				inMemory = true
+				continue
+			}
 		}
 		sc.opItem = append(sc.opItem, i)
+	}
+	if inMemory && !commitsItems(sc.items) {
+		// Denied in memory: the store is not asked (it would take what
+		// the other limits allow), and only the limits that denied speak.
+		for _, i := range sc.opItem {
+			sc.items[i].decided = false
+		}
+		return
 	}
 	if len(sc.ops) == 0 {
 		return
@@ -485,6 +515,10 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 	sc.local, sc.localAt = sc.local[:0], sc.localAt[:0]
 	for j, i := range sc.opItem {
 		it := &sc.items[i]
+		if it.rule.Scope == ScopeGlobal {
+			e.degradedGlobal(it, it.allowance, now)
+			continue
+		}
 		it.decided, it.degraded, it.storeNow = true, true, now
 		switch it.rule.Fallback {
 		case FailOpen:
@@ -506,6 +540,16 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 			sc.items[i].result = res[j]
 		}
 	}
+}
+
+// commitsItems reports whether every enforced limit decided so far allows.
+func commitsItems(items []item) bool {
+	for i := range items {
+		if it := &items[i]; it.decided && !it.rule.Shadow && !it.result.Allowed {
+			return false
+		}
+	}
+	return true
 }
 
 // storeError counts a failed store call and logs it, at most once a second
@@ -563,6 +607,7 @@ func (e *Engine) apply(ctx context.Context, ops []Op, results []Result, now int6
 		e.breaker.release(probe)
 	default:
 		e.breaker.failure()
+		e.global.degraded.storeFailed(now)
 	}
 	return storeNow, err
 }
@@ -580,13 +625,20 @@ func (e *Engine) record(sc *scratch, req *Request, now int64) {
 	}
 	for i := range sc.items {
 		it := &sc.items[i]
+		if !it.decided { // a limit denied in memory spoke alone
+			continue
+		}
 		switch {
 		case it.batched && !allowed:
 			e.unconsumeBatch(it)
 		case it.result.Taken > it.cost && allowed:
 			e.keepBatch(it, now)
+		case it.degradedTaken && !allowed:
+			e.uncountDegraded(it)
+		case it.degradedTaken:
+			e.stats.GlobalDegraded.Add(it.cost)
 		}
-		if it.rule.Scope == ScopeGlobal && !it.degraded {
+		if it.rule.Scope == ScopeGlobal && (!it.degraded || it.result.OwnP != 0) {
 			e.noteGlobal(it, allowed, now)
 		}
 		if !it.result.Allowed && !it.rule.Shadow && !it.degraded {

@@ -193,10 +193,19 @@ func (rs *RuleSet) Resolve(req *Request) (*Rule, bool) {
 }
 
 // isEnvoyConfig reports whether the YAML is envoyproxy/ratelimit's: its
-// first document a mapping with domain and without rules.
+// first document that is not empty a mapping with domain and without
+// rules. (envoyproxy/ratelimit's own files start with ---, and a
+// directory's files are joined with --- between them: joinSources.)
 func isEnvoyConfig(src []byte) bool {
+	dec := yaml.NewDecoder(bytes.NewReader(src))
 	var doc yaml.Node
-	if yaml.Unmarshal(src, &doc) != nil || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+	for emptyDocument(&doc) {
+		doc = yaml.Node{}
+		if dec.Decode(&doc) != nil {
+			return false
+		}
+	}
+	if doc.Content[0].Kind != yaml.MappingNode {
 		return false
 	}
 	m := doc.Content[0]
@@ -210,6 +219,12 @@ func isEnvoyConfig(src []byte) bool {
 		}
 	}
 	return domain && !rules
+}
+
+// emptyDocument reports whether a YAML document holds nothing, as the one
+// between two --- does.
+func emptyDocument(doc *yaml.Node) bool {
+	return len(doc.Content) == 0 || doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null"
 }
 
 // envoySource is a file of envoyproxy/ratelimit's configuration.
@@ -317,7 +332,7 @@ func compileEnvoy(srcs []envoySource) (*RuleSet, error) {
 			if err != nil {
 				return nil, yamlError(s.name, s.src, err)
 			}
-			if len(doc.Content) == 0 {
+			if emptyDocument(&doc) {
 				continue
 			}
 			if err := c.domain(doc.Content[0]); err != nil {
@@ -478,13 +493,19 @@ func (c *envoyCompiler) descriptor(n *yaml.Node, domain string, parent *descNode
 	if err != nil {
 		return err
 	}
-	if quota, err := flag("quota_mode"); err != nil {
+	quota, err := flag("quota_mode")
+	if err != nil {
 		return err
-	} else if quota {
-		return c.fail(f["quota_mode"], field+".quota_mode", "not supported: geoquota has no quota mode; remove it to enforce the limit, or use shadow_mode")
 	}
-	if md, ok := f["metadata"]; ok {
-		return c.fail(md, field+".metadata", "not supported: geoquota's responses carry no dynamic metadata")
+	// metadata is what envoyproxy/ratelimit adds to Envoy's dynamic
+	// metadata for a descriptor its limit lets through, when started
+	// with RESPONSE_DYNAMIC_METADATA=true: read, not enforced (Warnings).
+	var metadata bool
+	if md, ok := f["metadata"]; ok && md.Tag != "!!null" {
+		if md.Kind != yaml.MappingNode {
+			return c.fail(md, field+".metadata", "want a mapping")
+		}
+		metadata = len(md.Content) > 0
 	}
 	node := newDescNode(key, value)
 	if strings.Contains(value, "*") {
@@ -521,9 +542,17 @@ func (c *envoyCompiler) descriptor(n *yaml.Node, domain string, parent *descNode
 	c.rs.descriptors[key] = true
 	path = append(slices.Clip(path), envoyLevel{key: key, value: value, shared: shared})
 	if rl, ok := f["rate_limit"]; ok && rl.Tag != "!!null" {
-		if node.rule, err = c.rateLimit(rl, domain, path, shadow, field+".rate_limit"); err != nil {
+		if node.rule, err = c.rateLimit(rl, domain, path, shadow, quota, field+".rate_limit"); err != nil {
 			return err
 		}
+	}
+	if metadata {
+		name := envoyName(domain, path)
+		if node.rule != nil {
+			name = node.rule.ID
+		}
+		c.rs.warn(&RuleError{File: c.file, Line: keyLine(n, "metadata"), Rule: name, Field: field + ".metadata",
+			Msg: "geoquota's Envoy RLS responses carry no dynamic metadata (envoyproxy/ratelimit returns it with RESPONSE_DYNAMIC_METADATA=true)"})
 	}
 	if ds, ok := f["descriptors"]; ok {
 		return c.descriptors(ds, domain, node, path, field+".descriptors")
@@ -535,7 +564,17 @@ func (c *envoyCompiler) descriptor(n *yaml.Node, domain string, parent *descNode
 // the RLS server names otherwise (see transport's descriptorAliases).
 var envoyAliases = map[string]string{"remote_address": "ip"}
 
-func (c *envoyCompiler) rateLimit(n *yaml.Node, domain string, path []envoyLevel, shadow bool, field string) (*Rule, error) {
+// keyLine is the line of the key name of the mapping n.
+func keyLine(n *yaml.Node, name string) int {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == name {
+			return n.Content[i].Line
+		}
+	}
+	return n.Line
+}
+
+func (c *envoyCompiler) rateLimit(n *yaml.Node, domain string, path []envoyLevel, shadow, quota bool, field string) (*Rule, error) {
 	f, err := c.fields(n, field, "unit", "requests_per_unit", "unlimited", "name", "replaces")
 	if err != nil {
 		return nil, err
@@ -617,16 +656,26 @@ func (c *envoyCompiler) rateLimit(n *yaml.Node, domain string, path []envoyLevel
 		rerr.File, rerr.Line = c.file, n.Line
 		return nil, rerr
 	}
-	r.Name, r.Replaces, r.denyAll = name, replaces, perUnit == 0
+	r.Name, r.Replaces, r.denyAll, r.Quota = name, replaces, perUnit == 0, quota
 	c.rs.byID[r.ID] = r
 	c.rs.rules = append(c.rs.rules, r)
 	return r, nil
 }
 
 // ruleID names a limit as envoyproxy/ratelimit's statistics do
-// (domain.key_value.key), in the characters a rule id may hold, made
-// unique.
+// (envoyName), made unique.
 func (c *envoyCompiler) ruleID(domain string, path []envoyLevel) string {
+	id := envoyName(domain, path)
+	for base, i := id, 2; c.rs.byID[id] != nil; i++ {
+		id = fmt.Sprintf("%s~%d", base, i)
+	}
+	return id
+}
+
+// envoyName names the entry at the end of path as envoyproxy/ratelimit's
+// statistics do (domain.key_value.key), in the characters a rule id may
+// hold.
+func envoyName(domain string, path []envoyLevel) string {
 	var b strings.Builder
 	b.WriteString(domain)
 	for _, l := range path {
@@ -647,9 +696,6 @@ func (c *envoyCompiler) ruleID(domain string, path []envoyLevel) string {
 		h := fnv.New32a()
 		h.Write([]byte(b.String()))
 		id = fmt.Sprintf("%s~%08x", strings.ToValidUTF8(id[:110], ""), h.Sum32())
-	}
-	for base, i := id, 2; c.rs.byID[id] != nil; i++ {
-		id = fmt.Sprintf("%s~%d", base, i)
 	}
 	return id
 }

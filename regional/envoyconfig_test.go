@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -272,8 +273,10 @@ func TestEnvoyConfigRefused(t *testing.T) {
 			"d.yaml:4: descriptors[0].rate_limit.requests_per_unit: want a whole number from 0 to 4294967295"},
 		{"domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: j\n        ratelimit: { unit: second }\n",
 			"d.yaml:6: descriptors[0].descriptors[0].ratelimit: unknown key"},
-		{"domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
-			"d.yaml:4: descriptors[0].quota_mode: not supported"},
+		{"domain: d\ndescriptors:\n  - key: k\n    quota_mode: yes please\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+			"d.yaml:4: descriptors[0].quota_mode: want true or false"},
+		{"domain: d\ndescriptors:\n  - key: k\n    metadata: [a, b]\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+			"d.yaml:4: descriptors[0].metadata: want a mapping"},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
 			`d.yaml:5: descriptors[1]: k "v" given twice at this level`},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: \"a?*\"\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
@@ -383,5 +386,112 @@ descriptors:
 	rs.Place(&req, []string{"to_number", "message_type"}, []string{"1", "marketing"})
 	if r, _ := other.Resolve(&req); r == nil {
 		t.Error("a request placed by an older rule set is not placed again by the new one")
+	}
+}
+
+// TestEnvoyConfigShippedExamples: envoyproxy/ratelimit's own example
+// directory, as that project ships it, loads whole: every limit, quota_mode
+// kept on its limits, and each metadata (dynamic metadata geoquota does not
+// return) a warning naming its file, line, limit and field, which a strict
+// load refuses.
+func TestEnvoyConfigShippedExamples(t *testing.T) {
+	const dir = "testdata/ratelimit-examples"
+	rs, err := LoadFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range rs.Rules() {
+		ids = append(ids, r.ID)
+	}
+	want := []string{
+		"mongo_cps.database_users", "mongo_cps.database_default",
+		"rl.category_account",
+		"rl.source_cluster_proxy.destination_cluster_bkthomps", "rl.source_cluster_proxy.destination_cluster_mock",
+		"rl.source_cluster_proxy.destination_cluster_override", "rl.source_cluster_proxy.destination_cluster_fake",
+		"rl.foo", "rl.foo.bar", "rl.foo.bar_bkthomps", "rl.foo.bar_banned", "rl.foo.baz", "rl.foo.baz_not-so-shady", "rl.foo.baz_shady",
+		"rl.unspec", "rl.service_service_1", "rl.service_service_2",
+	}
+	if !slices.Equal(ids, want) {
+		t.Fatalf("limits loaded:\n %q\nwant\n %q", ids, want)
+	}
+	for _, c := range []struct {
+		domain string
+		kv     []string
+		want   string
+	}{
+		{"rl", []string{"foo", "x", "bay", "y"}, "rl.foo.bay (unlimited)"},
+		{"rl", []string{"qux", "x"}, "rl.qux (unlimited)"},
+		{"rl", []string{"service", "service_1"}, "rl.service_service_1"},
+	} {
+		req := envoyRequest(c.domain, c.kv...)
+		if r, _ := rs.Resolve(&req); metName(r) != c.want {
+			t.Errorf("%s %v meets %q, want %q", c.domain, c.kv, metName(r), c.want)
+		}
+	}
+	for _, r := range rs.Rules() {
+		quota := r.ID == "rl.service_service_1" || r.ID == "rl.service_service_2"
+		if r.Quota != quota {
+			t.Errorf("%s: Quota %v, want %v", r.ID, r.Quota, quota)
+		}
+	}
+	if r := rs.Rule("rl.service_service_2"); r.Base.Limit != 2 || r.Base.Window != time.Minute.Microseconds() {
+		t.Errorf("rl.service_service_2: %+v, want 2 a minute", r.Base)
+	}
+	if !rs.Rule("rl.foo.baz_shady").Shadow {
+		t.Error("rl.foo.baz_shady: shadow_mode lost")
+	}
+
+	file := filepath.Join(dir, "example.yaml")
+	wantWarnings := []string{
+		file + `:93: rule "rl.service_service_1": descriptors[5].metadata: read and ignored: geoquota's Envoy RLS responses carry no dynamic metadata`,
+		file + `:102: rule "rl.service_service_2": descriptors[6].metadata: read and ignored: geoquota's Envoy RLS responses carry no dynamic metadata`,
+	}
+	warnings := rs.Warnings()
+	if len(warnings) != len(wantWarnings) {
+		t.Fatalf("warnings %q, want %d", warnings, len(wantWarnings))
+	}
+	for i, w := range wantWarnings {
+		if !strings.HasPrefix(warnings[i], w) {
+			t.Errorf("warning %d:\n got %s\nwant %s…", i, warnings[i], w)
+		}
+	}
+	strict := rs.Strict()
+	if !errors.Is(strict, ErrInvalidRules) {
+		t.Fatalf("strict: %v, want an invalid rule set", strict)
+	}
+	for _, at := range []string{file + `:93: rule "rl.service_service_1": descriptors[5].metadata: not enforced`,
+		file + `:102: rule "rl.service_service_2": descriptors[6].metadata: not enforced`} {
+		if !strings.Contains(strict.Error(), at) {
+			t.Errorf("strict: %v\nsays nothing of %s", strict, at)
+		}
+	}
+
+	// The same from the file alone, and from the files joined as
+	// globalsync publishes them (each starts with ---, so the stream has
+	// empty documents); nothing to say of a configuration without
+	// metadata.
+	src, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := Parse("example.yaml", src); err != nil {
+		t.Errorf("example.yaml alone: %v", err)
+	} else if len(rs.Warnings()) != 2 || rs.Strict() == nil {
+		t.Errorf("example.yaml alone: warnings %q", rs.Warnings())
+	}
+	joined, err := ReadRules(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := Parse("rules", joined); err != nil {
+		t.Errorf("the directory joined: %v", err)
+	} else if len(rs.Rules()) != len(want) || len(rs.Warnings()) != 2 || rs.Strict() == nil {
+		t.Errorf("the directory joined: %d limits, warnings %q", len(rs.Rules()), rs.Warnings())
+	}
+	if rs, err := LoadFile("testdata/ratelimit"); err != nil {
+		t.Errorf("README's examples: %v", err)
+	} else if rs.Warnings() != nil || rs.Strict() != nil {
+		t.Errorf("README's examples: warnings %q", rs.Warnings())
 	}
 }

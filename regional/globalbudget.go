@@ -103,7 +103,8 @@ type globalState struct {
 	expired atomic.Int64 // µs of the last expireGlobal
 
 	budgets   counterBudgets
-	startedUs int64 // when the engine began counting, µs
+	degraded  degradedGlobals // what this replica admitted without its store
+	startedUs int64           // when the engine began counting, µs
 }
 
 type heldLease struct {
@@ -526,8 +527,10 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	window := it.params.Window
 	start := it.storeNow / window * window
 	// A shared store's count of this region's slot, for the gossip (the
-	// engine's own memory counts in the copy).
-	if e.shared && (r.OwnP != 0 || r.OwnN != 0) {
+	// engine's own memory counts in the copy); a limit decided without
+	// the store reports, for the budgets, the most the region may have
+	// used (degraded.go), which is not a count.
+	if e.shared && !it.degraded && (r.OwnP != 0 || r.OwnN != 0) {
 		e.global.usage.with(func(c *crdt.Counters) { c.ObserveKey(it.key, start/1000, r.OwnP, r.OwnN) })
 	}
 	d := e.ruleDemand(it.rule.ID)

@@ -29,6 +29,9 @@ type MemoryStore struct {
 	// counts this region's there, under the copy's lock, and its own
 	// windows of global counters stay empty.
 	copy *counters
+
+	replicasMu sync.Mutex
+	replicas   map[string]ReplicaState // Heartbeat's
 }
 
 const (
@@ -56,6 +59,9 @@ type memGlobal struct {
 	slots   []crdt.Slot // other regions', in region order
 	others  float64
 	expires int64 // µs
+	// added is, per replica, what AddGlobal has counted of its
+	// admissions without the store.
+	added map[string]uint64
 }
 
 // view is the window as decideGlobal reads it.
@@ -531,6 +537,62 @@ func (m *MemoryStore) MergeGlobal(_ context.Context, windows []GlobalWindow) (in
 		sh.mu.Unlock()
 	}
 	return raised, nil
+}
+
+// AddGlobal implements GlobalStore. A store that keeps global counters in
+// the copy is the engine's own memory, which never fails: it has nothing
+// to take in, and reports the copy's slots.
+func (m *MemoryStore) AddGlobal(_ context.Context, adds []GlobalAdd, slots []crdt.Slot) error {
+	now := m.now()
+	var buf [160]byte
+	for i, a := range adds {
+		if m.copy != nil {
+			m.copy.with(func(c *crdt.Counters) {
+				t := c.Tally(a.Key, a.StartMillis)
+				slots[i] = crdt.Slot{Region: m.region, P: t.P, N: t.N}
+			})
+			continue
+		}
+		sh := &m.shards[m.shard(a.Key)]
+		k := appendGlobalKey(buf[:0], a.Key, a.StartMillis)
+		sh.mu.Lock()
+		g := sh.globals[string(k)]
+		if g == nil || g.expires <= now {
+			g = &memGlobal{expires: now + max(1, a.TTL.Microseconds())}
+			sh.globals[string(k)] = g
+		}
+		g.p, g.n = max(g.p, a.KnownP), max(g.n, a.KnownN)
+		if done := g.added[a.Replica]; a.Admitted > done {
+			if g.added == nil {
+				g.added = map[string]uint64{}
+			}
+			g.p = satAdd(g.p, a.Admitted-done)
+			g.added[a.Replica] = a.Admitted
+		}
+		slots[i] = crdt.Slot{Region: m.region, P: g.p, N: g.n}
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// Heartbeat implements GlobalStore.
+func (m *MemoryStore) Heartbeat(_ context.Context, replica string, unwritten int64, keep time.Duration) ([]ReplicaState, int64, error) {
+	now := m.now()
+	m.replicasMu.Lock()
+	defer m.replicasMu.Unlock()
+	if m.replicas == nil {
+		m.replicas = map[string]ReplicaState{}
+	}
+	m.replicas[replica] = ReplicaState{Replica: replica, Unwritten: unwritten, At: now}
+	out := make([]ReplicaState, 0, len(m.replicas))
+	for name, st := range m.replicas {
+		if now-st.At > keep.Microseconds() {
+			delete(m.replicas, name)
+			continue
+		}
+		out = append(out, st)
+	}
+	return out, now, nil
 }
 
 // mergeIntoCopy is MergeGlobal for a store that keeps global counters in

@@ -38,6 +38,16 @@ var mergeLua string
 
 var mergeScript = redis.NewScript(mergeLua)
 
+//go:embed lua/add.lua
+var addLua string
+
+var addScript = redis.NewScript(addLua)
+
+//go:embed lua/replicas.lua
+var replicasLua string
+
+var replicasScript = redis.NewScript(replicasLua)
+
 //go:embed lua/keys.lua
 var keysLua string
 
@@ -64,7 +74,7 @@ var (
 
 // scripts are every script the store runs, loaded on every connection
 // and again on NOSCRIPT.
-var scripts = []string{limitsLua, checksLua, mergeLua, keysLua}
+var scripts = []string{limitsLua, checksLua, mergeLua, addLua, replicasLua, keysLua}
 
 // ErrStoreClosed is returned by a store used after Close.
 var ErrStoreClosed = errors.New("regional: store closed")
@@ -119,6 +129,12 @@ type RedisStore struct {
 	// once: a map written anew when a limit is new, read without a lock.
 	checkArgs   atomic.Pointer[map[Params]*[3]any]
 	checkArgsMu sync.Mutex
+	// clockOffset is how far Redis's clock (TIME) runs ahead of this
+	// process's, in µs, as the last script's time says (clockKnown once
+	// one has answered): a check tells the script, in Redis's time, when
+	// to do nothing rather than count (see notAfter).
+	clockOffset atomic.Int64
+	clockKnown  atomic.Bool
 
 	// For tests: the time scripts use instead of TIME, in µs, and a floor
 	// on TTLs (ms) so that keys do not expire in real time while a test
@@ -268,9 +284,14 @@ func (s *RedisStore) Close() error {
 // caller that gives up waiting leaves nothing of its own in the worker's
 // hands.
 type redisCall struct {
-	limits   []redisLimit
-	groups   []redisGroup
-	results  []Result
+	limits  []redisLimit
+	groups  []redisGroup
+	results []Result
+	check   bool // mode check: runs late, it does nothing (notAfter)
+	// state says who had the call first once it was sent: the worker,
+	// delivering its results (callDelivered), or its caller, giving up
+	// (callAbandoned); the worker gives back what an abandoned call took.
+	state    atomic.Int32
 	deadline time.Time
 	now      int64
 	err      error
@@ -315,6 +336,8 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.limits, c.groups, c.err, c.now = slices.Grow(c.limits[:0], len(ops)), c.groups[:0], nil, 0
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
+	c.check = mode == "check"
+	c.state.Store(callPending)
 	plain := plainCheck(mode, ops)
 	for i, op := range ops {
 		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, batch: op.Batch,
@@ -396,10 +419,56 @@ func (s *RedisStore) checkArgsOf(p Params) *[3]any {
 const maxCheckArgs = 4096
 
 // appendArgsHead appends the script's first arguments: the time (tests),
-// the minimum TTL (tests), the mode, and the amount given back and when it
-// was taken.
+// the minimum TTL (tests), the mode, the amount given back and when it
+// was taken, the region, and the time past which a check does nothing
+// (set as the call is sent: notAfterArg).
 func (s *RedisStore) appendArgsHead(args []any, mode string, n, at int64) []any {
-	return append(s.appendTestArgs(args), mode, n, at, s.opts.Region)
+	return append(s.appendTestArgs(args), mode, n, at, s.opts.Region, "")
+}
+
+// notAfterArg is the index of limits.lua's ARGV[7], the time past which a
+// check does nothing, among a call's arguments.
+const notAfterArg = 6
+
+// notAfter is the time, in Redis's clock (µs), past which a check's script
+// should do nothing rather than count: a script that runs that late (a
+// server stalled with the call in its buffer, SIGSTOP or a long command)
+// answers after the caller has given up and decided by a fallback, which
+// counts in the replica's memory what it admits of a global limit: the
+// store counting the request too would count it twice. It leaves the
+// answer a tenth of the timeout (at most half the time the call has left)
+// to come back. "" while the store's clock is not known yet, or in tests
+// that set the script's time.
+func (s *RedisStore) notAfter(deadline, now time.Time) any {
+	if s.testNow != nil || !s.clockKnown.Load() {
+		return ""
+	}
+	margin := min(s.opts.Timeout/10, deadline.Sub(now)/2)
+	return deadline.Add(-margin).UnixMicro() + s.clockOffset.Load()
+}
+
+// observeClock takes in a script's time: it ran after the call was sent
+// and before its reply was received, which bounds the offset of Redis's
+// clock to this process's. The first reply sets the offset halfway; later
+// ones move it only as far as they must to agree (a clock that jumps, a
+// failover to a server whose clock differs).
+func (s *RedisStore) observeClock(redisNow int64, sent, received time.Time) {
+	if s.testNow != nil || redisNow <= 0 {
+		return
+	}
+	lo, hi := redisNow-received.UnixMicro(), redisNow-sent.UnixMicro()
+	if !s.clockKnown.Load() {
+		s.clockOffset.Store(lo + (hi-lo)/2)
+		s.clockKnown.Store(true)
+		return
+	}
+	for {
+		cur := s.clockOffset.Load()
+		next := min(max(cur, lo), hi)
+		if next == cur || s.clockOffset.CompareAndSwap(cur, next) {
+			return
+		}
+	}
 }
 
 // appendTestArgs appends a script's first arguments: the time and the
@@ -473,21 +542,42 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 			return 0, fmt.Errorf("regional: redis: %w (no pipeline free)", context.DeadlineExceeded)
 		}
 	}
+	var err error
 	select {
 	case <-c.done:
-		now, err := c.now, c.err
-		copy(results, c.results)
-		timer.Stop() // before the call is pooled: its next user resets it
-		s.calls.Put(c)
-		return now, err
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		err = ctx.Err()
 	case <-timer.C:
-		return 0, fmt.Errorf("regional: redis: %w", context.DeadlineExceeded)
+		err = fmt.Errorf("regional: redis: %w", context.DeadlineExceeded)
 	case <-s.stop:
-		return 0, ErrStoreClosed
+		err = ErrStoreClosed
 	}
+	if err != nil {
+		if c.state.CompareAndSwap(callPending, callAbandoned) {
+			return 0, err
+		}
+		<-c.done // the worker delivered first: its answer stands
+	}
+	now, err := c.now, c.err
+	copy(results, c.results)
+	timer.Stop() // before the call is pooled: its next user resets it
+	s.calls.Put(c)
+	return now, err
 }
+
+// A call's states (redisCall.state).
+const (
+	callPending int32 = iota
+	callDelivered
+	callAbandoned
+)
+
+// lateReplyWait is how long past its callers' deadlines a pipeline still
+// waits for its replies (go-redis's read timeout, 3s, bounds it too): a
+// script that ran in time but whose reply comes late (a server stalled
+// just after it, a link slowed) counted what its caller, gone, decided
+// without the store; its reply says what to give back.
+const lateReplyWait = 2 * time.Second
 
 // Apply implements Store. The call is bounded by the store's timeout, or
 // ctx's deadline if sooner.
@@ -609,7 +699,7 @@ func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 	if batch = live; len(batch) == 0 {
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(lateReplyWait))
 	defer cancel()
 	start := time.Now()
 	// Each script's error is read from its command below.
@@ -636,12 +726,20 @@ func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 			}
 			ok[gi] = err == nil
 		}
-		if len(c.groups) > 1 {
+		switch {
+		case c.state.CompareAndSwap(callPending, callDelivered):
+			if len(c.groups) > 1 {
+				refunds = c.refunds(refunds, ok)
+			}
+		case c.err == nil && commitsResults(c):
+			refunds = c.takenBack(refunds) // its caller decided without it
+		case len(c.groups) > 1:
 			refunds = c.refunds(refunds, ok)
 		}
 	}
 	if len(refunds) > 0 {
-		s.refund(refunds)
+		// Patient: a store that answered late may be slow still.
+		s.refund(refunds, max(s.opts.Timeout, time.Until(deadline.Add(lateReplyWait))))
 	}
 	if s.opts.Observe != nil { // before the callers have their calls back
 		s.opts.Observe(time.Since(start), len(batch), batchError(batch))
@@ -668,6 +766,7 @@ func batchError(batch []*redisCall) error {
 // several keys would meet TRYAGAIN while their slot migrates).
 func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]checksCall, again bool) (noScript bool) {
 	pipe := s.client.Pipeline()
+	sent := time.Now()
 	cs := (*checks)[:0]
 	for _, c := range batch {
 		for gi := range c.groups {
@@ -677,6 +776,9 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 			}
 			g.err = nil
 			if !g.plain {
+				if c.check {
+					g.args[notAfterArg] = s.notAfter(c.deadline, sent)
+				}
 				g.cmd = pipe.EvalSha(ctx, limitsSHA, g.keys, g.args...)
 				continue
 			}
@@ -705,6 +807,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 		pipe.Process(ctx, cc.cmd)
 	}
 	pipe.Exec(ctx) // each command's error is its own, read below
+	received, clocked := time.Now(), false
 	for _, c := range batch {
 		for gi := range c.groups {
 			if g := &c.groups[gi]; !g.plain && g.cmd != nil {
@@ -714,6 +817,13 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 					if vals, g.err = g.cmd.Int64Slice(); len(vals) > 0 {
 						g.now, g.vals = vals[0], vals[1:]
 					}
+				} else if t, ok := lateAt(g.err); ok {
+					s.observeClock(t, sent, received) // its clock may have moved
+					clocked = true
+				}
+				if !clocked && g.now > 0 {
+					s.observeClock(g.now, sent, received)
+					clocked = true
 				}
 				g.cmd = nil
 			}
@@ -744,6 +854,20 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 }
 
 func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// lateAt reads the script's time from a LATE error: a check run past its
+// time (notAfter), that did nothing.
+func lateAt(err error) (int64, bool) {
+	if !redis.HasErrorPrefix(err, "LATE") {
+		return 0, false
+	}
+	f := strings.Fields(err.Error())
+	if len(f) < 2 {
+		return 0, false
+	}
+	t, perr := strconv.ParseInt(f[len(f)-1], 10, 64)
+	return t, perr == nil
+}
 
 // loadScripts loads the scripts on every primary.
 func (s *RedisStore) loadScripts(ctx context.Context) error {
@@ -837,8 +961,29 @@ func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 // refund gives back what split requests took, on a deadline of its own:
 // the batch's may be spent. Best effort: a lost refund leaves a limit
 // stricter, never looser.
-func (s *RedisStore) refund(refunds []refund) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+// commitsResults reports whether a call's script went ahead: every
+// enforced limit allowed.
+func commitsResults(c *redisCall) bool {
+	for i := range c.limits {
+		if !c.limits[i].shadow && !c.results[i].Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// takenBack appends the refunds of everything a call took.
+func (c *redisCall) takenBack(dst []refund) []refund {
+	for i := range c.limits {
+		if r := c.results[i]; r.Allowed && r.Taken > 0 {
+			dst = append(dst, refund{limit: c.limits[i], n: r.Taken, at: c.now})
+		}
+	}
+	return dst
+}
+
+func (s *RedisStore) refund(refunds []refund, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	pipe := s.client.Pipeline()
 	for _, r := range refunds {
@@ -883,6 +1028,61 @@ func (s *RedisStore) MergeGlobal(ctx context.Context, windows []GlobalWindow) (i
 		}
 		return raised, nil
 	}
+}
+
+// AddGlobal implements GlobalStore: one script per window, pipelined
+// (lua/add.lua).
+func (s *RedisStore) AddGlobal(ctx context.Context, adds []GlobalAdd, slots []crdt.Slot) error {
+	if len(adds) == 0 {
+		return nil
+	}
+	for attempt := 0; ; attempt++ {
+		pipe := s.client.Pipeline()
+		cmds := make([]*redis.Cmd, len(adds))
+		for i, a := range adds {
+			k := string(GlobalKey(a.Key, a.StartMillis))
+			cmds[i] = pipe.EvalSha(ctx, addScript.Hash(), []string{k, k + ":added"},
+				max(1, a.TTL.Milliseconds()), s.opts.Region, a.Replica, a.Admitted, a.KnownP, a.KnownN)
+		}
+		_, err := pipe.Exec(ctx)
+		if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if err = s.loadScripts(ctx); err != nil {
+				return fmt.Errorf("regional: redis: add: %w", err)
+			}
+			continue // adding again counts nothing twice
+		}
+		if err != nil {
+			return fmt.Errorf("regional: redis: add: %w", err)
+		}
+		for i, c := range cmds {
+			v, err := c.Int64Slice()
+			if err != nil || len(v) != 2 || v[0] < 0 || v[1] < 0 {
+				return fmt.Errorf("regional: redis: add: reply %v: %w", c.Val(), err)
+			}
+			slots[i] = crdt.Slot{Region: s.opts.Region, P: uint64(v[0]), N: uint64(v[1])}
+		}
+		return nil
+	}
+}
+
+// Heartbeat implements GlobalStore (lua/replicas.lua): a hash per region.
+func (s *RedisStore) Heartbeat(ctx context.Context, replica string, unwritten int64, keep time.Duration) ([]ReplicaState, int64, error) {
+	v, err := replicasScript.Run(ctx, s.client, []string{"gq:replicas:{" + s.opts.Region + "}"}, replica, unwritten, keep.Microseconds()).Slice()
+	if err != nil {
+		return nil, 0, fmt.Errorf("regional: redis: replicas: %w", err)
+	}
+	if len(v)%3 != 1 {
+		return nil, 0, fmt.Errorf("regional: redis: replicas: reply of %d values", len(v))
+	}
+	now, _ := v[0].(int64)
+	states := make([]ReplicaState, 0, len(v)/3)
+	for i := 1; i+2 < len(v); i += 3 {
+		name, _ := v[i].(string)
+		n, _ := v[i+1].(int64)
+		at, _ := v[i+2].(int64)
+		states = append(states, ReplicaState{Replica: name, Unwritten: n, At: at})
+	}
+	return states, now, nil
 }
 
 // ReadGlobal implements GlobalStore.

@@ -54,7 +54,10 @@ type Fallback uint8
 const (
 	FailOpen   Fallback = iota // allow, marked degraded
 	FailClosed                 // deny as unavailable
-	LocalOnly                  // enforce in this replica's memory, marked degraded
+	// LocalOnly enforces the limit in this replica's memory, marked
+	// degraded; for a global rule (its default), within the replica's
+	// part of what its region may still admit (see Engine.Check).
+	LocalOnly
 )
 
 var fallbackNames = [...]string{"fail_open", "fail_closed", "local_only"}
@@ -141,6 +144,10 @@ type Rule struct {
 	// takes the place of the limits it replaces, met by others.
 	Name     string
 	Replaces []string
+	// Quota is such a limit's quota_mode: in one RLS request, its
+	// descriptor's OVER_LIMIT makes the whole answer OVER_LIMIT only
+	// if every quota descriptor of the request is over its limit.
+	Quota bool
 
 	match     matcher
 	denyAll   bool    // a limit of 0, of an envoyproxy/ratelimit configuration

@@ -375,7 +375,19 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 		return nil, fail("scope", "%q: want regional or global", s.Scope)
 	}
 	switch s.Fallback {
-	case "", "fail_open":
+	case "":
+		// A global rule admits, while its store cannot answer, what its
+		// region may admit without it (Engine: degraded global limits):
+		// failing open would break the limit for every region at once.
+		r.Fallback = FailOpen
+		if r.Scope == ScopeGlobal {
+			r.Fallback = LocalOnly
+		}
+	case "fail_open":
+		if r.Scope == ScopeGlobal && r.Mode == ModeStrict {
+			return nil, fail("fallback", "fail_open would admit past the region's share of a strict global limit while its store cannot answer; "+
+				"leave it out (a global rule keeps to its share, counted in memory, the default) or say fail_closed")
+		}
 		r.Fallback = FailOpen
 	case "fail_closed":
 		r.Fallback = FailClosed

@@ -34,6 +34,10 @@ type RuleSet struct {
 	// applies to their requests (see envoyconfig.go); nil for a geoquota
 	// rules file.
 	trees map[string]*descNode
+
+	// warnings are what the sources hold that is read and not
+	// enforced (see Warnings).
+	warnings []*RuleError
 }
 
 type tierOf struct {

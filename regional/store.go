@@ -106,6 +106,41 @@ type GlobalStore interface {
 	MergeGlobal(ctx context.Context, windows []GlobalWindow) (int, error)
 	// ReadGlobal returns the slots of one window, in region order.
 	ReadGlobal(ctx context.Context, key []byte, startMillis int64) ([]crdt.Slot, error)
+	// AddGlobal counts in this region's slot what a replica admitted of
+	// each window without the store (see degraded.go), and sets slots[i]
+	// to the region's slot of adds[i]'s window after. Each add gives the
+	// replica's total for the window: the store counts what it has not
+	// yet counted of that replica's, so a retry counts nothing twice.
+	AddGlobal(ctx context.Context, adds []GlobalAdd, slots []crdt.Slot) error
+	// Heartbeat records what this replica says of itself (unwritten: its
+	// windows admitted without the store and not yet written) and returns
+	// what every replica of the region heard within keep said, with the
+	// store's time (µs).
+	Heartbeat(ctx context.Context, replica string, unwritten int64, keep time.Duration) ([]ReplicaState, int64, error)
+}
+
+// ReplicaState is what a replica of the region last said of itself in the
+// store (GlobalStore.Heartbeat).
+type ReplicaState struct {
+	Replica   string
+	Unwritten int64
+	At        int64 // µs, the store's time
+}
+
+// GlobalAdd is what one replica admitted of a global counter's window
+// while the store could not answer.
+type GlobalAdd struct {
+	Key         []byte // the counter's key
+	StartMillis int64  // the window's start, Unix milliseconds
+	// TTL is how long a window that did not exist yet is kept.
+	TTL     time.Duration
+	Replica string
+	// Admitted is everything the replica admitted of the window without
+	// the store, written before or not.
+	Admitted uint64
+	// KnownP and KnownN are what the replica knows of the region's slot:
+	// a store that lost it is raised to them first.
+	KnownP, KnownN uint64
 }
 
 // GlobalWindow is some slots of one window of a global counter.

@@ -92,8 +92,10 @@ type RuleSpec struct {
 	// Algorithm is fixed_window (the default) or sliding_window_counter.
 	Algorithm string `yaml:"algorithm"`
 	CarryDebt bool   `yaml:"carry_debt"`
-	// Fallback is what a region does while its store is down:
-	// fail_open (the default), fail_closed or local_only.
+	// Fallback is what a region does while its store is down: a global
+	// rule's own default (its part of the region's allowance, counted in
+	// memory) when empty; fail_closed, local_only (the same as the
+	// default), or, in elastic mode, fail_open.
 	Fallback string `yaml:"fallback"`
 }
 
@@ -259,9 +261,6 @@ func (s *Scenario) check(src string) error {
 	if s.Rule.Algorithm == "" {
 		s.Rule.Algorithm = "fixed_window"
 	}
-	if s.Rule.Fallback == "" {
-		s.Rule.Fallback = "fail_open"
-	}
 	if len(s.Modes) == 0 {
 		s.Modes = []string{"strict", "elastic"}
 	}
@@ -315,7 +314,7 @@ func (s *Scenario) check(src string) error {
 		return invalid(src, "rule.window", "%v: want whole milliseconds, at least 1s", s.Rule.Window)
 	case s.Rule.Algorithm != "fixed_window" && s.Rule.Algorithm != "sliding_window_counter":
 		return invalid(src, "rule.algorithm", "%q: want fixed_window or sliding_window_counter", s.Rule.Algorithm)
-	case !slices.Contains([]string{"fail_open", "fail_closed", "local_only"}, s.Rule.Fallback):
+	case !slices.Contains([]string{"", "fail_open", "fail_closed", "local_only"}, s.Rule.Fallback):
 		return invalid(src, "rule.fallback", "%q: want fail_open, fail_closed or local_only", s.Rule.Fallback)
 	case !(*s.Budget.Reserve >= 0 && *s.Budget.Reserve <= 1):
 		return invalid(src, "budget.reserve", "%v: want 0 to 1", *s.Budget.Reserve)

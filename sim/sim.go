@@ -180,8 +180,15 @@ func ruleYAML(sc *Scenario, mode string) []byte {
     limit: %d
     window: %dms
     carry_debt: %t
-    fallback: %s
-`, ruleID, mode, sc.Rule.Algorithm, sc.Rule.Limit, sc.Rule.Window.Milliseconds(), sc.Rule.CarryDebt, sc.Rule.Fallback)
+%s`, ruleID, mode, sc.Rule.Algorithm, sc.Rule.Limit, sc.Rule.Window.Milliseconds(), sc.Rule.CarryDebt, fallbackYAML(sc.Rule.Fallback, "    "))
+}
+
+// fallbackYAML is a rule's fallback line, if the scenario names one.
+func fallbackYAML(fallback, indent string) string {
+	if fallback == "" {
+		return ""
+	}
+	return indent + "fallback: " + fallback + "\n"
 }
 
 // KeyName is the API key of a scenario's key i (TrafficSpec.Keys).

@@ -84,3 +84,17 @@ func (f *faultyStore) ReadGlobal(ctx context.Context, key []byte, startMillis in
 	}
 	return f.mem.ReadGlobal(ctx, key, startMillis)
 }
+
+func (f *faultyStore) AddGlobal(ctx context.Context, adds []regional.GlobalAdd, slots []crdt.Slot) error {
+	if f.down {
+		return errStoreDown
+	}
+	return f.mem.AddGlobal(ctx, adds, slots)
+}
+
+func (f *faultyStore) Heartbeat(ctx context.Context, replica string, unwritten int64, keep time.Duration) ([]regional.ReplicaState, int64, error) {
+	if f.down {
+		return nil, 0, errStoreDown
+	}
+	return f.mem.Heartbeat(ctx, replica, unwritten, keep)
+}

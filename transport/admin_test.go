@@ -2,6 +2,7 @@ package transport
 
 import (
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -162,5 +163,58 @@ func TestAdminOperationsGRPC(t *testing.T) {
 	}
 	if _, err := a.ListViolations(ctx, &pb.ListViolationsRequest{Limit: -1}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("violations, limit -1: %v", err)
+	}
+}
+
+// TestAdminRulesWarnings: envoyproxy/ratelimit's example directory's
+// example.yaml, put through the admin API, is in force with a warning per
+// metadata, answered (HTTP and gRPC) and counted in geoquota_rule_warnings;
+// a regiond with --rules-strict refuses it whole, naming each, and keeps
+// its rules.
+func TestAdminRulesWarnings(t *testing.T) {
+	src, err := os.ReadFile("../regional/testdata/ratelimit-examples/example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := []string{`admin:93: rule \"rl.service_service_1\": descriptors[5].metadata`, `admin:102: rule \"rl.service_service_2\": descriptors[6].metadata`}
+	auth := []string{"Authorization", "Bearer s3cret"}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer s3cret")
+
+	v := newEnv(t, envOptions{adminToken: "s3cret"})
+	resp := v.send(http.MethodPut, "/v1/admin/rules", strings.NewReader(string(src)), auth...)
+	body := readAll(t, resp)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `"rules":15`) {
+		t.Fatalf("put: %s %s", resp.Status, body)
+	}
+	for _, w := range at {
+		if !strings.Contains(body, w+": read and ignored") {
+			t.Errorf("put answered %s\nwithout the warning %s", body, w)
+		}
+	}
+	if m := readAll(t, v.get("/metrics")); !strings.Contains(m, "geoquota_rule_warnings 2") {
+		t.Error("/metrics: geoquota_rule_warnings is not 2")
+	}
+	r, err := pb.NewAdminClient(v.conn).PutRules(ctx, &pb.PutRulesRequest{Yaml: string(src)})
+	if err != nil || r.Rules != 15 || len(r.Warnings) != 2 || !strings.Contains(r.Warnings[0], strings.ReplaceAll(at[0], `\"`, `"`)) {
+		t.Fatalf("gRPC put: %v, %v", r, err)
+	}
+
+	strict := newEnv(t, envOptions{adminToken: "s3cret", strictRules: true})
+	resp = strict.send(http.MethodPut, "/v1/admin/rules", strings.NewReader(string(src)), auth...)
+	b := decodeBody(t, resp)
+	e, _ := b["error"].(map[string]any)
+	if resp.StatusCode != http.StatusBadRequest || e["code"] != "INVALID_ARGUMENT" || e["details"].(map[string]any)["field"] != "rules" {
+		t.Fatalf("strict put: %s %v", resp.Status, b)
+	}
+	for _, w := range at {
+		if msg, _ := e["message"].(string); !strings.Contains(msg, strings.ReplaceAll(w, `\"`, `"`)+": not enforced") {
+			t.Errorf("strict put: %q says nothing of %s", msg, w)
+		}
+	}
+	if _, err := pb.NewAdminClient(strict.conn).PutRules(ctx, &pb.PutRulesRequest{Yaml: string(src)}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("strict gRPC put: %v", err)
+	}
+	if rs := strict.engine.Rules(); rs.Source != "test.yaml" || strict.engine.Stats().RuleReloadErrors.Load() != 2 {
+		t.Fatalf("after refusals: rules of %s, %d rejected", rs.Source, strict.engine.Stats().RuleReloadErrors.Load())
 	}
 }

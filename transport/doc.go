@@ -64,7 +64,8 @@
 // geoquota_redis_pipeline_duration_seconds, geoquota_redis_pipeline_checks
 // (checks a pipeline carried), geoquota_redis_errors_total,
 // geoquota_breaker_state, geoquota_degraded_decisions_total, the denial
-// cache, hot-key batch and key-cap counters, geoquota_rule_reloads_total{result};
+// cache, hot-key batch and key-cap counters, geoquota_rule_reloads_total{result},
+// geoquota_rule_warnings;
 // with gossip, geoquota_gossip_* and the budget each global rule holds.
 // No tenant or key is ever a label.
 package transport

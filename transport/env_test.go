@@ -44,10 +44,11 @@ block: ["revoked_*"]
 `
 
 type envOptions struct {
-	rules      string
-	adminToken string
-	upstream   string
-	breaker    regional.BreakerConfig
+	rules       string
+	adminToken  string
+	strictRules bool
+	upstream    string
+	breaker     regional.BreakerConfig
 	// latency, if set, puts Redis behind a link that delays everything by
 	// it each way; timeout bounds each store call (0: the engine's default).
 	latency, timeout time.Duration
@@ -81,7 +82,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	v.engine = regional.New(regional.Config{Region: "test-region", Store: v.store, Violations: violations, Breaker: o.breaker,
 		Timeout: o.timeout, Logger: discardLogger()}, rules)
 	metrics.Attach(v.engine)
-	opts := Options{Region: "test-region", AdminToken: o.adminToken, Violations: violations, Metrics: metrics, Logger: discardLogger()}
+	opts := Options{Region: "test-region", AdminToken: o.adminToken, StrictRules: o.strictRules, Violations: violations, Metrics: metrics, Logger: discardLogger()}
 	if o.upstream != "" {
 		opts.ProxyUpstream = mustURL(t, o.upstream)
 	}

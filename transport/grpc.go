@@ -52,6 +52,12 @@ func grpcError(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, regional.ErrInvalidRules):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, regional.ErrWindowExpired):
+		st := status.New(codes.NotFound, err.Error())
+		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: "WINDOW_EXPIRED", Domain: "geoquota"}); derr == nil {
+			st = d
+		}
+		return st.Err()
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -146,7 +152,13 @@ func (s rateLimiter) GetUsage(ctx context.Context, in *pb.GetUsageRequest) (*pb.
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	u, err := s.engine.Usage(ctx, in.Rule, &req)
+	var u regional.Usage
+	if ms := in.WindowStartUnixMs; ms != 0 {
+		u, err = s.engine.UsageAt(ctx, in.Rule, &req, time.UnixMilli(ms))
+		err = renameField(err, "window_start", "window_start_unix_ms")
+	} else {
+		u, err = s.engine.Usage(ctx, in.Rule, &req)
+	}
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -267,11 +279,11 @@ func (s adminServer) PutRules(ctx context.Context, in *pb.PutRulesRequest) (*pb.
 	if err := s.authorize(ctx); err != nil {
 		return nil, err
 	}
-	n, err := s.putRules([]byte(in.Yaml))
+	rs, err := s.putRules([]byte(in.Yaml))
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	return &pb.PutRulesResponse{Rules: int32(n)}, nil
+	return &pb.PutRulesResponse{Rules: int32(len(rs.Rules())), Warnings: rs.Warnings()}, nil
 }
 
 func (s adminServer) GetRules(ctx context.Context, _ *pb.GetRulesRequest) (*pb.GetRulesResponse, error) {

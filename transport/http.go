@@ -122,6 +122,11 @@ func (s *Server) writeInputError(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, "INVALID_ARGUMENT", err.Error(), map[string]any{"field": "rules"})
 		return
 	}
+	if we := (*regional.WindowExpiredError)(nil); errors.As(err, &we) {
+		writeError(w, http.StatusNotFound, "WINDOW_EXPIRED", err.Error(), map[string]any{"field": "window_start",
+			"window_start": we.Start.UTC().Format(time.RFC3339Nano), "kept_seconds": ceilSeconds(we.Kept)})
+		return
+	}
 	s.log.Warn("request failed", "error", err)
 	writeError(w, http.StatusServiceUnavailable, "RATE_LIMITER_UNAVAILABLE", err.Error(), nil)
 }
@@ -631,22 +636,36 @@ func (s *Server) handlePutRules(w http.ResponseWriter, r *http.Request) {
 		s.writeInputError(w, err)
 		return
 	}
-	n, err := s.putRules(body)
+	rs, err := s.putRules(body)
 	if err != nil {
 		s.writeInputError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"rules": n})
+	out := map[string]any{"rules": len(rs.Rules())}
+	if ws := rs.Warnings(); ws != nil {
+		out["warnings"] = ws
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
-// putRules puts rules given through an admin call in force.
-func (s *Server) putRules(yaml []byte) (int, error) {
-	rs, err := s.engine.PutRules("admin", yaml)
-	if err != nil {
-		return 0, err
+// putRules puts rules given through an admin call in force. Invalid rules,
+// or rules with warnings when StrictRules, change nothing and count as a
+// rejected reload.
+func (s *Server) putRules(yaml []byte) (*regional.RuleSet, error) {
+	rs, err := regional.Parse("admin", yaml)
+	if err == nil && s.opts.StrictRules {
+		err = rs.Strict()
 	}
-	s.log.Info("rules put in force by an admin call", "rules", len(rs.Rules()))
-	return len(rs.Rules()), nil
+	if err != nil {
+		s.engine.Stats().RuleReloadErrors.Add(1)
+		return nil, err
+	}
+	s.engine.SetRules(rs)
+	s.log.Info("rules put in force by an admin call", "rules", len(rs.Rules()), "warnings", len(rs.Warnings()))
+	for _, w := range rs.Warnings() {
+		s.log.Warn("rules: read and not enforced", "warning", w)
+	}
+	return rs, nil
 }
 
 func (s *Server) handleViolations(w http.ResponseWriter, r *http.Request) {

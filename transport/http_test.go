@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	pb "github.com/geoquota/geoquota/transport/geoquotav1"
 )
@@ -150,8 +153,11 @@ func TestHTTPUsage(t *testing.T) {
 }
 
 // TestHTTPUsageOfAPastWindow: window_start= reads a global rule's window
-// after it has ended, as every region's copy has it; a rule that is not
-// global keeps no past windows, and a malformed time is refused by name.
+// after it has ended, as every region's copy has it, over HTTP and gRPC;
+// a window no longer kept is 404 WINDOW_EXPIRED (gRPC NotFound, the same
+// message), not a window nobody used; a window not begun, a rule that is
+// not global (it keeps no past windows) and a malformed time are refused
+// by name.
 func TestHTTPUsageOfAPastWindow(t *testing.T) {
 	v := newEnv(t, envOptions{rules: `
 rules:
@@ -197,12 +203,48 @@ rules:
 	if total != 3 {
 		t.Fatalf("past windows hold %v of the 3 admitted", total)
 	}
+	// The same kept window over gRPC.
+	c := pb.NewRateLimiterClient(v.conn)
+	g1 := &pb.Request{Descriptors: descriptors("api_key", "g1")}
+	firstAt, err := time.Parse(time.RFC3339, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, err := c.GetUsage(t.Context(), &pb.GetUsageRequest{Rule: "g", Request: g1, WindowStartUnixMs: firstAt.UnixMilli()}); err != nil ||
+		u.WindowStartUnixMs != firstAt.UnixMilli() {
+		t.Fatalf("gRPC, window %s: %v, %v", first, u, err)
+	}
+
+	// An hour ago: a window of 1 s is kept 61 s from its start.
+	hourAgo := mustAdd(t, first, -time.Hour)
+	resp := v.get("/v1/usage?rule=g&api_key=g1&window_start=" + hourAgo)
+	b := decodeBody(t, resp)
+	e, _ := b["error"].(map[string]any)
+	msg, _ := e["message"].(string)
+	details, _ := e["details"].(map[string]any)
+	if resp.StatusCode != http.StatusNotFound || e["code"] != "WINDOW_EXPIRED" || details["field"] != "window_start" ||
+		details["window_start"] != hourAgo || details["kept_seconds"] != 61.0 ||
+		!strings.Contains(msg, "no longer kept") || !strings.Contains(msg, "1m1s") || !strings.Contains(msg, "usage history") {
+		t.Fatalf("an hour ago: %s %v, want 404 WINDOW_EXPIRED", resp.Status, b)
+	}
+	hourAgoAt, _ := time.Parse(time.RFC3339, hourAgo)
+	_, err = c.GetUsage(t.Context(), &pb.GetUsageRequest{Rule: "g", Request: g1, WindowStartUnixMs: hourAgoAt.UnixMilli()})
+	if st, _ := status.FromError(err); st.Code() != codes.NotFound || st.Message() != msg {
+		t.Fatalf("gRPC, an hour ago: %v, want NotFound %q", err, msg)
+	}
+	// A window not begun.
+	inAnHour := time.Now().Add(time.Hour).UTC()
+	_, err = c.GetUsage(t.Context(), &pb.GetUsageRequest{Rule: "g", Request: g1, WindowStartUnixMs: inAnHour.UnixMilli()})
+	wantInvalid(t, err, "window_start_unix_ms")
+
 	for query, field := range map[string]string{
-		"rule=minute&api_key=a&window_start=2026-01-01T00:00:00Z": "window_start",
-		"rule=g&api_key=g1&window_start=yesterday":                "window_start",
+		"rule=minute&api_key=a&window_start=2026-01-01T00:00:00Z":         "window_start",
+		"rule=g&api_key=g1&window_start=yesterday":                        "window_start",
+		"rule=g&api_key=g1&window_start=" + inAnHour.Format(time.RFC3339): "window_start",
 	} {
 		resp := v.get("/v1/usage?" + query)
-		if b := decodeBody(t, resp); resp.StatusCode != http.StatusBadRequest || b["error"].(map[string]any)["details"].(map[string]any)["field"] != field {
+		if b := decodeBody(t, resp); resp.StatusCode != http.StatusBadRequest || b["error"].(map[string]any)["code"] != "INVALID_ARGUMENT" ||
+			b["error"].(map[string]any)["details"].(map[string]any)["field"] != field {
 			t.Errorf("%s: %s %v, want 400 naming %s", query, resp.Status, b, field)
 		}
 	}
@@ -302,6 +344,7 @@ func TestHTTPHealthAndMetrics(t *testing.T) {
 		`geoquota_breaker_state 0`,
 		`geoquota_redis_pipeline_duration_seconds_count`,
 		`geoquota_rule_reloads_total`,
+		`geoquota_rule_warnings 0`,
 		`geoquota_denial_cache_hits_total 0`,
 	} {
 		if !strings.Contains(body, want) {

@@ -78,7 +78,8 @@ func NewMetrics(e *regional.Engine) *Metrics {
 }
 
 // Attach exposes the engine's own counters: breaker, degraded decisions,
-// caches, hot keys' batches, key caps, rule reloads.
+// caches, hot keys' batches, key caps, rule reloads and the warnings of
+// the rules in force.
 func (m *Metrics) Attach(e *regional.Engine) {
 	st := e.Stats()
 	counter := func(name, help string, f func() int64) prometheus.Collector {
@@ -91,11 +92,17 @@ func (m *Metrics) Attach(e *regional.Engine) {
 			ConstLabels: prometheus.Labels{"result": "ok"}}, func() float64 { return float64(st.RuleReloads.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "geoquota_rule_reloads_total", Help: reloadsHelp,
 			ConstLabels: prometheus.Labels{"result": "error"}}, func() float64 { return float64(st.RuleReloadErrors.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_rule_warnings",
+			Help: "Warnings of the rules in force: fields read and not enforced, each logged when the rules were put in force."},
+			func() float64 { return float64(len(e.Rules().Warnings())) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_breaker_state",
 			Help: "Circuit breaker in front of the store: 0 closed, 1 open, 2 half-open."},
 			func() float64 { return float64(e.Breaker()) }),
 		counter("geoquota_degraded_decisions_total", "Decisions made without the shared store (fail_open, local_only).", st.Degraded.Load),
 		counter("geoquota_store_errors_total", "Checks whose store call failed or timed out.", st.StoreErrors.Load),
+		counter("geoquota_global_degraded_admitted_total", "Cost admitted of global limits without the store, counted in memory until the store takes it.", st.GlobalDegraded.Load),
+		counter("geoquota_global_degraded_written_total", "Cost admitted of global limits without the store and written to it since.", st.GlobalWrittenBack.Load),
+		counter("geoquota_global_degraded_lost_total", "Cost admitted of global limits without the store whose window ended before the store came back.", st.GlobalDegradedLost.Load),
 		counter("geoquota_denial_cache_hits_total", "Limits denied from the denial cache, without the store.", st.DenialCacheHits.Load),
 		counter("geoquota_batch_hits_total", "Limits served from a hot key's batch, without the store.", st.BatchHits.Load),
 		counter("geoquota_batch_tokens_taken_total", "Tokens taken from the store in hot keys' batches.", st.BatchTaken.Load),

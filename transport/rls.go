@@ -30,7 +30,11 @@ import (
 // protocol has no way to say 503. As in Envoy's reference service, a
 // descriptor no rule knows is OK, limited by nothing, and one whose cost
 // is more than a rule that matches it can ever allow is OVER_LIMIT; both
-// count nothing.
+// count nothing. A descriptor whose limit is in quota mode (an
+// envoyproxy/ratelimit configuration's quota_mode) is OVER_LIMIT on its
+// own, and makes the call OVER_LIMIT only if every such descriptor of the
+// call is: Envoy then goes on, and a gateway reads which quotas are left
+// from the statuses.
 
 type rlsServer struct {
 	*Server
@@ -99,9 +103,16 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 	all := regional.Decision{Allowed: true}
 	now := time.Now()
 	d := regional.Decision{Limits: resp.limits[:0]}
+	// Descriptors whose limit is in quota mode (envoyproxy/ratelimit's
+	// quota_mode) answer OVER_LIMIT on their own; the call is OVER_LIMIT
+	// for them only if every one of them is. Until then their limits
+	// are held out of the headers.
+	var quotas, quotasOver int
+	var held []regional.LimitStatus
 	for i := range reqs {
 		st := &sts[i].st
 		out.Statuses[i] = st
+		quota := placed != nil && placed[i] != nil && placed[i].Quota
 		if answers[i] == check {
 			start := time.Now()
 			err := s.engine.Check(ctx, &reqs[i], &d)
@@ -121,14 +132,25 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 			st.Code, st.LimitRemaining = rlsv3.RateLimitResponse_OK, math.MaxUint32
 			continue
 		case overLimit, invalid:
-			st.Code, out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
-			all.Allowed = false
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			if quota && answers[i] == overLimit {
+				quotas, quotasOver = quotas+1, quotasOver+1
+				continue
+			}
+			out.OverallCode, all.Allowed = rlsv3.RateLimitResponse_OVER_LIMIT, false
 			continue
 		}
 		st.Code = rlsv3.RateLimitResponse_OK
+		if quota {
+			quotas++
+		}
 		if !d.Allowed {
-			st.Code, out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
-			all.Allowed = false
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			if quota {
+				quotasOver++
+			} else {
+				out.OverallCode, all.Allowed = rlsv3.RateLimitResponse_OVER_LIMIT, false
+			}
 		}
 		if l := speaking(&d); l != nil {
 			st.CurrentLimit = s.envoyLimits.of(l)
@@ -139,8 +161,16 @@ func (s rlsServer) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReque
 		}
 		if len(reqs) > 1 {
 			all.Degraded = all.Degraded || d.Degraded
-			all.Limits = append(all.Limits, d.Limits...)
+			if quota && !d.Allowed {
+				held = append(held, d.Limits...)
+			} else {
+				all.Limits = append(all.Limits, d.Limits...)
+			}
 		}
+	}
+	if quotas > 0 && quotasOver == quotas {
+		out.OverallCode, all.Allowed = rlsv3.RateLimitResponse_OVER_LIMIT, false
+		all.Limits = append(all.Limits, held...)
 	}
 	headersOf := &d // one descriptor: its decision, in the engine's order
 	if len(reqs) > 1 {

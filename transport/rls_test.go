@@ -3,6 +3,8 @@ package transport
 import (
 	"fmt"
 	"math"
+	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -116,6 +118,67 @@ func TestEnvoyLimitUnits(t *testing.T) {
 		rl := envoyLimit(&regional.LimitStatus{Rule: &regional.Rule{ID: "r"}, Limit: 5, Window: c.window})
 		if rl.Unit != c.unit || rl.GetUnitMultiplier().GetValue() != c.mult {
 			t.Errorf("%v: %v × %d, want %v × %d", c.window, rl.Unit, rl.GetUnitMultiplier().GetValue(), c.unit, c.mult)
+		}
+	}
+}
+
+// TestEnvoyQuotaMode: envoyproxy/ratelimit's example of quota mode, its
+// example directory's service_1 (1 a minute) and service_2 (2 a minute):
+// a quota descriptor over its limit is OVER_LIMIT on its own and lets the
+// call through while another quota of the call is left, as that service
+// answers; the call is OVER_LIMIT once every quota of it is spent, or when
+// a limit that is not a quota denies.
+func TestEnvoyQuotaMode(t *testing.T) {
+	src, err := os.ReadFile("../regional/testdata/ratelimit-examples/example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := regional.Parse("example.yaml", src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 26, 12, 0, 10, 0, time.UTC) // one minute's window throughout
+	s := rlsServer{Server: NewServer(regional.New(regional.Config{Logger: discardLogger(), Clock: func() time.Time { return at }}, rs),
+		Options{Logger: discardLogger()})}
+	desc := func(kv ...string) *ratelimitv3.RateLimitDescriptor {
+		d := &ratelimitv3.RateLimitDescriptor{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		return d
+	}
+	const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	s1, s2 := desc("service", "service_1"), desc("service", "service_2")
+	for i, c := range []struct {
+		descs    []*ratelimitv3.RateLimitDescriptor
+		overall  rlsv3.RateLimitResponse_Code
+		statuses []rlsv3.RateLimitResponse_Code
+	}{
+		{[]*ratelimitv3.RateLimitDescriptor{s1, s2}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}},
+		{[]*ratelimitv3.RateLimitDescriptor{s1, s2}, ok, []rlsv3.RateLimitResponse_Code{over, ok}},     // service_2 is left
+		{[]*ratelimitv3.RateLimitDescriptor{s1, s2}, over, []rlsv3.RateLimitResponse_Code{over, over}}, // none is
+		{[]*ratelimitv3.RateLimitDescriptor{s1}, over, []rlsv3.RateLimitResponse_Code{over}},
+		{[]*ratelimitv3.RateLimitDescriptor{desc("unspec", "a"), s2}, over, []rlsv3.RateLimitResponse_Code{ok, over}}, // a limit left is no quota
+		{[]*ratelimitv3.RateLimitDescriptor{desc("unspec", "a")}, ok, []rlsv3.RateLimitResponse_Code{ok}},
+		{[]*ratelimitv3.RateLimitDescriptor{desc("unspec", "a"), desc("service", "service_3")}, over, []rlsv3.RateLimitResponse_Code{over, ok}},
+	} {
+		out, err := s.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: c.descs})
+		if err != nil {
+			t.Fatalf("call %d: %v", i+1, err)
+		}
+		var codes []rlsv3.RateLimitResponse_Code
+		for _, st := range out.Statuses {
+			codes = append(codes, st.Code)
+		}
+		if out.OverallCode != c.overall || !slices.Equal(codes, c.statuses) {
+			t.Errorf("call %d: %v %v, want %v %v", i+1, out.OverallCode, codes, c.overall, c.statuses)
+		}
+		// The headers of a call let through speak for the limits
+		// that let it through: service_2's on the second.
+		for _, h := range out.ResponseHeadersToAdd {
+			if c.overall == ok && h.Key == "Retry-After" || i == 1 && h.Key == "X-RateLimit-Limit" && h.Value != "2" {
+				t.Errorf("call %d: %s: %s", i+1, h.Key, h.Value)
+			}
 		}
 	}
 }

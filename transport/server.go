@@ -23,6 +23,9 @@ type Options struct {
 	AdminToken string
 	// RedactKeys logs regional.RedactKey's hash in place of API keys.
 	RedactKeys bool
+	// StrictRules refuses rules put through the admin API that load with
+	// warnings (regional.RuleSet.Strict), as regiond's --rules-strict.
+	StrictRules bool
 	// Violations is where admin calls read the audit trail of denials.
 	Violations regional.ViolationLog
 	// ProxyUpstream, if set, makes the HTTP handler a reverse proxy to it

@@ -189,17 +189,22 @@ func (b *books) limitDuring(key string, current int64, start time.Time) int64 {
 	return limit
 }
 
+// KeptFor is how long from its start the coordinator keeps a window of a
+// rule: until keepClosed after its books close, or a day for a rule no
+// region reports.
+func (c *Coordinator) KeptFor(rule string) time.Duration {
+	if r, ok := c.rules[rule]; ok {
+		return r.Window + c.settleAfter() + keepClosed
+	}
+	return 24 * time.Hour
+}
+
 // expireUsage forgets windows whose books closed a while ago, in the copy
-// and in the ledger; a window of a rule no region reports goes after a
-// day.
+// and in the ledger (KeptFor).
 func (c *Coordinator) expireUsage(now time.Time) {
 	old := func(id crdt.ID) bool {
-		age := now.Sub(time.UnixMilli(id.Epoch))
 		rule, _, _ := regional.ParseCounterKey(id.Key)
-		if r, ok := c.rules[rule]; ok {
-			return age > r.Window+c.settleAfter()+keepClosed
-		}
-		return age > 24*time.Hour
+		return now.Sub(time.UnixMilli(id.Epoch)) > c.KeptFor(rule)
 	}
 	c.view().Expire(old)
 	for id := range c.books.reconciled {

@@ -311,6 +311,13 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 			errs = append(errs, fmt.Errorf("rule %s: %w", rule.ID, err))
 			continue
 		}
+		for i := range leases {
+			// No demand for want of word of it, which the allocator
+			// cannot tell from none.
+			if l := &leases[i]; l.Key == "" && l.Reason.Why == budget.WhyIdle && now.Sub(c.heard[l.Region]) > c.demandSilence() {
+				l.Reason.Why = budget.WhySilent
+			}
+		}
 		doc := budget.NewDocument(c.cfg.ID, leases)
 		doc.SetSnapshot(c.alloc.Snapshot(rule.ID))
 		doc.BooksClosed = c.books.closed()

@@ -49,6 +49,7 @@ import (
 //	enforced [of=gs2]          what each region's replicas report they enforce, beside what the leader
 //	                           granted, as the leader (or the follower) sees it
 //	marks                      the leader's high-water marks of the live windows
+//	why                        why each region's last lease is what it is (budget.Reason)
 func TestScripts(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		h := &harness{start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -220,6 +221,11 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 				sum += m[r]
 			}
 			fmt.Fprintf(&b, "window %s: %s (sum %.3f)\n", e, strings.Join(parts, ", "), sum)
+		}
+	case "why":
+		for _, l := range h.c.Budget("g").All() {
+			r := l.Reason
+			fmt.Fprintf(&b, "%s %.3f: %s (demand %.3f, target %.3f, want %.3f)\n", l.Region, l.Allowance(), r.Why, r.Demand, r.Target, r.Want)
 		}
 	default:
 		d.Fatalf(t, "unknown command %q", d.Cmd)

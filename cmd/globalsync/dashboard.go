@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/budget/coord"
 )
 
@@ -100,7 +101,7 @@ func (f *faultLog) note(now time.Time, regions []coord.RegionStatus, enforced ma
 				f.lapsed[k] = true
 				text := fmt.Sprintf("%s's lease of %s lapsed, by its last report: on its floor", region, rule)
 				if e.Allowance != nil {
-					text += fmt.Sprintf(", %.3f of the limit", *e.Allowance)
+					text += fmt.Sprintf(", %s of the limit", percent(*e.Allowance))
 				}
 				add(ms, FaultLapsed, region, rule, text)
 			case e.State == coord.EnforcingLease && f.lapsed[k]:
@@ -113,15 +114,21 @@ func (f *faultLog) note(now time.Time, regions []coord.RegionStatus, enforced ma
 
 // trim drops the faults before from, and the oldest beyond maxFaults.
 func (f *faultLog) trim(from int64) {
+	f.faults = trimmed(f.faults, from, maxFaults, func(f Fault) int64 { return f.AtMillis })
+}
+
+// trimmed drops the entries of s (oldest first) before from, by at, and
+// the oldest beyond most.
+func trimmed[T any](s []T, from int64, most int, at func(T) int64) []T {
 	i := 0
-	for i < len(f.faults) && (f.faults[i].AtMillis < from || len(f.faults)-i > maxFaults) {
+	for i < len(s) && (at(s[i]) < from || len(s)-i > most) {
 		i++
 	}
-	f.faults = slices.Delete(f.faults, 0, i)
+	return slices.Delete(s, 0, i)
 }
 
 // sample records the figures of the moment for the dashboard, and the
-// faults and leader changes since the last.
+// faults, leader changes and lease moves since the last.
 func (s *Service) sample(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -133,14 +140,17 @@ func (s *Service) sample(now time.Time) {
 	if !s.claimAt.IsZero() {
 		leader = s.claim.ID
 	}
-	s.faults.note(now, s.coord.Status(now), s.coord.Enforced(now), leader)
+	status := s.coord.Status(now)
+	s.faults.note(now, status, s.coord.Enforced(now), leader)
 	s.faults.trim(s.history[0].AtMillis)
+	s.moves.note(now, s.coord.Budgets(), s.cfg.Budget.Hysteresis, silent(status))
+	s.moves.trim(s.history[0].AtMillis)
 }
 
 // Dashboard is what the dashboard page shows: who leads, the regions, the
 // leases of every global rule as the leader granted them and as the
 // regions report they enforce them, the figures of the last minutes, and
-// the faults and leader changes seen in them.
+// the faults, leader changes and lease moves seen in them.
 type Dashboard struct {
 	ID     string `json:"id"`
 	Leader bool   `json:"leader"`
@@ -161,7 +171,10 @@ type Dashboard struct {
 	OwnBudgets map[string]int    `json:"own_budgets,omitempty"`
 	History    []DashboardSample `json:"history"`
 	Faults     []Fault           `json:"faults"`
-	Interval   int64             `json:"interval_ms"`
+	// Moves are the changes of what the leader granted, with why,
+	// oldest first.
+	Moves    []Move `json:"moves"`
+	Interval int64  `json:"interval_ms"`
 	// BooksClosedMS: every window that ended by then has had its books
 	// closed (by this instance or the leaders before it); 0 if none.
 	BooksClosedMS int64 `json:"books_closed_ms"`
@@ -185,6 +198,10 @@ type Granted struct {
 	ExpiresMS int64   `json:"expires_ms"`
 	Valid     bool    `json:"valid"`
 	By        string  `json:"by"` // the instance that published it
+	// Reason is why the leader granted what it did (budget.Reason), and
+	// Why that in words; both absent if the leader gave no reason.
+	Reason *budget.Reason `json:"reason,omitempty"`
+	Why    string         `json:"why,omitempty"`
 }
 
 // Dashboard returns the dashboard's data.
@@ -197,6 +214,7 @@ func (s *Service) Dashboard() Dashboard {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	enforced := s.coord.Enforced(now)
+	unheard := silent(d.Regions)
 	for rule, byRegion := range s.coord.Figures(now) {
 		doc := s.coord.Budget(rule)
 		if n := len(doc.Counters); n > 0 {
@@ -210,7 +228,10 @@ func (s *Service) Dashboard() Dashboard {
 			rl := RegionLease{Figure: f}
 			if l, ok := doc.Lease(region); ok {
 				rl.Granted = &Granted{Seq: l.Seq, Allowance: l.Allowance(), Floor: l.Floor, ExpiresMS: l.Expires.UnixMilli(),
-					Valid: l.Holds(now), By: doc.Leader}
+					Valid: l.Holds(now), By: doc.Leader, Why: explain(l, len(doc.Counters), s.cfg.Budget.Hysteresis, unheard[region])}
+				if l.Reason.Why != "" {
+					rl.Granted.Reason = &l.Reason
+				}
 			}
 			out[region] = rl
 		}
@@ -223,10 +244,22 @@ func (s *Service) Dashboard() Dashboard {
 	}
 	d.History = slices.Clone(s.history)
 	d.Faults = orEmpty(slices.Clone(s.faults.faults))
+	d.Moves = orEmpty(slices.Clone(s.moves.moves))
 	if bc := s.coord.BooksClosed(); !bc.IsZero() {
 		d.BooksClosedMS = bc.UnixMilli()
 	}
 	return d
+}
+
+// silent are the regions of regions not heard lately.
+func silent(regions []coord.RegionStatus) map[string]bool {
+	out := map[string]bool{}
+	for _, st := range regions {
+		if st.Suspect {
+			out[st.Region] = true
+		}
+	}
+	return out
 }
 
 //go:embed dashboard.html

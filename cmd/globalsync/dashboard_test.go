@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/budget/coord"
 	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/geoquota/geoquota/regional"
@@ -133,6 +137,54 @@ func (p page) screenshot(name string) {
 	p.t.Logf("screenshot: %s (%d bytes)", path, len(png))
 }
 
+// percentage is how the page writes a fraction of the limit.
+var percentage = regexp.MustCompile(`^\d+\.\d{1,2}%$`)
+
+// decimals are fractions of the limit written as they were before the
+// page wrote percentages (0.033).
+var decimals = regexp.MustCompile(`\b0\.\d{3}\b`)
+
+// inPercent fails the test unless the page writes every granted lease
+// and every report of what a region enforces, asks and admits as a
+// percentage of the limit, and no bare fraction anywhere.
+func (p page) inPercent(rule string) {
+	p.t.Helper()
+	for _, c := range []string{"granted", "enforced", "demand", "admitted"} {
+		for _, got := range p.text(`table.rule[data-rule="` + rule + `"] td.` + c) {
+			first, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(got, "lapsed: on its floor, "), "no lease yet: on its floor, "), " ")
+			if got != "—" && !percentage.MatchString(first) {
+				p.t.Errorf("%s cell %q, want a percentage of the limit", c, got)
+			}
+		}
+	}
+	if body := eval[string](p, `document.body.innerText`); decimals.MatchString(body) {
+		p.t.Errorf("the page writes %q, a fraction, not a percentage", decimals.FindString(body))
+	}
+}
+
+// axis is what a chart's y axis is fitted to: the largest value it draws
+// and its top.
+func (p page) axis(rule, kind string) (most, top float64) {
+	p.t.Helper()
+	v := eval[[]float64](p, `(c => [+c.dataset.most, +c.dataset.top])(document.querySelector('svg.chart.`+kind+`[data-rule="`+rule+`"]'))`)
+	return v[0], v[1]
+}
+
+// fitsAxis fails the test unless a chart's y axis fits what it draws: a
+// top above the largest value, and less than twice it (or the least top);
+// its top grid label says the top.
+func (p page) fitsAxis(rule, kind string, least float64) {
+	p.t.Helper()
+	most, top := p.axis(rule, kind)
+	if !(top >= most && top <= 2*max(most, least)) {
+		p.t.Errorf("%s chart: axis top %v for values up to %v, want a top that fits them (at least %v)", kind, top, most, least)
+	}
+	labels := p.text(`svg.chart.` + kind + `[data-rule="` + rule + `"] text.grid`)
+	if want := strconv.FormatFloat(math.Round(100*100*top)/100, 'f', -1, 64) + "%"; len(labels) < 3 || labels[len(labels)-1] != want {
+		p.t.Errorf("%s chart: grid labels %q, want three or more up to %s", kind, labels, want)
+	}
+}
+
 // timeOfDay is a time axis's label.
 var timeOfDay = regexp.MustCompile(`^\d\d:\d\d:\d\d$`)
 
@@ -155,9 +207,14 @@ func (p page) hasTimeAxis() {
 // TestDashboardInABrowser loads the dashboard in headless Chromium while
 // three regions run, two of them taking traffic, globalsync's reads behind
 // a token the page is opened with: the instance says it leads, the
-// regions appear, every region's lease is granted and held, and a chart
-// per figure has a line per region and a time axis. A screenshot goes to
-// the test's artifact directory (go test -artifacts keeps it).
+// regions appear, every region's lease is granted and held, as
+// percentages of the limit, each with why the leader granted it (eu and
+// us: their demand met and the spare shared out; ap, idle: its floor), a
+// chart per figure has a line per region and a time axis, the admissions'
+// axis fits them (at 13% of the limit a window, not up to the limit), and
+// the lease moves are listed with their reasons and pointed on the chart
+// of shares. A screenshot goes to the test's artifact directory (go test
+// -artifacts keeps it).
 func TestDashboardInABrowser(t *testing.T) {
 	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
 	w := newWorld(t)
@@ -177,17 +234,22 @@ func TestDashboardInABrowser(t *testing.T) {
 		}
 		return true
 	})
-	// Ten seconds of traffic in eu and us, a sample each rebalance.
+	// Ten seconds of traffic in eu and us, a sample each rebalance: 80
+	// requests a window of 2 s each, 13.3% of the limit (as far as NATS
+	// delivers the heartbeats on time). It goes on until the page is
+	// loaded.
+	traffic := func() {
+		checks(t, eu, 10, 1)
+		checks(t, us, 10, 1)
+	}
 	for range 40 {
-		for range 10 {
-			var d regional.Decision
-			eu.engine.Check(t.Context(), &regional.Request{APIKey: "k1", Endpoint: "/x"}, &d)
-			us.engine.Check(t.Context(), &regional.Request{APIKey: "k1", Endpoint: "/x"}, &d)
-		}
+		traffic()
 		w.step(250 * time.Millisecond)
 	}
-	w.waitFor(250*time.Millisecond, "every region reports the lease it holds", func() bool {
-		return enforcing(svc, "g", regions, coord.EnforcingLease)
+	harness.WaitFor(t, 20*time.Second, "every region reports the lease it holds, eu's and us's of their demand and spare", func() bool {
+		traffic()
+		w.step(250 * time.Millisecond)
+		return enforcing(svc, "g", regions, coord.EnforcingLease) && reason(svc, "g", "eu") == budget.WhySpare && reason(svc, "g", "us") == budget.WhySpare
 	})
 
 	p := load(t, browser(t), web.URL+"/#token=t0ken")
@@ -203,8 +265,69 @@ func TestDashboardInABrowser(t *testing.T) {
 			t.Errorf("%s reports %q, want a valid lease", r, got)
 		}
 	}
+	p.inPercent("g")
+	if got, want := p.cell("g", "ap", "why"), "floor — it asks nothing of the rule"; !strings.HasPrefix(got, want) {
+		t.Errorf("ap's lease: %q, want %q…", got, want)
+	}
+	for _, r := range []string{"eu", "us"} {
+		got, want := p.cell("g", r, "why"), regexp.MustCompile(`^demand and spare — it asks \d+\.\d% of the limit a window, met in full, and holds \d+\.\d% more`)
+		if !want.MatchString(got) {
+			t.Errorf("%s's lease: %q, want %s…", r, got, want)
+		}
+	}
 	p.hasTimeAxis()
+	p.fitsAxis("g", "admitting", 0.05)
+	if most, top := p.axis("g", "admitting"); most < 0.13 || top >= 0.5 {
+		t.Errorf("admitting chart: values up to %v on an axis up to %v, want eu's and us's 13%% on an axis well below the limit", most, top)
+	}
+	if n, note := p.count(`svg.chart.admitting g.limit`), p.count(`svg.chart.admitting text.limit-note`); n != 0 || note != 1 {
+		t.Errorf("admitting chart: %d limit lines and %d notes, want the note that the limit is above the scale, and no line", n, note)
+	}
+	p.fitsAxis("g", "shares", 0.1)
+	moves := p.text(`ul.moves[data-rule="g"] li.move[data-region="eu"]`)
+	if len(moves) == 0 || !strings.Contains(moves[len(moves)-1], "eu 33.3% → ") || !strings.Contains(moves[0], ": demand and spare — it asks") {
+		t.Errorf("eu's moves %q, newest first, want its moves from the even split on, to its demand and spare, and why", moves)
+	}
+	points := p.text(`svg.chart.shares[data-rule="g"] circle.move[data-region="eu"] title`)
+	if len(points) == 0 || !strings.Contains(points[len(points)-1], "demand and spare") {
+		t.Errorf("the chart of shares points eu's moves %q, want them, each with why", points)
+	}
 	p.screenshot("dashboard.png")
+}
+
+// TestDashboardAxisReachesTheLimit: with a region admitting at more than
+// half the limit a window, the admissions' axis rises to show the limit,
+// a line marks it, and its top still fits what is drawn.
+func TestDashboardAxisReachesTheLimit(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	w := newWorld(t)
+	regions := []string{"eu", "us"}
+	eu := w.region("eu", ns.ClientURL(), regions, strictRules)
+	w.region("us", ns.ClientURL(), regions, strictRules)
+	svc := w.service("gs", ns.ClientURL(), Config{Regions: regions, Rebalance: 250 * time.Millisecond})
+	web := httptest.NewServer(httpHandler(svc, prometheus.NewRegistry(), "gs", ""))
+	t.Cleanup(web.Close)
+	w.waitFor(250*time.Millisecond, "eu holds a lease", func() bool {
+		_, ok := eu.lease()
+		return ok
+	})
+	// 64 requests a quarter of a second over 8 keys: 64 a key a window
+	// of 2 s, 85% of the limit summed over them (each key far from its
+	// own limit, so none gets a budget of its own).
+	for range 12 {
+		checks(t, eu, 64, 8)
+		w.step(250 * time.Millisecond)
+	}
+	p := load(t, browser(t), web.URL+"/")
+	most, top := p.axis("g", "admitting")
+	if most < 0.5 || top < 1 {
+		t.Errorf("admitting chart: values up to %v on an axis up to %v, want more than half the limit, and the limit on the axis", most, top)
+	}
+	p.fitsAxis("g", "admitting", 1)
+	if n, note := p.count(`svg.chart.admitting g.limit`), p.count(`svg.chart.admitting text.limit-note`); n != 1 || note != 0 {
+		t.Errorf("admitting chart: %d limit lines and %d notes, want the line", n, note)
+	}
+	p.screenshot("limit.png")
 }
 
 // TestDashboardFollowerAndPartition: two instances. The follower's page
@@ -251,11 +374,9 @@ func TestDashboardFollowerAndPartition(t *testing.T) {
 			return enforcing(s, "g", regions, coord.EnforcingLease)
 		})
 	}
+	// Traffic in eu from now on, 13.3% of the limit.
 	for range 10 {
-		for range 10 {
-			var d regional.Decision
-			eu.engine.Check(t.Context(), &regional.Request{APIKey: "k1", Endpoint: "/x"}, &d)
-		}
+		checks(t, eu, 10, 1)
 		w.step(250 * time.Millisecond)
 	}
 
@@ -267,10 +388,15 @@ func TestDashboardFollowerAndPartition(t *testing.T) {
 	}
 	for _, r := range regions {
 		granted, held := p.cell("g", r, "granted"), p.cell("g", r, "enforced")
-		if !strings.HasSuffix(granted, " valid") || strings.HasPrefix(granted, "0.000") || !strings.HasSuffix(held, " valid") {
+		if !strings.HasSuffix(granted, " valid") || strings.HasPrefix(granted, "0.0%") || !strings.HasSuffix(held, " valid") {
 			t.Errorf("the follower shows %s granted %q and holding %q, want the leader's lease, valid, and held", r, granted, held)
 		}
+		// The reasons come in the leader's documents.
+		if got := p.cell("g", r, "why"); !strings.Contains(got, " — ") {
+			t.Errorf("the follower shows why %s was granted its lease as %q, want the leader's reason", r, got)
+		}
 	}
+	p.inPercent("g")
 	p.hasTimeAxis()
 	p.screenshot("follower.png")
 
@@ -278,9 +404,10 @@ func TestDashboardFollowerAndPartition(t *testing.T) {
 	// names a lease that lapses.
 	ap.silent.Store(true)
 	for _, s := range []*Service{leader, follower} {
-		w.waitFor(250*time.Millisecond, s.cfg.ID+" finds ap's lease lapsed by its last report", func() bool {
+		w.waitFor(250*time.Millisecond, s.cfg.ID+" finds ap's lease lapsed by its last report, and ap granted its floor for its silence", func() bool {
+			checks(t, eu, 10, 1)
 			e := s.Dashboard().Leases["g"]["ap"].Enforced
-			return e != nil && e.State == coord.EnforcingLapsed
+			return e != nil && e.State == coord.EnforcingLapsed && reason(s, "g", "ap") == budget.WhySilent
 		})
 	}
 	for _, s := range []*Service{leader, follower} {
@@ -294,6 +421,9 @@ func TestDashboardFollowerAndPartition(t *testing.T) {
 		}
 		if got := p.cell("g", "ap", "note"); got != "granted valid / region reports lapsed" {
 			t.Errorf("%s: ap's note %q, want the grant and the report told apart", s.cfg.ID, got)
+		}
+		if got, want := p.cell("g", "ap", "why"), "floor — not heard lately (cut off, or down): its demand no longer counts"; !strings.HasPrefix(got, want) {
+			t.Errorf("%s: why ap is granted its floor: %q, want %q…", s.cfg.ID, got, want)
 		}
 		if got := p.cell("g", "eu", "enforced"); !strings.HasSuffix(got, " valid") {
 			t.Errorf("%s: eu reports %q, want its lease valid", s.cfg.ID, got)
@@ -323,6 +453,23 @@ func TestDashboardFollowerAndPartition(t *testing.T) {
 		t.Errorf("%d charts mark the leader change, want both", n)
 	}
 	p.screenshot("takeover.png")
+}
+
+// checks makes n checks in region r, over keys k0 to k<keys-1> in turn.
+func checks(t *testing.T, r *region, n, keys int) {
+	for i := range n {
+		var d regional.Decision
+		r.engine.Check(t.Context(), &regional.Request{APIKey: fmt.Sprintf("k%d", i%keys), Endpoint: "/x"}, &d)
+	}
+}
+
+// reason is why the leader granted region its lease of rule, as s
+// knows it.
+func reason(s *Service, rule, region string) budget.Why {
+	if g := s.Dashboard().Leases[rule][region].Granted; g != nil && g.Reason != nil {
+		return g.Reason.Why
+	}
+	return ""
 }
 
 // enforcing reports whether every region's replicas report a lease of

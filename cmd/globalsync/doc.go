@@ -27,13 +27,17 @@
 // leader's dashboard on a follower's (the claim names it: --dashboard-url);
 // the regions; every global rule's leases as the leader granted them
 // beside what each region's replicas last reported they enforce (the
-// lease they acknowledge, and whether it still holds); demand and
-// admissions over the last ten minutes on a time axis, with the faults
-// seen (a region silent, a lease lapsed) and leader changes marked.
+// lease they acknowledge, and whether it still holds), each with why the
+// leader granted it (budget.Reason) and each move of one listed with its
+// reason, in percentages of the limit; demand and admissions over the last
+// ten minutes on a time axis fitted to them, with the faults seen (a region
+// silent, a lease lapsed) and leader changes marked.
 //
 // With --rules the leader publishes the rules to every region (JetStream
 // KV bucket geoquota-rules) and closes each window's books: over-admission
 // is put on the regions that went beyond their grants, counted
 // (geoquota_over_admitted_total), logged, and for carry_debt rules
-// withheld from their next windows.
+// withheld from their next windows. What the rules hold that is read and
+// not enforced (envoyproxy/ratelimit's metadata) is logged as a warning;
+// with --rules-strict such rules are refused, and not published.
 package main

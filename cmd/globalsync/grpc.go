@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -30,15 +32,24 @@ func (g grpcServer) GetGlobalUsage(_ context.Context, in *pb.GetGlobalUsageReque
 	start := in.GetWindowStartUnixMs()
 	now := g.s.cfg.Clock()
 	var doc budget.Document
-	var window time.Duration
+	var window, kept time.Duration
 	var known bool
-	g.s.with(func(c *coord.Coordinator) { window, known = c.Window(in.GetRule()); doc = c.Budget(in.GetRule()) })
-	if start == 0 {
-		if !known {
-			return nil, status.Errorf(codes.NotFound, "rule %q: no region has reported it as global; name window_start_unix_ms", in.GetRule())
-		}
-		w := window.Milliseconds()
+	g.s.with(func(c *coord.Coordinator) {
+		window, known = c.Window(in.GetRule())
+		doc, kept = c.Budget(in.GetRule()), c.KeptFor(in.GetRule())
+	})
+	switch w := window.Milliseconds(); {
+	case start == 0 && !known:
+		return nil, status.Errorf(codes.NotFound, "rule %q: no region has reported it as global; name window_start_unix_ms", in.GetRule())
+	case start == 0:
 		start = now.UnixMilli() / w * w
+	default:
+		if known && start > 0 {
+			start = start / w * w // the window that holds it
+		}
+		if err := keptWindow(in.GetRule(), start, kept, known, now); err != nil {
+			return nil, err
+		}
 	}
 	used := g.s.GlobalUsage(regional.CounterKey(in.GetRule(), in.GetKey()), time.UnixMilli(start))
 	out := &pb.GetGlobalUsageResponse{Rule: in.GetRule(), Key: in.GetKey(), WindowStartUnixMs: start}
@@ -56,6 +67,30 @@ func (g grpcServer) GetGlobalUsage(_ context.Context, in *pb.GetGlobalUsageReque
 		out.Regions = append(out.Regions, ru)
 	}
 	return out, nil
+}
+
+// keptWindow refuses a window that has not begun (InvalidArgument) and
+// one that globalsync no longer keeps (NotFound, reason WINDOW_EXPIRED):
+// not a window nobody used.
+func keptWindow(rule string, startMillis int64, kept time.Duration, known bool, now time.Time) error {
+	start := time.UnixMilli(startMillis)
+	if start.After(now) {
+		return status.Errorf(codes.InvalidArgument, "window_start_unix_ms: %s: that window has not begun", start.UTC().Format(time.RFC3339Nano))
+	}
+	if now.Sub(start) <= kept {
+		return nil
+	}
+	until := "until ten minutes after its books close"
+	if !known {
+		until = "as no region reports it as global"
+	}
+	st := status.New(codes.NotFound, fmt.Sprintf("rule %q: the window that started at %s is no longer kept: globalsync keeps a window of this rule "+
+		"for %s from its start, %s; keeping the usage of past windows for longer is usage history, a separate feature",
+		rule, start.UTC().Format(time.RFC3339Nano), kept, until))
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: "WINDOW_EXPIRED", Domain: "geoquota"}); err == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 func (g grpcServer) GetBudgets(context.Context, *pb.GetBudgetsRequest) (*pb.GetBudgetsResponse, error) {

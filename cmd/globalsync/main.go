@@ -64,7 +64,7 @@ type config struct {
 	deployment                                                          string
 	names                                                               namespace.Names
 	tls                                                                 daemon.TLS
-	redactKeys                                                          bool
+	redactKeys, rulesStrict                                             bool
 	natsAuth                                                            daemon.NATSAuth
 	requireAuth                                                         bool
 }
@@ -77,6 +77,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:9080", "address of the HTTP API and dashboard: /, /healthz, /readyz, /v1/budgets, /v1/regions")
 	fs.StringVar(&c.dashboardURL, "dashboard-url", "", "this instance's dashboard as operators reach it, named to the other instances so that a follower's links to the leader's; default: from --http-addr")
 	fs.StringVar(&c.rules, "rules", "", "rules file (YAML), or a directory of envoyproxy/ratelimit domain files: with it, each window's books are closed (over-admission, carry_debt)")
+	daemon.StrictRulesFlag(fs, &c.rulesStrict)
 	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token every /v1 read and geoquota.v1.GlobalSync call must carry; empty: open")
 	fs.StringVar(&c.regions, "regions", "", "every region, comma-separated; empty: the regions heard from")
 	fs.StringVar(&c.id, "id", "", "this instance's name among the globalsync instances; default: the host name and a random suffix")
@@ -140,6 +141,10 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 		if rules, err = regional.LoadFile(c.rules); err != nil {
 			return err
 		}
+		if err := daemon.CheckRules(rules, c.rulesStrict); err != nil {
+			return err
+		}
+		daemon.LogRuleWarnings(log, rules)
 	}
 	reg := prometheus.NewRegistry()
 	bc := budget.DefaultConfig()
@@ -164,7 +169,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	defer nc.Close()
 	svc, err := Start(ctx, nc, Config{ID: c.id, Names: c.names, RedactKeys: c.redactKeys, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
-		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules)})
+		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules), StrictRules: c.rulesStrict})
 	if err != nil {
 		if last := natsErrors.Last(); last != nil {
 			return fmt.Errorf("%w (NATS said: %v)", err, last)

@@ -56,6 +56,9 @@ type Config struct {
 	// leader calls it every rebalance and publishes what changed. The
 	// rules it publishes are also those it closes the books with.
 	RulesYAML func() ([]byte, error)
+	// StrictRules refuses to publish rules that load with warnings
+	// (regional.RuleSet.Strict): --rules-strict.
+	StrictRules bool
 	// AntiEntropy is how often the regions say how far their gossip
 	// runs, so that globalsync finds and asks for usage it missed. 10s.
 	AntiEntropy time.Duration
@@ -115,6 +118,7 @@ type Service struct {
 	claimAt time.Time
 	history []DashboardSample // the dashboard's, oldest first
 	faults  faultLog          // the dashboard's faults and leader changes
+	moves   moveLog           // the dashboard's lease moves
 
 	overAdmitted *prometheus.CounterVec
 
@@ -347,6 +351,11 @@ func (s *Service) publishRules(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	rs, err := regional.Parse("rules", yaml)
+	if err == nil && s.cfg.StrictRules {
+		if err = rs.Strict(); err != nil {
+			err = fmt.Errorf("--rules-strict: %w", err)
+		}
+	}
 	if err != nil {
 		return err // the last good rules stay published
 	}
@@ -357,7 +366,10 @@ func (s *Service) publishRules(ctx context.Context, now time.Time) error {
 		if rev, err = control.PublishRules(ctx, s.rulesKV, yaml); err != nil {
 			return err
 		}
-		s.cfg.Logger.Info("rules published", "rules", len(rs.Rules()))
+		s.cfg.Logger.Info("rules published", "rules", len(rs.Rules()), "warnings", len(rs.Warnings()))
+		for _, w := range rs.Warnings() {
+			s.cfg.Logger.Warn("rules: read and not enforced (--rules-strict refuses such rules)", "warning", w)
+		}
 	}
 	s.mu.Lock()
 	s.coord.SetRules(now, rs)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -281,6 +283,37 @@ func TestRulesReachRegions(t *testing.T) {
 	}
 }
 
+// TestStrictRulesNotPublished: envoyproxy/ratelimit's example directory,
+// whose metadata geoquota reads and does not enforce, is published as it
+// is, unless StrictRules (--rules-strict), which refuses it naming each
+// metadata and publishes nothing.
+func TestStrictRulesNotPublished(t *testing.T) {
+	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
+	src, err := regional.ReadRules("../../regional/testdata/ratelimit-examples")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t)
+	read := func() ([]byte, error) { return src, nil }
+	strict := w.service("strict", ns.ClientURL(), Config{Regions: []string{"eu"}, StrictRules: true, RulesYAML: read})
+	err = strict.publishRules(t.Context(), w.clock())
+	if err == nil || !strings.Contains(err.Error(), "--rules-strict: ") ||
+		!strings.Contains(err.Error(), `rule "rl.service_service_1": descriptors[5].metadata: not enforced`) ||
+		!strings.Contains(err.Error(), `rule "rl.service_service_2": descriptors[6].metadata: not enforced`) {
+		t.Fatalf("strict: %v", err)
+	}
+	if _, err := strict.rulesKV.Get(t.Context(), control.RulesKey); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("strict: rules published (%v)", err)
+	}
+	lenient := w.service("lenient", ns.ClientURL(), Config{Regions: []string{"eu"}, RulesYAML: read})
+	if err := lenient.publishRules(t.Context(), w.clock()); err != nil {
+		t.Fatal(err)
+	}
+	if en, err := lenient.rulesKV.Get(t.Context(), control.RulesKey); err != nil || !bytes.Equal(en.Value(), src) {
+		t.Fatalf("not strict: rules not published (%v)", err)
+	}
+}
+
 // TestDeploymentsApart: two deployments (--deployment a and b) on one
 // NATS server, each with the same regions and a globalsync: each
 // globalsync leads its own, and each deployment's regions hold their own
@@ -394,6 +427,32 @@ func TestGlobalSyncAPI(t *testing.T) {
 	}
 	if _, err := client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "nope", Key: "k"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("GetGlobalUsage of an unknown rule: %v, want NotFound", err)
+	}
+	// A window by any instant in it; one no longer kept is NotFound,
+	// WINDOW_EXPIRED, not a window nobody used; one not begun is refused.
+	now := svc.cfg.Clock()
+	if at, err := client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "g", Key: "k7", WindowStartUnixMs: now.UnixMilli()}); err != nil ||
+		at.WindowStartUnixMs != u.WindowStartUnixMs || at.GlobalUsed != 7 {
+		t.Fatalf("GetGlobalUsage of the window of now: %v, %v; want the window of %d", at, err, u.WindowStartUnixMs)
+	}
+	for _, in := range []*pb.GetGlobalUsageRequest{
+		{Rule: "g", Key: "k7", WindowStartUnixMs: now.Add(-2 * time.Hour).UnixMilli()}, // kept some 1h10m from its start
+		{Rule: "nope", Key: "k7", WindowStartUnixMs: now.Add(-48 * time.Hour).UnixMilli()},
+	} {
+		_, err := client.GetGlobalUsage(ctx, in)
+		st, _ := status.FromError(err)
+		var reason string
+		for _, d := range st.Details() {
+			if info, ok := d.(*errdetails.ErrorInfo); ok {
+				reason = info.Reason
+			}
+		}
+		if st.Code() != codes.NotFound || reason != "WINDOW_EXPIRED" || !strings.Contains(st.Message(), "no longer kept") || !strings.Contains(st.Message(), "usage history") {
+			t.Fatalf("GetGlobalUsage(%v): %v, want NotFound WINDOW_EXPIRED", in, err)
+		}
+	}
+	if _, err := client.GetGlobalUsage(ctx, &pb.GetGlobalUsageRequest{Rule: "g", Key: "k7", WindowStartUnixMs: now.Add(2 * time.Hour).UnixMilli()}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("GetGlobalUsage of a window not begun: %v, want InvalidArgument", err)
 	}
 
 	// The dashboard: a page that loads nothing from elsewhere, and the

@@ -26,6 +26,7 @@ type config struct {
 	redis          string
 	nats           string
 	rules          string
+	rulesStrict    bool
 	grpcAddr       string
 	httpAddr       string
 	adminToken     string
@@ -70,6 +71,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.redis, "redis", "", "the region's Redis: redis://host:port/db, rediss://…, unix:///path/redis.sock?db=N, redis-sentinel://host:port,…/mastername, or host:port,host:port for a Cluster")
 	fs.StringVar(&c.nats, "nats", "", "NATS URL(s) for gossip with the other regions and globalsync")
 	fs.StringVar(&c.rules, "rules", "", "rules file (YAML), or a directory of envoyproxy/ratelimit domain files (converted); watched and reloaded when it changes, and on SIGHUP")
+	daemon.StrictRulesFlag(fs, &c.rulesStrict)
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:8081", "address of the gRPC API (geoquota.v1 and Envoy RLS v3)")
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:8080", "address of the HTTP API, metrics and health")
 	fs.StringVar(&c.adminToken, "admin-token", "", "bearer token for admin calls; without one they are refused")

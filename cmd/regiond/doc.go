@@ -19,6 +19,9 @@
 // The rules file is watched (its directory, so that editors and Kubernetes
 // ConfigMaps are followed) and reloaded on change and on SIGHUP; an invalid
 // file is rejected whole, logged and counted, and the last good rules stay.
+// What a file holds that is read and not enforced (envoyproxy/ratelimit's
+// metadata) is logged as a warning, or refused as invalid with
+// --rules-strict.
 // On SIGTERM or SIGINT health turns NOT_SERVING, in-flight requests finish,
 // and pending audit entries are written.
 //

@@ -259,6 +259,43 @@ func TestEnvoyRateLimitDirectory(t *testing.T) {
 	}
 }
 
+// TestEnvoyExamplesAsShipped: envoyproxy/ratelimit's example directory,
+// as that project ships it, is enforced whole, with a warning logged for
+// each metadata (file, line, limit) and geoquota_rule_warnings 2;
+// --rules-strict refuses to start on it, naming each.
+func TestEnvoyExamplesAsShipped(t *testing.T) {
+	const dir = "../../regional/testdata/ratelimit-examples"
+	d := startRegiond(t, nil, "--dev", "--rules", dir)
+	for _, w := range []string{`example.yaml:93: rule \"rl.service_service_1\": descriptors[5].metadata: read and ignored`,
+		`example.yaml:102: rule \"rl.service_service_2\": descriptors[6].metadata: read and ignored`} {
+		if !strings.Contains(d.logs(), w) {
+			t.Errorf("no warning %s in the log:\n%s", w, d.logs())
+		}
+	}
+	if got := metric(t, d.http, "geoquota_rule_warnings"); got != "2" {
+		t.Errorf("geoquota_rule_warnings %q, want 2", got)
+	}
+	resp, err := http.Post(d.http+"/v1/check", "application/json", strings.NewReader(`{"domain":"rl","descriptors":{"service":"service_2"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Limit") != "2" {
+		t.Fatalf("service_2: %s, limit %q", resp.Status, resp.Header.Get("X-RateLimit-Limit"))
+	}
+
+	out, err := exec.Command(binary, "--dev", "--rules", dir, "--rules-strict", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0").CombinedOutput()
+	if exitCode(err) != 1 {
+		t.Fatalf("--rules-strict: %v:\n%s", err, out)
+	}
+	for _, w := range []string{"--rules-strict: ", `example.yaml:93: rule "rl.service_service_1": descriptors[5].metadata: not enforced`,
+		`example.yaml:102: rule "rl.service_service_2": descriptors[6].metadata: not enforced`} {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("--rules-strict says nothing of %s:\n%s", w, out)
+		}
+	}
+}
+
 // TestPublishedRulesOutliveOtherFiles: rules put through the admin API
 // (as rules published over NATS are) stay in force when something else
 // in the rules file's directory changes (its log, say); an edit of the

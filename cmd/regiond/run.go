@@ -46,6 +46,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
+	daemon.LogRuleWarnings(log, rules)
 
 	var store regional.Store
 	var violations regional.ViolationLog
@@ -62,7 +63,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 
 	var members atomic.Pointer[control.Members]
-	engine := regional.New(regional.Config{Region: c.region, Store: store, Timeout: c.timeout, Violations: violations, Logger: log, RedactKeys: c.redactKeys,
+	engine := regional.New(regional.Config{Region: c.region, Replica: c.replicaName, Store: store, Timeout: c.timeout, Violations: violations, Logger: log, RedactKeys: c.redactKeys,
 		Global: regional.GlobalConfig{Regions: c.regionList, UnknownPeers: !c.dev && c.nats != "", Lag: c.gossipInterval + wireTime},
 		OnDenied: func(d regional.Denial) {
 			if m := members.Load(); m != nil {
@@ -150,7 +151,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 
 	srv := transport.NewServer(engine, transport.Options{Region: c.region, AdminToken: c.adminToken, RedactKeys: c.redactKeys,
-		Violations: violations, ProxyUpstream: c.proxyUpstreamURL, TrustedProxies: c.trustedPrefixes, Metrics: metrics, Logger: log})
+		StrictRules: c.rulesStrict, Violations: violations, ProxyUpstream: c.proxyUpstreamURL, TrustedProxies: c.trustedPrefixes, Metrics: metrics, Logger: log})
 	addrs := []daemon.Addr{{Flag: "grpc-addr", Addr: c.grpcAddr}, {Flag: "http-addr", Addr: c.httpAddr}}
 	if c.debugAddr != "" {
 		addrs = append(addrs, daemon.Addr{Flag: "debug-addr", Addr: c.debugAddr})
@@ -198,9 +199,18 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	spawn(func() { engine.Run(bg, c.maintainEvery) })
 	if c.rules != "" {
 		reload := func(why string) {
-			if err := engine.LoadRules(c.rules); err == nil {
-				log.Info("rules reloaded", "why", why)
+			rs, err := regional.LoadFile(c.rules)
+			if err == nil {
+				err = daemon.CheckRules(rs, c.rulesStrict)
 			}
+			if err != nil {
+				engine.Stats().RuleReloadErrors.Add(1)
+				log.Error("rules rejected; the last good rules stay in force", "file", c.rules, "error", err)
+				return
+			}
+			engine.SetRules(rs)
+			log.Info("rules reloaded", "why", why, "file", c.rules, "rules", len(rs.Rules()))
+			daemon.LogRuleWarnings(log, rs)
 		}
 		spawn(func() { watchRules(bg, c.rules, rules.YAML(), c.reloadDebounce, reload, log) })
 		spawn(func() { onSIGHUP(bg, func() { reload("SIGHUP") }) })
@@ -274,7 +284,11 @@ func loadRules(c config) (*regional.RuleSet, error) {
 	if c.rules == "" {
 		return regional.Parse("example-rules.yaml", regional.ExampleRules)
 	}
-	return regional.LoadFile(c.rules)
+	rs, err := regional.LoadFile(c.rules)
+	if err != nil {
+		return nil, err
+	}
+	return rs, daemon.CheckRules(rs, c.rulesStrict)
 }
 
 // watchRules reloads the rules file when it changes. It watches the

@@ -95,11 +95,13 @@ func runLive(ctx context.Context, c liveConfig, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if sc, err = sim.Scale(sc, max(1, float64(sc.Rule.Window)/float64(c.window))); err != nil {
+	timeScale, rateScale := max(1, float64(sc.Rule.Window)/float64(c.window)), 1.0
+	if sc, err = sim.Scale(sc, timeScale); err != nil {
 		return err
 	}
 	if total := sc.Rate(); c.rate > 0 && c.rate < total {
-		if sc, err = sim.ScaleRate(sc, c.rate/total); err != nil {
+		rateScale = c.rate / total
+		if sc, err = sim.ScaleRate(sc, rateScale); err != nil {
 			return err
 		}
 	}
@@ -115,16 +117,19 @@ func runLive(ctx context.Context, c liveConfig, stdout, stderr io.Writer) error 
 	if c.mode != "" {
 		modes = []string{c.mode}
 	}
+	desc := liveDescription(c.deployment, names, base, sc, timeScale, rateScale)
 	for _, mode := range modes {
 		simRep, err := sim.Run(sc, mode, c.seed, sim.Options{})
 		if err != nil {
 			return err
 		}
+		simRep.Description = desc + "\n(simulated)"
 		start := time.Now()
 		liveRep, err := playLive(ctx, c, st, sc, mode, simRep, stderr)
 		if err != nil {
 			return err
 		}
+		liveRep.Description = desc + "\n(played live)"
 		fmt.Fprintf(stderr, "sim live: %s, %s mode: %v of wall time\n", sc.Name, mode, time.Since(start).Round(100*time.Millisecond))
 		fmt.Fprintln(stdout, "== simulated")
 		simRep.WriteText(stdout)
@@ -142,6 +147,64 @@ func runLive(ctx context.Context, c liveConfig, stdout, stderr io.Writer) error 
 		}
 	}
 	return nil
+}
+
+// liveDescription says what a live run plays, from the deployment's
+// regions and the scenario as restricted to them and scaled (sc): where,
+// on which regions, for how long, the faults at their times, and how the
+// scenario was shrunk. The scenario's own description tells of its own
+// regions, size and times, which a live run seldom keeps.
+func liveDescription(deployment string, regions []string, base, sc *sim.Scenario, timeScale, rateScale float64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, played on the deployment in %s: %d regions (%s), for %v", sc.Name, deployment, len(regions), strings.Join(regions, " "), sc.Duration)
+	if len(base.Regions) > len(regions) {
+		fmt.Fprintf(&b, "\nthe scenario's regions %s left out (it has %d)", strings.Join(base.Regions[len(regions):], " "), len(base.Regions))
+	}
+	if len(regions) > len(sc.Regions) {
+		fmt.Fprintf(&b, "\nno traffic to %s (the scenario has %d regions)", strings.Join(regions[len(sc.Regions):], " "), len(sc.Regions))
+	}
+	var faults []string
+	for _, f := range sc.Faults {
+		var what string
+		switch f.Kind {
+		case "partition":
+			what = strings.Join(f.Regions, " ") + " cut off"
+		case "split":
+			var gs []string
+			for _, g := range f.Groups {
+				gs = append(gs, strings.Join(g, "+"))
+			}
+			what = "split " + strings.Join(gs, " | ")
+		default:
+			what = f.Kind
+		}
+		faults = append(faults, fmt.Sprintf("%s at %s", what, clock(f.At)))
+	}
+	if len(faults) == 0 {
+		faults = []string{"none"}
+	}
+	fmt.Fprintf(&b, "\nfaults: %s", strings.Join(faults, ", "))
+	fmt.Fprintf(&b, "\ntraffic at most %.0f requests/s", sc.Rate())
+	var scaled []string
+	if timeScale != 1 {
+		scaled = append(scaled, fmt.Sprintf("time scaled down %gx", timeScale))
+	}
+	if rateScale != 1 {
+		scaled = append(scaled, fmt.Sprintf("traffic scaled down %.3gx (-rate)", 1/rateScale))
+	}
+	if len(scaled) > 0 {
+		fmt.Fprintf(&b, "; %s: window %v, limit %d (the scenario's %v, %d)", strings.Join(scaled, ", "), sc.Rule.Window, sc.Rule.Limit, base.Rule.Window, base.Rule.Limit)
+	}
+	return b.String()
+}
+
+// clock writes a time since a run's start as m:ss, as the reports do.
+func clock(d time.Duration) string {
+	sec := float64(d%time.Minute) / float64(time.Second)
+	if d%time.Second == 0 {
+		return fmt.Sprintf("%d:%02.0f", d/time.Minute, sec)
+	}
+	return fmt.Sprintf("%d:%04.1f", d/time.Minute, sec)
 }
 
 // writeComparison prints the simulated and the live figures side by side.
@@ -346,8 +409,12 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 // globalsync, and returns what puts the files back as they were.
 func (run *liveRun) putRule(ctx context.Context, mode string) (func(), error) {
 	r := run.sc.Rule
-	rule := fmt.Sprintf("  - { id: %s, match: { api_key: %q }, by: [api_key], scope: global, mode: %s, algorithm: %s, limit: %d, window: %s, fallback: %s, carry_debt: %v }\n",
-		run.rule, run.prefix+"*", mode, r.Algorithm, r.Limit, r.Window, r.Fallback, r.CarryDebt)
+	fallback := ""
+	if r.Fallback != "" {
+		fallback = ", fallback: " + r.Fallback
+	}
+	rule := fmt.Sprintf("  - { id: %s, match: { api_key: %q }, by: [api_key], scope: global, mode: %s, algorithm: %s, limit: %d, window: %s%s, carry_debt: %v }\n",
+		run.rule, run.prefix+"*", mode, r.Algorithm, r.Limit, r.Window, fallback, r.CarryDebt)
 	var restores []func()
 	restore := func() {
 		for _, f := range restores {
@@ -677,12 +744,13 @@ func (run *liveRun) shareAt(t time.Duration) []float64 {
 	return out
 }
 
-// report makes the live run's report, in the simulator's form.
+// report makes the live run's report, in the simulator's form (runLive
+// gives it its description).
 func (run *liveRun) report(mode string, simRep *sim.Report) *sim.Report {
 	run.mu.Lock()
 	defer run.mu.Unlock()
 	sc := run.sc
-	rep := &sim.Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description) + "\n(played live)", Mode: mode, Seed: run.c.seed,
+	rep := &sim.Report{Scenario: sc.Name, Mode: mode, Seed: run.c.seed,
 		Regions: simRep.Regions, Limit: sc.Rule.Limit, Window: sc.Rule.Window, Algorithm: sc.Rule.Algorithm, Duration: sc.Duration,
 		Gossip: simRep.Gossip, Latency: simRep.Latency, Links: simRep.Links, Notes: run.notes, Samples: run.samples,
 		Heals:        slices.SortedFunc(slices.Values(run.heals), func(a, b sim.Heal) int { return cmp.Compare(a.At, b.At) }),

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/geoquota/geoquota/regional"
+	"github.com/geoquota/geoquota/sim"
 )
 
 func TestLiveFlags(t *testing.T) {
@@ -43,7 +45,7 @@ func TestLiveFlags(t *testing.T) {
 // TestWithRule: the scenario's rule goes first in the rules: list, and
 // the rules still load, with it.
 func TestWithRule(t *testing.T) {
-	rule := `  - { id: sim-live-strict, match: { api_key: "simlive-1-*" }, by: [api_key], scope: global, mode: strict, algorithm: fixed_window, limit: 1000, window: 10s, fallback: fail_open, carry_debt: false }` + "\n"
+	rule := `  - { id: sim-live-strict, match: { api_key: "simlive-1-*" }, by: [api_key], scope: global, mode: strict, algorithm: fixed_window, limit: 1000, window: 10s, carry_debt: false }` + "\n"
 	for _, base := range [][]byte{regional.ExampleRules, []byte("rules:\n  - { id: a, by: [api_key], algorithm: fixed_window, limit: 1, window: 1s }\n")} {
 		out, err := withRule(base, rule)
 		if err != nil {
@@ -59,5 +61,53 @@ func TestWithRule(t *testing.T) {
 	}
 	if _, err := withRule([]byte("allow: [x]\n"), rule); err == nil {
 		t.Fatal("a file without rules: was given a rule")
+	}
+}
+
+// TestLiveDescription: a live run says what it plays, on the
+// deployment's regions, not what the scenario says of its own five.
+func TestLiveDescription(t *testing.T) {
+	base, err := sim.Load("partition")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"us", "eu", "ap"}
+	sc, err := sim.Restrict(base, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc, err = sim.Scale(sc, 6); err != nil {
+		t.Fatal(err)
+	}
+	got := liveDescription("deploy/local", names, base, sc, 6, 1)
+	want := `partition, played on the deployment in deploy/local: 3 regions (us eu ap), for 50s
+the scenario's regions sa af left out (it has 5)
+faults: ap cut off at 0:10, heal at 0:30
+traffic at most 150 requests/s; time scaled down 6x: window 10s, limit 1000 (the scenario's 1m0s, 6000)`
+	if got != want {
+		t.Fatalf("description:\n%s\nwant:\n%s", got, want)
+	}
+	if strings.Contains(got, strings.TrimSpace(base.Description)) || strings.Contains(got, "five") {
+		t.Fatalf("the scenario's own description is in the live run's:\n%s", got)
+	}
+
+	// A deployment of more regions than the scenario's, traffic cut by -rate.
+	split, err := sim.Load("split-brain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names = []string{"a", "b", "c", "d", "e", "f"}
+	sc, err = sim.Restrict(split, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc, err = sim.ScaleRate(sc, 0.5); err != nil {
+		t.Fatal(err)
+	}
+	got = liveDescription("d", names, split, sc, 1, 0.5)
+	for _, want := range []string{fmt.Sprintf("%d regions (a b c d e f)", len(names)), "no traffic to f", "split ", "traffic scaled down 2x (-rate)"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("description does not say %q:\n%s", want, got)
+		}
 	}
 }

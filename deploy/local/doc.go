@@ -6,6 +6,7 @@
 //	go run ./deploy/local fault partition ap
 //	go run ./deploy/local fault heal
 //	go run ./deploy/local down            # stop everything it started
+//	go run ./deploy/local nats-config -deployment prod -regions us,eu,ap -out DIR
 //
 // Each region has a redis-server, a NATS cluster (the clusters joined by
 // gateways into a supercluster, with JetStream) and two regiond replicas
@@ -21,4 +22,9 @@
 // address of its fault API. Data and logs go to deploy/local/.run. `down`
 // stops the supervisor, which stops every server and daemon, and checks
 // that none is left running.
+//
+// `nats-config` starts nothing: it writes, for real NATS servers, a
+// deployment's accounts (accounts.conf: an nkey user per region, one for
+// globalsync and one for the operator, each allowed only its own subjects,
+// from transport/namespace) and the identities' seeds.
 package main

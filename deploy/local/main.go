@@ -33,8 +33,12 @@ commands:
   status   print the running deployment's endpoints
   fault    cut, heal or slow the links between regions of the running deployment:
              fault partition ap | fault split us,eu ap | fault heal | fault latency us ap 150ms
+  nats-config
+           write a deployment's NATS accounts (an nkey per region, globalsync and the
+           operator, each allowed only its own subjects) for real servers:
+             nats-config -deployment prod -regions us,eu,ap -out DIR
 
-flags of up (each command takes -dir):
+flags of up (each command but nats-config takes -dir):
 `
 
 // regionName is what a region may be called: a NATS subject token, a
@@ -121,7 +125,7 @@ func run(args []string, out, errOut io.Writer) error {
 		fs.PrintDefaults()
 		fmt.Fprintln(w, "\nDocumentation: docs/operations.md, README.md")
 		if len(args) == 0 {
-			return errors.New("a command is required: up, down, status or fault")
+			return errors.New("a command is required: up, down, status, fault or nats-config")
 		}
 		return nil
 	}
@@ -173,8 +177,14 @@ func run(args []string, out, errOut io.Writer) error {
 		default:
 			return fault(*dir, fs.Args(), out)
 		}
+	case "nats-config":
+		c, err := parseNATSConfig(args[1:], out)
+		if err != nil {
+			return helped(err)
+		}
+		return writeNATSConfig(c, out)
 	default:
-		return fmt.Errorf("unknown command %q: want up, down, status or fault", args[0])
+		return fmt.Errorf("unknown command %q: want up, down, status, fault or nats-config", args[0])
 	}
 }
 

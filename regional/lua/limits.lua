@@ -10,7 +10,10 @@
 -- ARGV[4]: the amount to give back ('grant', 'refund')
 -- ARGV[5]: when the refunded amount was taken, µs ('refund')
 -- ARGV[6]: this region's name: its slot of global counters
--- ARGV[7...]: per limit 7 values: algorithm, limit, rate, window, cost,
+-- ARGV[7]: for 'check', the time in µs past which the call does nothing
+--          and answers the error "LATE <now>" (its caller has given up
+--          and decided without the store), or ''
+-- ARGV[8...]: per limit 7 values: algorithm, limit, rate, window, cost,
 --            shadow, batch (0: none; else take up to batch, at least cost).
 --            A global limit (global.go) has algorithm 10 + its own, its
 --            allowance in place of the rate, its ceiling (-1: strict) in
@@ -39,6 +42,10 @@ local give_n = tonumber(ARGV[4]) or 0
 local give_at = tonumber(ARGV[5]) or -1
 local region = ARGV[6]
 local GLOBAL = 10
+local not_after = tonumber(ARGV[7])
+if not_after and now > not_after then
+  return redis.error_reply(format('LATE %d', now))
+end
 
 -- exactWait, tb_tokens and tb_has: wait.lua, which the store puts first.
 
@@ -285,7 +292,7 @@ end
 -- Decide every limit, changing nothing yet; pending lists, flattened ten
 -- values a limit, what to store if the request goes ahead.
 local out, commit, pending, np = {now}, true, {}, 0
-local k, i = 1, 7
+local k, i = 1, 8
 while i + 6 <= #ARGV do
   local alg, limit, rate, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local cost, shadow, batch = tonumber(ARGV[i + 4]), ARGV[i + 5] == '1', tonumber(ARGV[i + 6])

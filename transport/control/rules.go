@@ -62,6 +62,9 @@ func WatchRules(ctx context.Context, js jetstream.JetStream, s namespace.Names, 
 			log.Error("published rules rejected; the last good rules stay in force", "revision", rev, "error", err)
 		} else {
 			log.Info("published rules in force", "revision", rev, "rules", len(rs.Rules()))
+			for _, w := range rs.Warnings() {
+				log.Warn("published rules: read and not enforced", "revision", rev, "warning", w)
+			}
 		}
 	}
 	if sub, err := js.Conn().Subscribe(s.PushRules(), func(m *nats.Msg) {

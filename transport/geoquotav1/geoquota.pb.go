@@ -440,9 +440,13 @@ type GetUsageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
 	// The values the rule's counter key is made of.
-	Request       *Request `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Request *Request `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// A past window of a global rule, by an instant in it (Unix ms); 0 for
+	// the window in course. A window no longer kept is NotFound, one not
+	// begun InvalidArgument.
+	WindowStartUnixMs int64 `protobuf:"varint,3,opt,name=window_start_unix_ms,json=windowStartUnixMs,proto3" json:"window_start_unix_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *GetUsageRequest) Reset() {
@@ -487,6 +491,13 @@ func (x *GetUsageRequest) GetRequest() *Request {
 		return x.Request
 	}
 	return nil
+}
+
+func (x *GetUsageRequest) GetWindowStartUnixMs() int64 {
+	if x != nil {
+		return x.WindowStartUnixMs
+	}
+	return 0
 }
 
 type GetUsageResponse struct {
@@ -1192,8 +1203,12 @@ func (x *PutRulesRequest) GetYaml() string {
 }
 
 type PutRulesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rules         int32                  `protobuf:"varint,1,opt,name=rules,proto3" json:"rules,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rules int32                  `protobuf:"varint,1,opt,name=rules,proto3" json:"rules,omitempty"`
+	// What the rules hold that geoquota reads and does not enforce, each
+	// naming its line, limit and field; none with --rules-strict, which
+	// refuses such rules.
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1233,6 +1248,13 @@ func (x *PutRulesResponse) GetRules() int32 {
 		return x.Rules
 	}
 	return 0
+}
+
+func (x *PutRulesResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type GetRulesRequest struct {
@@ -2164,10 +2186,11 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\twindow_ms\x18\x06 \x01(\x03R\bwindowMs\x12'\n" +
 	"\x10reset_at_unix_ms\x18\a \x01(\x03R\rresetAtUnixMs\x12$\n" +
 	"\x0eretry_after_ms\x18\b \x01(\x03R\fretryAfterMs\x12\x1a\n" +
-	"\bdegraded\x18\t \x01(\bR\bdegraded\"U\n" +
+	"\bdegraded\x18\t \x01(\bR\bdegraded\"\x86\x01\n" +
 	"\x0fGetUsageRequest\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12.\n" +
-	"\arequest\x18\x02 \x01(\v2\x14.geoquota.v1.RequestR\arequest\"\x82\x03\n" +
+	"\arequest\x18\x02 \x01(\v2\x14.geoquota.v1.RequestR\arequest\x12/\n" +
+	"\x14window_start_unix_ms\x18\x03 \x01(\x03R\x11windowStartUnixMs\"\x82\x03\n" +
 	"\x10GetUsageResponse\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1c\n" +
@@ -2212,9 +2235,10 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\x12ListBlocksResponse\x121\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x19.geoquota.v1.BlockRequestR\x06blocks\"%\n" +
 	"\x0fPutRulesRequest\x12\x12\n" +
-	"\x04yaml\x18\x01 \x01(\tR\x04yaml\"(\n" +
+	"\x04yaml\x18\x01 \x01(\tR\x04yaml\"D\n" +
 	"\x10PutRulesResponse\x12\x14\n" +
-	"\x05rules\x18\x01 \x01(\x05R\x05rules\"\x11\n" +
+	"\x05rules\x18\x01 \x01(\x05R\x05rules\x12\x1a\n" +
+	"\bwarnings\x18\x02 \x03(\tR\bwarnings\"\x11\n" +
 	"\x0fGetRulesRequest\">\n" +
 	"\x10GetRulesResponse\x12\x12\n" +
 	"\x04yaml\x18\x01 \x01(\tR\x04yaml\x12\x16\n" +

@@ -24,6 +24,7 @@ type admission struct {
 	region, replica string
 	window          int64     // start of the window it counted in, Unix ms
 	at              time.Time // when the answer arrived
+	degraded        bool      // decided without the region's store
 }
 
 // ledger is what the clients saw: every admission, and per window and
@@ -31,6 +32,9 @@ type admission struct {
 // use.
 type ledger struct {
 	window time.Duration
+	// degradedOK: the rule admits without the store (its default), and
+	// counts what it admits so.
+	degradedOK bool
 
 	mu         sync.Mutex
 	admissions []admission
@@ -120,11 +124,11 @@ func (l *ledger) record(region, replica string, sent, done time.Time, status int
 			return
 		}
 		if a.Degraded {
-			// Admitted without the store: never counted (fail_open).
+			// Admitted without the store: a global rule counts it in the
+			// replica's memory, and in the store once it is back.
 			l.mu.Lock()
 			l.degraded[region]++
 			l.mu.Unlock()
-			return
 		}
 		reset, err := time.Parse(time.RFC3339, a.ResetAt)
 		if err != nil {
@@ -138,7 +142,7 @@ func (l *ledger) record(region, replica string, sent, done time.Time, status int
 			l.problem("%s: admitted at %s in the window ending %s", replica, done.Format(time.StampMilli), a.ResetAt)
 		}
 		l.mu.Lock()
-		l.admissions = append(l.admissions, admission{region: region, replica: replica, window: w, at: done})
+		l.admissions = append(l.admissions, admission{region: region, replica: replica, window: w, at: done, degraded: a.Degraded})
 		l.mu.Unlock()
 	case http.StatusTooManyRequests:
 		if a.Error == nil || a.Error.Code != "RATE_LIMIT_EXCEEDED" || a.Error.Details.ResetAt == "" {

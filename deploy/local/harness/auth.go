@@ -63,6 +63,47 @@ func NewIdentity(dir, name string, perms *namespace.Permissions) (*Identity, err
 	return &Identity{Name: name, Public: pub, SeedFile: path, Permissions: perms}, nil
 }
 
+// NewIdentities makes the NATS identities of a deployment (named by n) of
+// the given regions, their seeds in dir: "regiond-<region>" for each
+// region's replicas (n.Region), "globalsync" (n.GlobalSync) and
+// "operator", with no permissions listed (anything in its account).
+func NewIdentities(dir string, n namespace.Names, regions []string) ([]*Identity, error) {
+	var ids []*Identity
+	add := func(name string, p *namespace.Permissions) error {
+		id, err := NewIdentity(dir, name, p)
+		if err != nil {
+			return err
+		}
+		ids = append(ids, id)
+		return nil
+	}
+	for _, r := range regions {
+		p := n.Region(r)
+		if err := add("regiond-"+r, &p); err != nil {
+			return nil, err
+		}
+	}
+	p := n.GlobalSync()
+	if err := add("globalsync", &p); err != nil {
+		return nil, err
+	}
+	if err := add("operator", nil); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// AccountOf names a deployment's NATS account: Account for the unnamed
+// deployment, Account_NAME for a named one. Its own account keeps a named
+// deployment's operator, who may do anything in it, and its JetStream
+// buckets apart from any other deployment on the same servers.
+func AccountOf(n namespace.Names) string {
+	if n.Deployment() == "" {
+		return Account
+	}
+	return Account + "_" + n.Deployment()
+}
+
 // Option is the nats.Option that connects as the identity.
 func (id *Identity) Option() (nats.Option, error) { return nats.NkeyOptionFromSeed(id.SeedFile) }
 
@@ -75,11 +116,15 @@ func (id *Identity) Args() []string { return []string{"--nats-nkey", id.SeedFile
 // identities. A public key written $NAME is the variable NAME, which the
 // server reads from its environment (deploy/nats/accounts.conf is written
 // so).
-func WriteAccounts(b *strings.Builder, ids []*Identity) {
+func WriteAccounts(b *strings.Builder, ids []*Identity) { WriteAccount(b, Account, ids) }
+
+// WriteAccount is WriteAccounts for an account of another name
+// (AccountOf).
+func WriteAccount(b *strings.Builder, account string, ids []*Identity) {
 	if len(ids) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "accounts {\n  %s: {\n    jetstream: enabled\n    users: [\n", Account)
+	fmt.Fprintf(b, "accounts {\n  %s: {\n    jetstream: enabled\n    users: [\n", account)
 	for _, id := range ids {
 		nkey := strconv.Quote(id.Public)
 		if strings.HasPrefix(id.Public, "$") {

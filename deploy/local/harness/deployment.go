@@ -46,6 +46,10 @@ type DeploymentOptions struct {
 	// RegiondArgs and GlobalSyncArgs are added to every regiond's and
 	// globalsync's flags.
 	RegiondArgs, GlobalSyncArgs []string
+	// RedisLinks puts each region's Redis behind a Link
+	// (DeployedRegion.RedisLink), which a test can slow down or cut: a
+	// Redis that stalls past the replicas' timeout.
+	RedisLinks bool
 	// NoAuth lets any client use the NATS servers, as the daemons' flag
 	// forms without credentials do. By default only the deployment's
 	// identities may (Deployment.Identity): each region's regiond, with
@@ -77,10 +81,13 @@ type Deployment struct {
 
 // DeployedRegion is one region of a deployment.
 type DeployedRegion struct {
-	Name     string
-	Redis    *Redis
-	NATS     *NATSCluster
-	Replicas []*Daemon
+	Name  string
+	Redis *Redis
+	// RedisLink, with DeploymentOptions.RedisLinks, is what the region's
+	// replicas reach their Redis through.
+	RedisLink *Link
+	NATS      *NATSCluster
+	Replicas  []*Daemon
 }
 
 // Daemon is one regiond or globalsync process. Kill and Restart keep its
@@ -180,6 +187,13 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 		if r.Redis, err = StartRedis(ctx, RedisOptions{Dir: filepath.Join(d.dir, "redis-"+name)}); err != nil {
 			return err
 		}
+		redisURL := r.Redis.URL()
+		if opts.RedisLinks {
+			if r.RedisLink, err = StartLink(r.Redis.Addr()); err != nil {
+				return err
+			}
+			redisURL = "redis://" + r.RedisLink.Addr() + "/0"
+		}
 		ports, err := freePorts(3 * opts.Replicas)
 		if err != nil {
 			return err
@@ -195,7 +209,7 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 					peers = append(peers, o.Memberlist)
 				}
 			}
-			args := []string{"--region", name, "--redis", r.Redis.URL(), "--nats", r.NATS.ClientURLs(),
+			args := []string{"--region", name, "--redis", redisURL, "--nats", r.NATS.ClientURLs(),
 				"--rules", d.rulesPath, "--grpc-addr", rep.GRPCAddr, "--http-addr", rep.HTTPAddr,
 				"--regions", regions, "--memberlist-addr", rep.Memberlist, "--peers", strings.Join(peers, ","),
 				"--replica-name", rep.Name}
@@ -521,6 +535,9 @@ func (d *Deployment) Stop() error {
 		}
 	}
 	for _, r := range d.Regions {
+		if r.RedisLink != nil {
+			r.RedisLink.Stop()
+		}
 		if r.Redis != nil {
 			err = errors.Join(err, r.Redis.Stop())
 		}

@@ -36,6 +36,10 @@ type NATSOptions struct {
 	// Users, if any, are the only clients the server lets in (see
 	// Identity), all in one account (Account).
 	Users []*Identity
+	// Include, if set, is a file of configuration the server includes:
+	// the accounts that go run ./deploy/local nats-config writes, say
+	// (then give no Users: both would define the accounts).
+	Include string
 }
 
 // NATS is one NATS server on loopback ports, embedded or a process. Kill
@@ -55,6 +59,7 @@ type NATS struct {
 	// the links their configurations name (see SuperclusterOptions.Links).
 	advertiseNowhere bool
 	users            []*Identity
+	include          string // relative to dir, as nats-server reads it
 
 	proc      *process // when binary
 	logOffset int64    // where the current start's log begins
@@ -85,6 +90,15 @@ func StartNATS(ctx context.Context, opts NATSOptions) (*NATS, error) {
 	if err != nil {
 		return nil, err
 	}
+	var include string
+	if opts.Include != "" {
+		if include, err = relativeTo(dir, opts.Include); err != nil {
+			if ownDir {
+				os.RemoveAll(dir)
+			}
+			return nil, err
+		}
+	}
 	var n *NATS
 	err = retryOnPortTaken(func() error {
 		ports, err := freePorts(2)
@@ -92,7 +106,7 @@ func StartNATS(ctx context.Context, opts NATSOptions) (*NATS, error) {
 			return err
 		}
 		n = &NATS{name: uniqueName("nats"), ports: natsPorts{client: ports[0], monitor: ports[1]}, dir: dir, binary: opts.Binary,
-			expect: natsExpect{jetstream: opts.JetStream}, users: opts.Users}
+			expect: natsExpect{jetstream: opts.JetStream}, users: opts.Users, include: include}
 		if err := n.writeConfig(nil, nil); err != nil {
 			return err
 		}
@@ -119,6 +133,9 @@ func (n *NATS) writeConfig(routes []int, gateways map[string][]int) error {
 		fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n}\n", filepath.Join(n.dir, "jetstream"))
 	}
 	WriteAccounts(&b, n.users)
+	if n.include != "" {
+		fmt.Fprintf(&b, "include %q\n", n.include)
+	}
 	if n.cluster != "" {
 		fmt.Fprintf(&b, "cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n",
 			n.cluster, n.ports.cluster, urlList("nats-route", routes))
@@ -138,6 +155,21 @@ func (n *NATS) writeConfig(routes []int, gateways map[string][]int) error {
 	}
 	n.conf = filepath.Join(n.dir, "nats.conf")
 	return os.WriteFile(n.conf, []byte(b.String()), 0o644)
+}
+
+// relativeTo returns path relative to dir: nats-server 2.9 reads an
+// include's path relative to the directory of the file that includes it,
+// even a path that starts with /.
+func relativeTo(dir, path string) (string, error) {
+	absDir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Rel(absDir, abs)
 }
 
 func urlList(scheme string, ports []int) string {
