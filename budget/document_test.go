@@ -63,6 +63,9 @@ func FuzzDecodeDocument(f *testing.F) {
 	f.Add([]byte(`{"rule":"g","seq":1,"leases":{"us":{"floor":0.5,"share":0.6}}}`))
 	f.Add([]byte(`{"rule":"g","seq":1,"counters":{"k":{"us":{"floor":0.1,"share":0.2}}}}`))
 	f.Add([]byte(`{}`))
+	cd, _ := countersDocument(f, 3)
+	b, _ = json.Marshal(cd)
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		d, err := DecodeDocument(b)
 		if err != nil {

@@ -150,9 +150,9 @@ type Window struct {
 // TenantUse is the distribution of admitted ÷ limit over the counters of
 // a window asked for more than their limit.
 type TenantUse struct {
-	Count        int
-	Min, P5, P50 float64
-	Worst        string // the key of the one that got least
+	Count            int
+	Min, P1, P5, P50 float64
+	Worst            string // the key of the one that got least
 }
 
 // OverPct is the worst counter's over-admission, percent of the limit.
@@ -301,7 +301,7 @@ func TenantUseOf(limit int64, counts func(add func(key string, admitted, denied 
 		return TenantUse{}
 	}
 	slices.Sort(use)
-	out.Count, out.P5, out.P50 = len(use), use[len(use)*5/100], use[len(use)/2]
+	out.Count, out.P1, out.P5, out.P50 = len(use), use[len(use)/100], use[len(use)*5/100], use[len(use)/2]
 	return out
 }
 
@@ -373,14 +373,14 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	if tenants {
 		b.WriteString("counters asked for more than the limit, what they admitted of it:\n")
-		fmt.Fprintf(&b, "%-8s %8s %7s %7s %7s  %s\n", "window", "counters", "least", "p5", "median", "least admitted by")
+		fmt.Fprintf(&b, "%-8s %8s %7s %7s %7s %7s  %s\n", "window", "counters", "least", "p1", "p5", "median", "least admitted by")
 		for _, win := range r.Windows {
 			if t := win.Tenants; t.Count > 0 {
 				mark := " "
 				if !win.Full {
 					mark = "*"
 				}
-				fmt.Fprintf(&b, "%-7s%s %8d %6.1f%% %6.1f%% %6.1f%%  %s\n", clockString(win.Start), mark, t.Count, 100*t.Min, 100*t.P5, 100*t.P50, t.Worst)
+				fmt.Fprintf(&b, "%-7s%s %8d %6.1f%% %6.1f%% %6.1f%% %6.1f%%  %s\n", clockString(win.Start), mark, t.Count, 100*t.Min, 100*t.P1, 100*t.P5, 100*t.P50, t.Worst)
 			}
 		}
 		b.WriteString("\n")

@@ -22,9 +22,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs in testd
 // ciDuration cuts the scenarios too big for the test run short; the whole
 // runs are documented commands (README).
 var ciDuration = map[string]time.Duration{
-	"million":   300 * time.Millisecond,
-	"many-keys": 4 * time.Second,
-	"tenants":   300 * time.Millisecond,
+	"million":      300 * time.Millisecond,
+	"many-keys":    4 * time.Second,
+	"tenants":      300 * time.Millisecond,
+	"tenants-free": 300 * time.Millisecond,
 }
 
 // TestScenarios runs every built-in scenario in each of its modes: its
@@ -551,5 +552,42 @@ func TestTenantsGetTheirLimit(t *testing.T) {
 				t.Log(b.String())
 			}
 		})
+	}
+}
+
+// TestFreeTierTenantsGetTheirLimit: the tenants-free scenario (a free
+// tier: many tenants, a small limit each, homed in the regions), scaled
+// down to 5,000 tenants and 30,000 requests a second for the test run:
+// well over a hundred tenants ask for more than their limit in every
+// window, and in strict mode, from the first full window on, they get at
+// least 95% of it (one in twenty, p5: at least 95%; the median at least
+// 98%), none more.
+func TestFreeTierTenantsGetTheirLimit(t *testing.T) {
+	sc, err := Load("tenants-free")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Traffic[0].Keys, sc.Traffic[0].Rate = 5000, 30000
+	rep, err := Run(sc, "strict", 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGuarantees(t, sc, rep)
+	for _, w := range rep.Windows {
+		if !w.Full {
+			continue
+		}
+		u := w.Tenants
+		if u.Count < 100 {
+			t.Errorf("window %s: %d tenants asked for more than their limit, want more to check", clockString(w.Start), u.Count)
+		}
+		if u.P5 < 0.95 || u.P50 < 0.98 {
+			t.Errorf("window %s: tenants over their limit admitted p5 %.1f%%, median %.1f%% of it; want 95%% and 98%%", clockString(w.Start), 100*u.P5, 100*u.P50)
+		}
+	}
+	if t.Failed() {
+		var b strings.Builder
+		rep.WriteText(&b)
+		t.Log(b.String())
 	}
 }

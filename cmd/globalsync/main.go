@@ -60,6 +60,7 @@ type config struct {
 	dashboardURL                                                        string
 	rebalance, leaderTTL, leaseTTL                                      time.Duration
 	reserve                                                             float64
+	counters                                                            int
 	regionList                                                          []string
 	deployment                                                          string
 	names                                                               namespace.Names
@@ -86,6 +87,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.leaderTTL, "leader-ttl", 3*time.Second, "how long the leader's lease lasts unless renewed")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds, at most 5m")
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
+	fs.IntVar(&c.counters, "counters", budget.DefaultMaxCounters, fmt.Sprintf("most counters (tenants) of a rule with budgets of their own, following their own demand (at most %d; 0: none); each takes some 70 bytes of the rule's budget document, which must fit in a NATS message", budget.MaxCounters))
 	c.natsAuth.AddFlags(fs)
 	c.tls.AddFlags(fs)
 	redaction := daemon.KeyRedaction(fs)
@@ -148,7 +150,7 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	bc := budget.DefaultConfig()
-	bc.LeaseTTL, bc.Reserve = c.leaseTTL, c.reserve
+	bc.LeaseTTL, bc.Reserve, bc.Counters = c.leaseTTL, c.reserve, c.counters
 	if err := bc.Validate(); err != nil {
 		return err
 	}

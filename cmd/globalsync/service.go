@@ -498,6 +498,12 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 	for i, doc := range docs {
 		key := control.BudgetKey(doc.Rule)
 		b, _ := json.Marshal(doc)
+		if err := fits(doc, len(b), s.nc.MaxPayload()); err != nil {
+			// Not another leader's doing: the regions keep their leases
+			// until they lapse, then their floors.
+			errs = append(errs, err)
+			continue
+		}
 		var rev uint64
 		var err error
 		if revs[i] == 0 {
@@ -519,6 +525,16 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 		s.mu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// fits says why a budget document of size bytes cannot be published on
+// servers whose max_payload is max (0: unknown), or nil.
+func fits(doc budget.Document, size int, max int64) error {
+	if max <= 0 || int64(size) <= max {
+		return nil
+	}
+	return fmt.Errorf("publish %s: a budget document of %d bytes, over the NATS servers' max_payload of %d: "+
+		"lower --counters (%d counters with budgets of their own) or raise max_payload", doc.Rule, size, max, len(doc.Counters))
 }
 
 // Budgets returns the last leases of every rule.

@@ -883,3 +883,17 @@ func TestHealthFollowsReadiness(t *testing.T) {
 		t.Fatalf("after stopping: %v", s)
 	}
 }
+
+// TestDocumentTooLarge: a budget document larger than the NATS servers
+// take is refused before it is sent, with an error that says what to
+// change (rebalance then goes on: not another leader's doing).
+func TestDocumentTooLarge(t *testing.T) {
+	doc := budget.Document{Rule: "g", Seq: 3, Counters: map[string]map[string]budget.CounterLeaseDoc{"k1": {}, "k2": {}}}
+	if err := fits(doc, 900, 1000); err != nil {
+		t.Fatalf("900 bytes of 1000: %v", err)
+	}
+	err := fits(doc, 2000, 1000)
+	if err == nil || !strings.Contains(err.Error(), "--counters (2 counters") || !strings.Contains(err.Error(), "max_payload of 1000") {
+		t.Fatalf("2000 bytes of 1000: %v", err)
+	}
+}

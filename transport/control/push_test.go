@@ -140,7 +140,10 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the next revision in force", func() bool { return e.Rules().Rule("g").Base.Limit == 11 })
+	// In force, then logged: wait for the log line too.
+	waitFor(t, 10*time.Second, "the next revision in force", func() bool {
+		return e.Rules().Rule("g").Base.Limit == 11 && strings.Contains(logs.String(), fmt.Sprintf("published rules in force\" revision=%d ", next))
+	})
 	for r, want := range map[uint64]int{rev: 1, next: 1} {
 		if got := strings.Count(logs.String(), fmt.Sprintf("published rules in force\" revision=%d ", r)); got != want {
 			t.Errorf("revision %d put in force %d times, want %d:\n%s", r, got, want, logs.String())
