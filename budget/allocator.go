@@ -712,6 +712,14 @@ func (s *ruleState) pruneAcked() {
 	}
 }
 
+// NumberAfter makes the rule's next leases numbered after seq: a rule
+// forgotten (Forget) and global again goes on from its last leases, which
+// the regions may still hold, rather than from 1.
+func (a *Allocator) NumberAfter(rule string, seq uint64) {
+	s := a.state(rule)
+	s.seq = max(s.seq, seq)
+}
+
 // Seq returns the Seq of the rule's newest lease.
 func (a *Allocator) Seq(rule string) uint64 {
 	if s := a.rules[rule]; s != nil {

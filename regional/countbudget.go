@@ -27,7 +27,8 @@ type counterBudgets struct {
 	held   atomic.Pointer[map[string]*heldCounter] // by counter key (CounterKey)
 	docSeq map[string]uint64                       // rule → the newest document taken
 	// docUntil is, by rule, until when the newest document taken holds
-	// off older ones: a lease's time after it was taken.
+	// off older ones: while its leases may hold, and no longer than a
+	// lease's time after it was taken.
 	docUntil map[string]time.Time
 
 	demand  sync.Map // counter key → *counterDemand
@@ -101,7 +102,14 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 		return false
 	}
 	limit := e.leaseCap(now)
-	g.budgets.docSeq[d.Rule], g.budgets.docUntil[d.Rule] = d.Seq, limit
+	// It holds off older documents while its leases may hold: a leader
+	// that forgot the rule numbers its leases anew, and its documents
+	// must be taken once these have lapsed, not a longest lease later.
+	until := d.CounterExpires
+	for _, l := range d.Leases {
+		until = later(until, l.Expires)
+	}
+	g.budgets.docSeq[d.Rule], g.budgets.docUntil[d.Rule] = d.Seq, earlier(until, limit)
 	if d.CounterExpires.After(limit) {
 		d.CounterExpires = limit
 	}
@@ -147,6 +155,20 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 		e.SetLease(l)
 	}
 	return true
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // counterAllowance is the fraction of a counter's limit the region may

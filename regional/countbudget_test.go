@@ -344,3 +344,31 @@ func TestForgedBudgetHoldsNoLongerThanALease(t *testing.T) {
 		t.Fatalf("the leader's lease: allowance %v (holds %v), want 0.35", got, holds)
 	}
 }
+
+// TestLowerSeqOnceLeasesLapse: a region that knows no lease time (regiond
+// is given none: it caps what it takes at the longest globalsync issues)
+// takes a document numbered below the one it holds once that one's leases
+// have lapsed — a globalsync that forgot a rule, idle for minutes, and
+// numbers it anew — not five minutes later.
+func TestLowerSeqOnceLeasesLapse(t *testing.T) {
+	clock := newVirtualClock()
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	doc := func(seq uint64, share float64) budget.Document {
+		return budget.Document{Rule: "g-strict", Seq: seq, Issued: clock.Now(),
+			Leases: map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: share, Expires: clock.Now().Add(10 * time.Second)}}}
+	}
+	if !eu.SetBudget(doc(132, 0.6)) {
+		t.Fatal("the first document was not taken")
+	}
+	clock.AdvanceBy(5 * time.Second)
+	if eu.SetBudget(doc(3, 0.4)) {
+		t.Fatal("a lower Seq was taken while the held lease held")
+	}
+	clock.AdvanceBy(2 * time.Minute)
+	if !eu.SetBudget(doc(4, 0.4)) {
+		t.Fatal("a lower Seq was not taken two minutes after the held lease lapsed")
+	}
+	if got, holds := eu.GlobalAllowance("g-strict"); !holds || math.Abs(got-0.45) > 1e-9 {
+		t.Fatalf("allowance %v (holds %v), want the new lease's 0.45", got, holds)
+	}
+}

@@ -286,6 +286,12 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 	var errs []error
 	for _, id := range slices.Sorted(maps.Keys(c.rules)) {
 		rule := c.rules[id]
+		if last, ok := c.docs[id]; ok && c.alloc.Seq(id) < last.Seq {
+			// Forgotten, and global again: its leases go on from the
+			// last published, which the regions may hold still, so that
+			// no acknowledgement of those counts for a new one.
+			c.alloc.NumberAfter(id, last.Seq)
+		}
 		counters := map[string][]budget.Report{}
 		for _, region := range regions {
 			if rep, ok := c.regionReport(rule, region, replicas, now); ok {
