@@ -324,7 +324,7 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	if gs, ok := e.store.(GlobalStore); ok && e.shared {
 		// What fails here fails while the store does: logged as a
 		// check's failure is, at most once a second.
-		if _, err := e.writeBack(ctx, now); err != nil {
+		if _, err := e.writeBack(ctx, gs, now); err != nil {
 			e.storeError(err, us)
 		} else if err := e.heartbeat(ctx, gs); err != nil {
 			e.storeError(err, us)

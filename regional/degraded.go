@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -147,11 +146,11 @@ func (e *Engine) heartbeat(ctx context.Context, gs GlobalStore) error {
 }
 
 // window returns the window of key that starts at start (µs), made if
-// make is set (else nil if there is none); the caller holds d.mu.
-func (d *degradedGlobals) window(key []byte, p *Params, start int64, make bool) *degradedWindow {
+// create is set (else nil if there is none); the caller holds d.mu.
+func (d *degradedGlobals) window(key []byte, p *Params, start int64, create bool) *degradedWindow {
 	k := string(GlobalKey(key, start/1000))
 	w := d.windows[k]
-	if w == nil && make {
+	if w == nil && create {
 		if d.windows == nil {
 			d.windows = map[string]*degradedWindow{}
 		}
@@ -308,7 +307,7 @@ const maxWriteBack = 1000
 // writeBack writes what this replica admitted of global limits without
 // its store into the store (see above), and forgets the windows over and
 // done with. It returns the windows still to write.
-func (e *Engine) writeBack(ctx context.Context, now time.Time) (int, error) {
+func (e *Engine) writeBack(ctx context.Context, gs GlobalStore, now time.Time) (int, error) {
 	d := &e.global.degraded
 	us := now.UnixMicro()
 	var adds []GlobalAdd
@@ -334,10 +333,6 @@ func (e *Engine) writeBack(ctx context.Context, now time.Time) (int, error) {
 	d.mu.Unlock()
 	if len(adds) == 0 {
 		return int(left), nil
-	}
-	gs, ok := e.store.(GlobalStore)
-	if !ok {
-		return int(left), fmt.Errorf("regional: the store keeps no global counters")
 	}
 	// Tried at every Maintain, whatever the breaker says (one call, with
 	// a timeout): the siblings keep to their parts of the region's

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -262,31 +261,15 @@ func (d *Deployment) start(ctx context.Context, opts DeploymentOptions) error {
 // makeIdentities makes the deployment's NATS identities, their seeds in
 // Dir/nats-keys.
 func (d *Deployment) makeIdentities(regions []string) ([]*Identity, error) {
-	dir := filepath.Join(d.dir, "nats-keys")
-	var n namespace.Names
+	ids, err := NewIdentities(filepath.Join(d.dir, "nats-keys"), namespace.Names{}, regions)
+	if err != nil {
+		return nil, err
+	}
 	d.identities = map[string]*Identity{}
-	add := func(name string, p *namespace.Permissions) error {
-		id, err := NewIdentity(dir, name, p)
-		d.identities[name] = id
-		return err
+	for _, id := range ids {
+		d.identities[id.Name] = id
 	}
-	for _, r := range regions {
-		p := n.Region(r)
-		if err := add("regiond-"+r, &p); err != nil {
-			return nil, err
-		}
-	}
-	p := n.GlobalSync()
-	if err := add("globalsync", &p); err != nil {
-		return nil, err
-	}
-	if err := add("operator", nil); err != nil {
-		return nil, err
-	}
-	var ids []*Identity
-	for _, name := range slices.Sorted(maps.Keys(d.identities)) {
-		ids = append(ids, d.identities[name])
-	}
+	slices.SortFunc(ids, func(a, b *Identity) int { return strings.Compare(a.Name, b.Name) })
 	return ids, nil
 }
 
