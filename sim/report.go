@@ -46,6 +46,9 @@ type Report struct {
 	// Live is set for a report of a scenario played against a real
 	// deployment (sim live), which cannot see lease expiries or messages.
 	Live bool
+	// Failed, in a live report, counts the requests that got no answer,
+	// or one neither admitting nor denying: in none of the figures.
+	Failed int64
 	// Faults are the scenario's faults as they played out, in order of
 	// their start.
 	Faults []Fault

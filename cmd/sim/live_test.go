@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/sim"
 )
 
@@ -39,28 +39,6 @@ func TestLiveFlags(t *testing.T) {
 	code := run(context.Background(), []string{"live", "-scenario", "partition", "-deployment", filepath.Join(t.TempDir(), "none")}, io.Discard, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "deploy/local up") {
 		t.Fatalf("sim live without a deployment: exit %d, %s", code, stderr.String())
-	}
-}
-
-// TestWithRule: the scenario's rule goes first in the rules: list, and
-// the rules still load, with it.
-func TestWithRule(t *testing.T) {
-	rule := `  - { id: sim-live-strict, match: { api_key: "simlive-1-*" }, by: [api_key], scope: global, mode: strict, algorithm: fixed_window, limit: 1000, window: 10s, carry_debt: false }` + "\n"
-	for _, base := range [][]byte{regional.ExampleRules, []byte("rules:\n  - { id: a, by: [api_key], algorithm: fixed_window, limit: 1, window: 1s }\n")} {
-		out, err := withRule(base, rule)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rs, err := regional.Parse("with-rule.yaml", out)
-		if err != nil {
-			t.Fatalf("%v\n%s", err, out)
-		}
-		if rs.Rule("sim-live-strict") == nil {
-			t.Fatalf("the scenario's rule is not among %d rules", len(rs.Rules()))
-		}
-	}
-	if _, err := withRule([]byte("allow: [x]\n"), rule); err == nil {
-		t.Fatal("a file without rules: was given a rule")
 	}
 }
 
@@ -109,5 +87,38 @@ traffic at most 150 requests/s; time scaled down 6x: window 10s, limit 1000 (the
 		if !strings.Contains(got, want) {
 			t.Errorf("description does not say %q:\n%s", want, got)
 		}
+	}
+}
+
+// TestComparisonSetsTenantsSideBySide: the figures of tenants over their
+// limit, as each report counts them, window by window, a window only one
+// report has included.
+func TestComparisonSetsTenantsSideBySide(t *testing.T) {
+	s := &sim.Report{Scenario: "tenants-free-live", Mode: "strict", Limit: 25, Window: 10 * time.Second, Windows: []sim.Window{
+		{Start: 0, Full: true, Tenants: sim.TenantUse{Count: 68, Min: 0.52, P1: 0.52, P5: 0.64, P50: 0.92}},
+		{Start: 10 * time.Second, Full: true, Tenants: sim.TenantUse{Count: 72, Min: 0.56, P1: 0.56, P5: 0.84, P50: 0.92}},
+	}}
+	l := &sim.Report{Scenario: "tenants-free-live", Mode: "strict", Limit: 25, Window: 10 * time.Second, Live: true, Windows: []sim.Window{
+		{Start: 0, Full: true, Tenants: sim.TenantUse{Count: 68, Min: 0.52, P1: 0.52, P5: 0.6, P50: 0.92}},
+		{Start: 10 * time.Second, Full: true, Tenants: sim.TenantUse{Count: 72, Min: 0.8, P1: 0.8, P5: 0.88, P50: 0.96}},
+		{Start: 20 * time.Second, Tenants: sim.TenantUse{Count: 1, Min: 1.04, P1: 1.04, P5: 1.04, P50: 1.04}},
+	}}
+	var b strings.Builder
+	writeComparison(&b, s, l)
+	want := `counters asked for more than the limit, what they admitted of it:
+         simulated                              live
+window   counters  least     p1     p5 median   counters  least     p1     p5 median
+0:00           68  52.0%  52.0%  64.0%  92.0%         68  52.0%  52.0%  60.0%  92.0%
+0:10           72  56.0%  56.0%  84.0%  92.0%         72  80.0%  80.0%  88.0%  96.0%
+0:20*           -                                      1 104.0% 104.0% 104.0% 104.0%
+`
+	if got := b.String(); !strings.HasSuffix(got, want) {
+		t.Fatalf("comparison:\n%s\nwant it to end with:\n%s", got, want)
+	}
+	// A report without counters over their limit: no such table.
+	b.Reset()
+	writeComparison(&b, &sim.Report{Limit: 1}, &sim.Report{Limit: 1})
+	if strings.Contains(b.String(), "counters asked") {
+		t.Fatalf("a table of counters over their limit where none were:\n%s", b.String())
 	}
 }

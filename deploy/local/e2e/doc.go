@@ -12,7 +12,9 @@
 //   - the rules changed while a region is cut off;
 //
 // and checks the deployment itself (every endpoint listed, nothing left
-// running after Stop).
+// running after Stop). It also plays scenarios of the simulator on a
+// deployment as sim live plays them (package sim/live): many tenants,
+// each with a small limit.
 //
 // Every fault test keeps the books of what its clients saw admitted, per
 // window and per region, and asserts the guarantees of global limits (docs/design.md): in every
