@@ -87,8 +87,12 @@ type counterState struct {
 	// rebalance that saw demand.
 	lastExpires, lastDemand time.Time
 	// released is when the regions go back to the rule, once the counter
-	// is idle; zero while it is not.
+	// is idle or evicted; zero while it is not.
 	released time.Time
+	// evicted says the counter gives its room to another (Release): its
+	// next leases are its last, each with its floor as high as the
+	// lease, and say when the regions go back to the rule.
+	evicted bool
 	// seeded says the rule's marks of the windows live when the counter
 	// got its budget are in the counter's.
 	seeded bool
@@ -132,7 +136,7 @@ func (rb ruleBefore) most(r string, seq uint64, e, window int64, sliding bool) f
 // the first window that starts after its last lease lapsed (Revert), or
 // now if it never had one.
 func (cs *counterState) release(now time.Time, window time.Duration, sliding bool, skew time.Duration) {
-	cs.released = now
+	cs.released, cs.evicted = now, false
 	if !cs.lastExpires.IsZero() {
 		l := Lease{Expires: cs.lastExpires}
 		cs.released = Revert(&l, window, sliding, skew)
@@ -224,37 +228,89 @@ func (a *Allocator) Full(rule string) bool {
 	return len(p.counters)-p.releasedN >= a.cfg.Counters || len(p.counters) >= 2*a.cfg.Counters
 }
 
+// Gain is what a counter whose regions ask demand of it (limits per
+// window, by region) would gain from a budget of its own: of what it asks,
+// up to its limit, the part the rule's shares would not give it where it
+// is asked. The rule's shares are taken as they settle, in proportion to
+// the rule's demand in each region (the leases of the moment are smaller
+// at first, and in a window's last part); a region that has not asked for
+// the rule counts an equal part. A tenant asking several times its limit
+// everywhere gains nothing (each region's share of the rule is used up,
+// and the shares sum to the limit); one asking its limit of one region
+// gains most.
+func (a *Allocator) Gain(rule string, demand map[string]float64) float64 {
+	p := a.rules[rule]
+	sum, n := 0.0, 0
+	if p != nil {
+		for _, d := range p.demand {
+			sum += d
+		}
+		n = len(p.demand)
+	}
+	total, served := 0.0, 0.0
+	for r, d := range demand {
+		if !(d > 0) || math.IsInf(d, 0) {
+			continue
+		}
+		total += d
+		switch {
+		case sum > 0:
+			served += min(d, p.demand[r]/sum)
+		case n > 0:
+			served += min(d, 1/float64(n))
+		}
+	}
+	return max(0, min(1, total)-served)
+}
+
 // Weakest returns the counter of a rule with a budget of its own, not
-// released, that its regions ask least of (demand summed over them), to
-// make room for a busier one (Release).
-func (a *Allocator) Weakest(rule string) (key string, demand float64, ok bool) {
+// released and asking for less than its limit, that would lose least
+// going back to the rule (Gain, of its smoothed demand), to make room for
+// one that would gain more (Release). A counter asking for its limit or
+// more keeps its budget until it falls idle: going back to the rule, it
+// would run for a window or two on the shares its last leases gave it,
+// which its demand may since have outgrown.
+func (a *Allocator) Weakest(rule string) (key string, gain float64, ok bool) {
 	p := a.rules[rule]
 	if p == nil {
 		return "", 0, false
 	}
 	for k, c := range p.counters {
-		if !c.counter.released.IsZero() {
+		if !c.counter.released.IsZero() || c.counter.evicted {
 			continue
 		}
-		d := 0.0
-		for _, v := range c.demand {
-			d += v
+		total := 0.0
+		for _, d := range c.demand {
+			total += d
 		}
-		if !ok || d < demand || (d == demand && k < key) {
-			key, demand, ok = k, d, true
+		if total >= 1 {
+			continue
+		}
+		g := a.Gain(rule, c.demand)
+		if !ok || g < gain || (g == gain && k < key) {
+			key, gain, ok = k, g, true
 		}
 	}
-	return key, demand, ok
+	return key, gain, ok
 }
 
-// Release releases a counter's budget of its own now, as if it had fallen
-// idle: it goes back to the rule once its last lease has lapsed.
+// Release releases a counter's budget of its own, to make room for
+// another: the next Rebalance gives it its last leases, each region's
+// floor as high as its lease, so that its regions keep what they had of
+// it until they go back to the rule — at the first window that begins
+// after those leases have lapsed, as the leases say — rather than fall to
+// their floors for a window or two. (A region that never gets them keeps
+// the lease it held, whose floor is no higher than the rule's.)
 func (a *Allocator) Release(rule, key string, now time.Time) {
 	p := a.rules[rule]
-	if p == nil || p.counters[key] == nil || !p.counters[key].counter.released.IsZero() {
+	if p == nil || p.counters[key] == nil {
 		return
 	}
-	p.counters[key].counter.release(now, time.Duration(p.window)*time.Microsecond, p.sliding, a.cfg.Skew)
+	cs := p.counters[key].counter
+	if !cs.released.IsZero() || cs.evicted {
+		return
+	}
+	cs.evicted = true
 	p.releasedN++
 }
 
@@ -316,7 +372,7 @@ func (a *Allocator) rebalanceCounters(now time.Time, rule Rule, p *ruleState, re
 			delete(p.counters, key)
 			continue
 		}
-		if !c.counter.released.IsZero() {
+		if !c.counter.released.IsZero() || c.counter.evicted {
 			p.releasedN++
 		}
 		out = append(out, ls...)
@@ -423,16 +479,30 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 	expires := now.Add(a.cfg.LeaseTTL)
 	c.counter.lastExpires = expires
 	c.seq = p.seq
+	if cs.evicted {
+		// The last leases: they say when the regions go back to the
+		// rule, and no lease of the counter follows them.
+		cs.release(now, rule.Window, rule.Sliding, a.cfg.Skew)
+	}
 	leases := make([]Lease, len(regions))
 	for i, r := range regions {
 		f := fractions[i]
 		// A floor no higher than the lease: the region may use it for
-		// as long as it holds no newer lease.
+		// as long as it holds no newer lease. The last leases' floors
+		// are as high as the leases in a fixed window: no newer one
+		// comes, and a region that holds one goes back to the rule
+		// when it says, at a window's start. (A sliding window's
+		// estimate carries the window before into the rule's, whose
+		// room counts the rule's floor there.)
 		fl := min(floors[i], f)
+		if !cs.released.IsZero() && !rule.Sliding {
+			fl = f
+		}
 		c.share[r] = f - fl
 		c.tellFloor(r, p.seq, fl)
 		c.issue(r, grant{seq: p.seq, fraction: f, floor: fl, expires: expires}, first, last)
-		leases[i] = Lease{Rule: rule.ID, Key: key, Region: r, Seq: p.seq, Floor: fl, Share: f - fl, Issued: now, Expires: expires}
+		leases[i] = Lease{Rule: rule.ID, Key: key, Region: r, Seq: p.seq, Floor: fl, Share: f - fl, Issued: now, Expires: expires,
+			Released: cs.released}
 	}
 	return leases, false
 }

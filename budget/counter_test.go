@@ -43,13 +43,17 @@ func (m *counterRegion) take(doc []Lease, at time.Time) {
 		switch {
 		case l.Key == "":
 			m.rule = append(m.rule, received{l, at})
-		case !l.Released.IsZero():
-			// Released: the lease held, or the rule's floor, until then.
+		case !l.Released.IsZero() && !l.Last():
+			// Released: the lease held, or the rule's floor, until then
+			// — a last lease held, until its own release.
 			hasK = true
-			m.released = l.Released
+			if m.counter == nil || !m.counter.Last() {
+				m.released = l.Released
+			}
 		default:
+			// A lease, or the last, held until its release.
 			hasK = true
-			m.counter, m.released = &l, time.Time{}
+			m.counter, m.released = &l, l.Released
 			m.got = append(m.got, received{l, at})
 		}
 	}
@@ -170,7 +174,7 @@ func TestCounterBudgetsNeverOverCommit(t *testing.T) {
 				i := int(l.Region[0] - 'a')
 				docs[i] = append(docs[i], l)
 				if l.Key != "" {
-					if l.Key != "k" || l.Floor < 0 || l.Share < 0 || l.Floor > floor+1e-9 {
+					if l.Key != "k" || l.Floor < 0 || l.Share < 0 || (l.Floor > floor+1e-9 && !l.Last()) {
 						t.Fatalf("counter lease %+v", l)
 					}
 					kSum += l.Allowance()
@@ -467,9 +471,11 @@ func TestRevert(t *testing.T) {
 	}
 }
 
-// TestCounterEviction: with every budget of its own taken, a busier
-// counter gets one once the least asked-for is released; the released one
-// goes back to the rule once its leases have lapsed.
+// TestCounterEviction: with every budget of its own taken, a counter that
+// would gain more gets one once the one that would lose least is
+// released (not one asking for its limit or more); the released one gets
+// its last leases, each floor as high as its lease and saying when it goes
+// back to the rule — at the first window after they lapse — and goes then.
 func TestCounterEviction(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Counters = 2
@@ -490,22 +496,47 @@ func TestCounterEviction(t *testing.T) {
 	if got := a.Counters(rule.ID); len(got) != 2 || !a.Full(rule.ID) {
 		t.Fatalf("counters %v, full %v: want a and b, full", got, a.Full(rule.ID))
 	}
-	weak, d, ok := a.Weakest(rule.ID)
-	if !ok || weak != "a" || d != 0.6 {
-		t.Fatalf("weakest %q %v %v, want a 0.6", weak, d, ok)
+	weak, g, ok := a.Weakest(rule.ID)
+	if want := a.Gain(rule.ID, map[string]float64{"us": 0.6}); !ok || weak != "a" || g != want {
+		t.Fatalf("weakest %q %v %v, want a %v", weak, g, ok, want)
 	}
 	a.Release(rule.ID, "a", now)
 	if a.Full(rule.ID) {
 		t.Fatal("still full after a release")
 	}
+	if weak, _, ok := a.Weakest(rule.ID); !ok || weak != "b" {
+		t.Fatalf("weakest after a's release: %q %v, want b", weak, ok)
+	}
 	report(map[string]float64{"c": 3})
 	if got := a.Counters(rule.ID); len(got) != 3 {
 		t.Fatalf("counters %v, want a (released), b and c", got)
 	}
+	now = now.Add(time.Second)
+	ls, err := a.Rebalance(now, rule, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastSum := 0.0
+	for _, l := range ls {
+		if l.Key != "a" {
+			continue
+		}
+		if want := Revert(&l, rule.Window, false, cfg.Skew); !l.Released.Equal(want) || l.Share != 0 {
+			t.Fatalf("a's last lease %+v: want floor as high as the lease, released at %v", l, want)
+		}
+		lastSum += l.Floor
+	}
+	if lastSum < 0.5 || lastSum > 1+1e-9 {
+		t.Fatalf("a's last leases' floors sum to %v, want what a had (at least its demand) and no more than the limit", lastSum)
+	}
+	a.Release(rule.ID, "b", now)
+	if weak, _, ok := a.Weakest(rule.ID); ok {
+		t.Fatalf("weakest %q: c, asking for 3 limits, may not be evicted", weak)
+	}
 	var released bool
 	for range 30 {
 		now = now.Add(time.Second)
-		report(map[string]float64{"a": 0.6, "b": 0.7, "c": 3})
+		report(map[string]float64{"c": 3})
 		ls, err := a.Rebalance(now, rule, names)
 		if err != nil {
 			t.Fatal(err)
@@ -517,7 +548,7 @@ func TestCounterEviction(t *testing.T) {
 			}
 		}
 	}
-	if got := a.Counters(rule.ID); !released || len(got) != 2 || got[0] != "b" || got[1] != "c" {
-		t.Fatalf("released %v, counters %v: want a released, then gone", released, got)
+	if got := a.Counters(rule.ID); !released || len(got) != 1 || got[0] != "c" {
+		t.Fatalf("released %v, counters %v: want a and b released, then gone", released, got)
 	}
 }

@@ -42,7 +42,8 @@ type Document struct {
 }
 
 // CounterLeaseDoc is one region's lease of a counter's own budget, or,
-// with Released set, word that the counter goes back to the rule then.
+// with Released set, word that the counter goes back to the rule then —
+// with a floor or share too, the counter's last lease (Lease.Last).
 type CounterLeaseDoc struct {
 	Floor    float64   `json:"floor,omitempty"`
 	Share    float64   `json:"share,omitempty"`
@@ -78,7 +79,7 @@ func NewDocument(leader string, leases []Lease) Document {
 				d.Counters[l.Key] = map[string]CounterLeaseDoc{}
 			}
 			d.Counters[l.Key][l.Region] = CounterLeaseDoc{Floor: l.Floor, Share: l.Share, Released: l.Released}
-			if l.Released.IsZero() {
+			if !l.Expires.IsZero() {
 				d.CounterExpires = l.Expires
 			}
 			continue
@@ -95,7 +96,7 @@ func (d Document) CounterLeases() []Lease {
 	for key, byRegion := range d.Counters {
 		for r, c := range byRegion {
 			l := Lease{Rule: d.Rule, Key: key, Region: r, Seq: d.Seq, Floor: c.Floor, Share: c.Share, Issued: d.Issued, Released: c.Released}
-			if c.Released.IsZero() {
+			if c.Released.IsZero() || l.Last() {
 				l.Expires = d.CounterExpires
 			}
 			out = append(out, l)

@@ -28,9 +28,15 @@ type Lease struct {
 	// Released, on a lease of a counter's own budget (Key), says the
 	// counter has no more leases: the region enforces the one it holds
 	// (or its floor) until then, and its rule's lease from then on. Floor,
-	// Share and Expires are unset.
+	// Share and Expires are unset, but on the last leases of a counter
+	// released to make room for another (Allocator.Release), which the
+	// region takes and holds until then, its floor as high as the lease.
 	Released time.Time
 }
+
+// Last reports whether the lease is the last of a counter released to
+// make room for another: one to take, with its release.
+func (l *Lease) Last() bool { return !l.Released.IsZero() && l.Floor+l.Share > 0 }
 
 // Allowance is the fraction of the limit the lease lets its region admit
 // per window.

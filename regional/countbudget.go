@@ -134,15 +134,20 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 			if old == nil {
 				continue
 			}
-		case !c.Released.IsZero():
-			// Released: the lease held (or the rule's floor) until then.
-			h.released = c.Released
+		case !c.Released.IsZero() && c.Floor+c.Share <= 0:
+			// Released: the lease held (or the rule's floor) until then
+			// — a last lease held, until its own release (it may be of
+			// an earlier budget of the counter, come late).
+			if !h.has || !h.lease.Last() {
+				h.released = c.Released
+			}
 		default:
+			// A lease; or the counter's last, held until its release.
 			l := budget.Lease{Rule: d.Rule, Key: values, Region: e.cfg.Region, Seq: d.Seq, Floor: c.Floor, Share: c.Share,
-				Issued: d.Issued, Expires: d.CounterExpires}
+				Issued: d.Issued, Expires: d.CounterExpires, Released: c.Released}
 			if !h.has || l.Seq > h.lease.Seq || !h.lease.Holds(now) {
 				h.recent = h.recent.kept(now, e.cfg.Timeout)
-				h.lease, h.has, h.released = l, true, time.Time{}
+				h.lease, h.has, h.released = l, true, c.Released
 				h.recent = append(h.recent, adoption{seq: l.Seq, at: now})
 			}
 		}

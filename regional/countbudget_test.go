@@ -113,6 +113,25 @@ func TestCounterBudgets(t *testing.T) {
 	if f, _ := eu.CounterAllowance("g-strict", "s_new"); f != 0.2 {
 		t.Fatalf("left out: CounterAllowance = %v, want the rule's 0.2", f)
 	}
+
+	// Released to make room for another: its last lease, its floor as
+	// high as the lease, held past its expiry until its release, which
+	// a release note of a later budget of the counter does not move.
+	eu.SetBudget(doc(6, map[string]map[string]budget.CounterLeaseDoc{"s_big": {"eu": {Floor: 0.7}}}))
+	last := clock.Now().Add(30 * time.Second)
+	eu.SetBudget(doc(7, map[string]map[string]budget.CounterLeaseDoc{"s_big": {"eu": {Floor: 0.6, Released: last}, "us": {Floor: 0.3, Released: last}}}))
+	clock.AdvanceBy(11 * time.Second)
+	if f, holds := eu.CounterAllowance("g-strict", "s_big"); f != 0.6 || holds {
+		t.Fatalf("last lease lapsed: CounterAllowance = %v, %v; want its floor 0.6", f, holds)
+	}
+	eu.SetBudget(doc(8, map[string]map[string]budget.CounterLeaseDoc{"s_big": {"eu": {Released: last.Add(time.Hour)}}}))
+	if f, _ := eu.CounterAllowance("g-strict", "s_big"); f != 0.6 {
+		t.Fatalf("a release note after the last lease: CounterAllowance = %v, want its floor 0.6", f)
+	}
+	clock.AdvanceBy(20 * time.Second)
+	if f, _ := eu.CounterAllowance("g-strict", "s_big"); f != 0.05 {
+		t.Fatalf("after the last lease's release: CounterAllowance = %v, want the rule's floor 0.05 (its lease lapsed)", f)
+	}
 }
 
 // TestGlobalDenialSaysTheWindowEnd: a global limit denied for want of

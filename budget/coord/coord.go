@@ -386,14 +386,20 @@ func (s *reportSum) report() budget.Report {
 	return s.rep
 }
 
-// minCounterDemand is the least demand, in limits per window summed over
-// the regions, for which a counter gets a budget of its own: one asking
-// for less is served well enough by its rule's shares.
-const minCounterDemand = 0.5
+// A counter gets a budget of its own if its regions ask for at least
+// minCounterDemand of it (limits per window, summed over them): its room
+// then moves inside a window as its demand does, where the rule's shares
+// follow the rule's; or if it would gain at least minCounterGain from one
+// (budget.Allocator.Gain): the rule's shares give it much less than it
+// asks where it is asked.
+const (
+	minCounterDemand = 0.5
+	minCounterGain   = 0.1
+)
 
-// Eviction: while every budget of its own is taken, a counter asking for
-// more than evictFactor times what the least asked-for one does takes its
-// place (at most maxEvictions a rebalance).
+// Eviction: while every budget of its own is taken, a counter that would
+// gain more than evictFactor times what the weakest one would lose takes
+// its place (at most maxEvictions a rebalance).
 const (
 	evictFactor  = 2
 	maxEvictions = 10
@@ -401,18 +407,20 @@ const (
 
 // reportCounters gives the allocator every region's reports on the
 // counters of a rule: those with budgets of their own, then the others
-// asking for at least minCounterDemand, the most asked first, so that the
-// busiest get budgets of their own while there is room for them.
+// that qualify (minCounterDemand, minCounterGain), those that would gain
+// most from a budget of their own first, then the most asked for, so that
+// when budgets run short they go where the rule's shares fall shortest.
 func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.Report, now time.Time) {
 	served := map[string]bool{}
 	for _, key := range c.alloc.Counters(rule) {
 		served[key] = true
 	}
 	type cand struct {
-		key    string
-		demand float64
+		key          string
+		gain, demand float64
 	}
 	var cands []cand
+	demand := map[string]float64{}
 	for key, reps := range counters {
 		if served[key] {
 			for _, rep := range reps {
@@ -420,22 +428,29 @@ func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.R
 			}
 			continue
 		}
+		clear(demand)
 		d := 0.0
 		for _, rep := range reps {
+			demand[rep.Region] += rep.Demand
 			d += rep.Demand
 		}
-		if d >= minCounterDemand {
-			cands = append(cands, cand{key, d})
+		if g := c.alloc.Gain(rule, demand); g >= minCounterGain || d >= minCounterDemand {
+			cands = append(cands, cand{key, g, d})
 		}
 	}
-	slices.SortFunc(cands, func(a, b cand) int { return cmp.Or(cmp.Compare(b.demand, a.demand), cmp.Compare(a.key, b.key)) })
-	evicted := 0
+	slices.SortFunc(cands, func(a, b cand) int {
+		return cmp.Or(cmp.Compare(b.gain, a.gain), cmp.Compare(b.demand, a.demand), cmp.Compare(a.key, b.key))
+	})
+	evicted, evicting := 0, true
 	for _, x := range cands {
-		if c.alloc.Full(rule) && evicted < maxEvictions {
-			// Every budget of its own taken: one asked for far less
-			// gives its room to this one (it goes back to the rule
-			// once its leases have lapsed).
-			if weak, d, ok := c.alloc.Weakest(rule); ok && x.demand > evictFactor*d {
+		if evicting && c.alloc.Full(rule) {
+			// Every budget of its own taken: one that would lose far
+			// less gives its room to this one (it goes back to the
+			// rule once its leases have lapsed). The candidates come
+			// in falling gain: once one does not qualify, none does.
+			weak, g, ok := c.alloc.Weakest(rule)
+			evicting = ok && x.gain > evictFactor*g && evicted < maxEvictions
+			if evicting {
 				c.alloc.Release(rule, weak, now)
 				evicted++
 			}
