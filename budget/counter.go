@@ -242,13 +242,12 @@ func (a *Allocator) Gain(rule string, demand map[string]float64) float64 {
 	p := a.rules[rule]
 	sum, n := 0.0, 0
 	if p != nil {
-		for _, d := range p.demand {
-			sum += d
-		}
-		n = len(p.demand)
+		sum, n = sumInOrder(p.demand), len(p.demand)
 	}
 	total, served := 0.0, 0.0
-	for r, d := range demand {
+	var keys [16]string
+	for _, r := range sortedKeys(keys[:0], demand) {
+		d := demand[r]
 		if !(d > 0) || math.IsInf(d, 0) {
 			continue
 		}
@@ -279,11 +278,7 @@ func (a *Allocator) Weakest(rule string) (key string, gain float64, ok bool) {
 		if !c.counter.released.IsZero() || c.counter.evicted {
 			continue
 		}
-		total := 0.0
-		for _, d := range c.demand {
-			total += d
-		}
-		if total >= 1 {
+		if sumInOrder(c.demand) >= 1 {
 			continue
 		}
 		g := a.Gain(rule, c.demand)
@@ -624,4 +619,25 @@ func (p *ruleState) restoreCounterLeases(leases []Lease) {
 			c.grants[r] = gs
 		}
 	}
+}
+
+// sumInOrder sums a map's values in the order of their keys, so that the
+// sum is the same to the last bit whatever order the map ranges in.
+func sumInOrder(m map[string]float64) float64 {
+	var keys [16]string
+	sum := 0.0
+	for _, k := range sortedKeys(keys[:0], m) {
+		sum += m[k]
+	}
+	return sum
+}
+
+// sortedKeys appends a map's keys to buf, sorted (a region's map: buf on
+// the caller's stack holds them without allocating).
+func sortedKeys(buf []string, m map[string]float64) []string {
+	for k := range m {
+		buf = append(buf, k)
+	}
+	slices.Sort(buf)
+	return buf
 }
