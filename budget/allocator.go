@@ -92,6 +92,7 @@ type ruleState struct {
 
 	counters  map[string]*ruleState // a rule's counters with budgets of their own, by key
 	releasedN int                   // how many of them are released
+	fit       int                   // the most its document holds (FitCounters); 0: no bound
 	counter   *counterState         // set on a counter's own budget
 }
 

@@ -34,7 +34,7 @@ type Config struct {
 	Headroom float64
 	// Counters is how many counters of a rule may have budgets of their
 	// own (see ReportCounter); 0 gives none: every counter is served by
-	// its rule's shares. 6,000 (DefaultMaxCounters).
+	// its rule's shares. 12,000 (DefaultMaxCounters).
 	Counters int
 }
 

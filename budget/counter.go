@@ -157,14 +157,13 @@ type floorRec struct {
 // DefaultMaxCounters is Config.Counters' default, and MaxCounters the most
 // it may be: every counter with a budget of its own is in its rule's
 // budget document, and a document must fit in one NATS message (1 MB by
-// default). Deflated (wire.go), a counter takes some 70 bytes of one in
-// the simulator's tenants-free scenario, and at most about 170 however
-// little its key and numbers compress (TestDocumentFitsANATSMessage):
-// the default fits in 1 MB whatever the keys; more needs the servers'
-// max_payload raised (globalsync refuses to send a document that does
-// not fit, and says so).
+// default). Deflated (wire.go), a counter takes some 63 bytes of one in
+// the simulator's tenants-free scenario (9,762 in 618 KB), and at most
+// about 170 however little its key and numbers compress
+// (TestDocumentFitsANATSMessage); a leader told its documents' sizes
+// holds no more counters than fit (FitCounters; coord's Sized).
 const (
-	DefaultMaxCounters = 6000
+	DefaultMaxCounters = 12_000
 	MaxCounters        = 15_000
 )
 
@@ -225,7 +224,42 @@ func (a *Allocator) Full(rule string) bool {
 	if p == nil {
 		return a.cfg.Counters <= 0
 	}
-	return len(p.counters)-p.releasedN >= a.cfg.Counters || len(p.counters) >= 2*a.cfg.Counters
+	return len(p.counters)-p.releasedN >= a.cfg.Counters || len(p.counters) >= 2*a.cfg.Counters || p.AtFit()
+}
+
+// AtFit reports whether a rule's document holds as many counters as fit in
+// it (FitCounters): none is added, and evicting one to make room for
+// another makes none — the evicted one stays in the document until it goes
+// back to the rule.
+func (a *Allocator) AtFit(rule string) bool {
+	p := a.rules[rule]
+	return p != nil && p.AtFit()
+}
+
+func (p *ruleState) AtFit() bool { return p.fit > 0 && len(p.counters) >= p.fit }
+
+// FitCounters bounds how many counters a rule's budget document holds,
+// with budgets of their own or going back to the rule, to n (0: no bound
+// but Config.Counters), so that the document fits in a message: no
+// counter gets a budget of its own while the document holds n, and if it
+// holds more, those that would lose least going back to the rule (Weakest)
+// are released until it would hold n once they have gone back.
+func (a *Allocator) FitCounters(rule string, n int, now time.Time) {
+	p := a.rules[rule]
+	if p == nil {
+		return
+	}
+	p.fit = max(n, 0)
+	if p.fit == 0 {
+		return
+	}
+	for len(p.counters)-p.releasedN > p.fit {
+		key, _, ok := a.Weakest(rule)
+		if !ok {
+			return
+		}
+		a.Release(rule, key, now)
+	}
 }
 
 // Gain is what a counter whose regions ask demand of it (limits per

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -550,5 +551,62 @@ func TestCounterEviction(t *testing.T) {
 	}
 	if got := a.Counters(rule.ID); !released || len(got) != 1 || got[0] != "c" {
 		t.Fatalf("released %v, counters %v: want a and b released, then gone", released, got)
+	}
+}
+
+// TestFitCounters: a rule whose document may hold n counters sheds those
+// that would lose least (never one asking for its limit or more) and takes
+// no new one while it holds n; released from the bound, it takes them.
+func TestFitCounters(t *testing.T) {
+	a, _ := NewAllocator(DefaultConfig())
+	rule := Rule{ID: "r", Window: time.Second}
+	names := []string{"eu", "us"}
+	demand := map[string]float64{"a": 0.5, "b": 0.6, "c": 0.7, "d": 0.8, "e": 3}
+	report := func(keys ...string) {
+		for _, key := range keys {
+			a.ReportCounter(rule.ID, key, Report{Region: "us", Demand: demand[key]})
+		}
+	}
+	now := t0
+	report("a", "b", "c", "d", "e")
+	if _, err := a.Rebalance(now, rule, names); err != nil {
+		t.Fatal(err)
+	}
+	a.FitCounters(rule.ID, 3, now)
+	if !a.AtFit(rule.ID) || !a.Full(rule.ID) {
+		t.Fatal("5 counters, room for 3: want at fit, full")
+	}
+	live := func() []string {
+		var out []string
+		for _, k := range a.Counters(rule.ID) {
+			if c := a.rules[rule.ID].counters[k].counter; c.released.IsZero() && !c.evicted {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	if got := live(); !slices.Equal(got, []string{"c", "d", "e"}) {
+		t.Fatalf("budgets kept %v, want c d e (a and b would lose least)", got)
+	}
+	a.FitCounters(rule.ID, 0, now)
+	report("a")
+	a.FitCounters(rule.ID, 1, now)
+	if got := live(); !slices.Equal(got, []string{"e"}) {
+		t.Fatalf("room for 1: budgets kept %v, want e alone (asking for 3 limits, never shed)", got)
+	}
+	for range 30 {
+		now = now.Add(time.Second)
+		report("a", "b", "c", "d", "e")
+		if _, err := a.Rebalance(now, rule, names); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.Counters(rule.ID); !slices.Equal(got, []string{"e"}) {
+		t.Fatalf("room for 1, the others gone back: counters %v, want e alone", got)
+	}
+	a.FitCounters(rule.ID, 0, now)
+	report("a", "b")
+	if got := a.Counters(rule.ID); !slices.Equal(got, []string{"a", "b", "e"}) {
+		t.Fatalf("no bound: counters %v, want a b e", got)
 	}
 }

@@ -25,19 +25,35 @@ type Counters struct {
 	keys map[string]*entry
 	n    int // windows held
 	// Entries form a list in order of their last change, oldest first, so
-	// that the changes after a version are a suffix of the list.
-	head, tail *entry
-	version    uint64
+	// that the changes after a version are a suffix of the list
+	// (lists[byChange]). Entries whose own slot changed form a second
+	// list, in order of that change (lists[byOwnChange]): OwnDeltas reads
+	// the own changes after a version from its end, however many windows
+	// the other regions changed since.
+	lists   [2]list
+	version uint64
 }
+
+// The lists of entries a copy keeps (Counters.lists, entry.links).
+const (
+	byChange    = 0
+	byOwnChange = 1 // only entries with an own change (own > 0)
+)
+
+// list is one of a copy's lists of entries, linked through their links of
+// the same index.
+type list struct{ head, tail *entry }
+
+type links struct{ prev, next *entry }
 
 // entry is one window of a counter.
 type entry struct {
-	id         ID
-	slots      []slot // one per region, by index: zero if it counted nothing
-	ver        uint64 // the version of its last change
-	own        uint64 // the version of its own slot's last change
-	prev, next *entry
-	older      *entry // the same key's window before this one, if held
+	id    ID
+	slots []slot   // one per region, by index: zero if it counted nothing
+	ver   uint64   // the version of its last change
+	own   uint64   // the version of its own slot's last change
+	links [2]links // its place in the copy's lists
+	older *entry   // the same key's window before this one, if held
 }
 
 type slot struct{ p, n uint64 }
@@ -261,7 +277,7 @@ func (c *Counters) DeltaSince(v uint64) Delta { return c.deltaSince(v, -1) }
 // few of them (Get). The collection must not change during the pass.
 func (c *Counters) IDs() iter.Seq[ID] {
 	return func(yield func(ID) bool) {
-		for e := c.head; e != nil; e = e.next {
+		for e := c.lists[byChange].head; e != nil; e = e.links[byChange].next {
 			if !yield(e.id) {
 				return
 			}
@@ -277,7 +293,7 @@ func (c *Counters) deltaSince(v uint64, only int) Delta {
 	d := Delta{Origin: c.Self(), From: min(v, c.version), To: c.version}
 	var changed []*entry
 	nslots := 0
-	for e := c.tail; e != nil && e.ver > v; e = e.prev {
+	for e := c.lists[byChange].tail; e != nil && e.ver > v; e = e.links[byChange].prev {
 		if only < 0 || e.own > v {
 			changed = append(changed, e)
 			for i, s := range e.slots { // those appendEntries keeps
@@ -310,8 +326,8 @@ func (c *Counters) OwnDeltas(v uint64, max int) []Delta {
 		ver uint64
 	}
 	var changed []change
-	for e := c.tail; e != nil && e.ver > v; e = e.prev {
-		if s := &e.slots[c.self]; e.own > v && (s.p != 0 || s.n != 0) {
+	for e := c.lists[byOwnChange].tail; e != nil && e.own > v; e = e.links[byOwnChange].prev {
+		if s := &e.slots[c.self]; s.p != 0 || s.n != 0 {
 			changed = append(changed, change{e, s, e.own})
 		}
 	}
@@ -356,7 +372,7 @@ func (c *Counters) RegionState(region string) Delta {
 		return d
 	}
 	var held []*entry
-	for e := c.head; e != nil; e = e.next {
+	for e := c.lists[byChange].head; e != nil; e = e.links[byChange].next {
 		if e.slots[ri].p != 0 || e.slots[ri].n != 0 {
 			held = append(held, e)
 		}
@@ -390,10 +406,13 @@ func (c *Counters) appendEntries(d Delta, entries []*entry, nslots int, keep fun
 // created anew, so callers drop deltas for epochs they have expired.
 func (c *Counters) Expire(expired func(ID) bool) int {
 	removed := 0
-	for e := c.head; e != nil; {
-		next := e.next
+	for e := c.lists[byChange].head; e != nil; {
+		next := e.links[byChange].next
 		if expired(e.id) {
-			c.unlink(e)
+			c.unlink(byChange, e)
+			if e.own > 0 {
+				c.unlink(byOwnChange, e)
+			}
 			c.remove(e)
 			removed++
 		}
@@ -429,7 +448,7 @@ func (c *Counters) insert(id ID) *entry {
 		}
 		e.older, at.older = at.older, e
 	}
-	c.pushBack(e)
+	c.pushBack(byChange, e)
 	return e
 }
 
@@ -459,36 +478,46 @@ func (c *Counters) touch(e *entry, region int) {
 	c.version++
 	e.ver = c.version
 	if region == c.self {
+		if c.lists[byOwnChange].tail != e {
+			if e.own > 0 {
+				c.unlink(byOwnChange, e)
+			}
+			c.pushBack(byOwnChange, e)
+		}
 		e.own = c.version
 	}
-	if c.tail != e {
-		c.unlink(e)
-		c.pushBack(e)
+	if c.lists[byChange].tail != e {
+		c.unlink(byChange, e)
+		c.pushBack(byChange, e)
 	}
 }
 
-func (c *Counters) pushBack(e *entry) {
-	e.prev, e.next = c.tail, nil
-	if c.tail != nil {
-		c.tail.next = e
+// pushBack puts e at the end of list i.
+func (c *Counters) pushBack(i int, e *entry) {
+	l := &c.lists[i]
+	e.links[i] = links{prev: l.tail}
+	if l.tail != nil {
+		l.tail.links[i].next = e
 	} else {
-		c.head = e
+		l.head = e
 	}
-	c.tail = e
+	l.tail = e
 }
 
-func (c *Counters) unlink(e *entry) {
-	if e.prev != nil {
-		e.prev.next = e.next
+// unlink takes e out of list i (where it is).
+func (c *Counters) unlink(i int, e *entry) {
+	l, at := &c.lists[i], &e.links[i]
+	if at.prev != nil {
+		at.prev.links[i].next = at.next
 	} else {
-		c.head = e.next
+		l.head = at.next
 	}
-	if e.next != nil {
-		e.next.prev = e.prev
+	if at.next != nil {
+		at.next.links[i].prev = at.prev
 	} else {
-		c.tail = e.prev
+		l.tail = at.prev
 	}
-	e.prev, e.next = nil, nil
+	*at = links{}
 }
 
 // newEntry returns an entry with a slot for each of n regions (in a busy

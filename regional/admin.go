@@ -367,17 +367,22 @@ func (e *Engine) Maintain(ctx context.Context) error {
 		return false
 	})
 	rs := e.rules.Load()
-	e.trackers.Range(func(id, v any) bool {
-		r := rs.Rule(id.(string))
-		if r == nil || r.MaxKeys == 0 {
-			e.trackers.Delete(id)
-			return true
+	var gone []string
+	if m := e.trackers.Load(); m != nil {
+		for id, tr := range *m {
+			r := rs.Rule(id)
+			if r == nil || r.MaxKeys == 0 {
+				gone = append(gone, id)
+				continue
+			}
+			// A rule's window, or its refill period: every limit of a
+			// rule has the same, whatever its tier.
+			tr.forget(us, regionKeysGen(r.Base.WindowMicros()))
 		}
-		// A rule's window, or its refill period: every limit of a rule
-		// has the same, whatever its tier.
-		v.(*keyTracker).forget(us, regionKeysGen(r.Base.WindowMicros()))
-		return true
-	})
+	}
+	if len(gone) > 0 {
+		e.dropTrackers(gone)
+	}
 	if vs := e.violations.drain(); len(vs) > 0 {
 		if e.cfg.RedactKeys {
 			for i := range vs {

@@ -31,7 +31,7 @@ type counterBudgets struct {
 	// lease's time after it was taken.
 	docUntil map[string]time.Time
 
-	demand  sync.Map // counter key → *counterDemand
+	demand  *shardMap[*counterDemand] // by counter key
 	tracked atomic.Int64
 }
 
@@ -81,6 +81,15 @@ func (g *globalState) counter(key []byte, now time.Time) *heldCounter {
 		return nil
 	}
 	return h
+}
+
+// heldFor is counter for a check's item at the check's time now (µs),
+// looked up once for the check.
+func (e *Engine) heldFor(it *item, now int64) *heldCounter {
+	if !it.heldKnown {
+		it.held, it.heldKnown = e.global.counter(it.key, time.UnixMicro(now)), true
+	}
+	return it.held
 }
 
 // SetBudget puts a rule's budget document in force: the region's lease of
@@ -199,25 +208,22 @@ func (e *Engine) ruleFloor(r *Rule) float64 {
 func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
 	g := e.global
 	var d *counterDemand
-	if v, ok := g.budgets.demand.Load(string(it.key)); ok {
-		d = v.(*counterDemand)
-	} else {
-		if g.budgets.tracked.Load() >= maxTrackedCounters {
+	g.budgets.demand.with(it.key, func(m map[string]*counterDemand) {
+		if d = m[string(it.key)]; d != nil || g.budgets.tracked.Load() >= maxTrackedCounters {
 			return
 		}
 		rule, values, ok := ParseCounterKey(string(it.key))
 		if !ok {
 			return
 		}
-		v, loaded := g.budgets.demand.LoadOrStore(string(it.key), &counterDemand{rule: rule, values: values, since: now})
-		if !loaded {
-			// Counted from this check on, this one left out: a rate
-			// of the first report is what came in since it (one
-			// check over a few hundred milliseconds is no pace).
-			g.budgets.tracked.Add(1)
-			return
-		}
-		d = v.(*counterDemand)
+		// Counted from this check on, this one left out: a rate of
+		// the first report is what came in since it (one check over
+		// a few hundred milliseconds is no pace).
+		m[string(it.key)] = &counterDemand{rule: rule, values: values, since: now}
+		g.budgets.tracked.Add(1)
+	})
+	if d == nil {
+		return
 	}
 	units := it.cost * 1e6 / max(1, it.params.Limit)
 	switch {
@@ -261,23 +267,21 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 		held *heldCounter
 	}
 	var cands []cand
-	g.budgets.demand.Range(func(k, v any) bool {
-		d := v.(*counterDemand)
+	g.budgets.demand.sweep(func(k string, d *counterDemand) bool {
 		if d.rule != r.ID {
-			return true
+			return false
 		}
-		h := held[k.(string)]
+		h := held[k]
 		if h == nil && us-d.touched.Load() > trackIdle.Microseconds() {
-			g.budgets.demand.Delete(k)
 			g.budgets.tracked.Add(-1)
 			return true
 		}
 		cands = append(cands, cand{d, h})
-		return true
+		return false
 	})
 	for k, h := range held {
 		if h.rule == r.ID {
-			if _, ok := g.budgets.demand.Load(k); !ok {
+			if _, ok := g.budgets.demand.load([]byte(k)); !ok {
 				cands = append(cands, cand{&counterDemand{rule: h.rule, values: h.values}, h})
 			}
 		}

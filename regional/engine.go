@@ -77,10 +77,13 @@ type Engine struct {
 	denials     *shardMap[*denial]
 	denialCount atomic.Int64 // entries in denials: none, no lookups
 	batches     *shardMap[*batch]
-	trackers    sync.Map   // rule id -> *keyTracker
-	keys        regionKeys // the shared store's count of keys across replicas, if it keeps one
-	blocks      atomic.Pointer[[]block]
-	blockMu     sync.Mutex
+	// trackers is by rule id, read by every check: replaced whole on a
+	// change (under trackersMu), never changed in place.
+	trackers   atomic.Pointer[map[string]*keyTracker]
+	trackersMu sync.Mutex
+	keys       regionKeys // the shared store's count of keys across replicas, if it keeps one
+	blocks     atomic.Pointer[[]block]
+	blockMu    sync.Mutex
 
 	violations violationBuffer
 	returnsMu  sync.Mutex
@@ -309,6 +312,10 @@ type item struct {
 	// degradedTaken: a global limit admitted in memory, without the
 	// store (degraded.go), given back if the request is denied.
 	degradedTaken bool
+	// held is a global limit's budget of its own at the check's time,
+	// once heldKnown: looked up once a check (heldFor).
+	held      *heldCounter
+	heldKnown bool
 }
 
 // Check decides whether the request may go through and fills d (reusing
@@ -479,7 +486,7 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Batch: it.rule.Batch})
 		if it.rule.Scope == ScopeGlobal {
 			op := &sc.ops[len(sc.ops)-1]
-			e.globalOp(op, it.rule, time.UnixMicro(now))
+			e.globalOp(op, it.rule, e.heldFor(it, now), time.UnixMicro(now))
 			it.allowance = op.Allowance
 			if e.shared && e.global.degraded.episode.Load() && it.rule.Fallback != FailClosed {
 				sc.ops = sc.ops[:len(sc.ops)-1]

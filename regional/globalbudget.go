@@ -166,6 +166,7 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 	}
 	g.leases.Store(new(map[string]*heldLease))
 	g.budgets.held.Store(new(map[string]*heldCounter))
+	g.budgets.demand = newShardMap[*counterDemand]()
 	g.budgets.docSeq, g.budgets.docUntil = map[string]uint64{}, map[string]time.Time{}
 	return g, nil
 }
@@ -414,14 +415,22 @@ func (e *Engine) GlobalAllowance(rule string) (float64, bool) {
 // of a counter (key; nil: one with no budget of its own) at now, the part
 // of it withheld as debt, and whether it is the counter's own budget's.
 func (e *Engine) allowance(r *Rule, key []byte, now time.Time) (frac, debt float64, own bool) {
+	var h *heldCounter
+	if key != nil && !e.global.alone {
+		h = e.global.counter(key, now)
+	}
+	return e.allowanceOf(r, h, now)
+}
+
+// allowanceOf is allowance of a counter whose budget of its own at now is
+// h (nil: none).
+func (e *Engine) allowanceOf(r *Rule, h *heldCounter, now time.Time) (frac, debt float64, own bool) {
 	g := e.global
 	if g.alone {
 		return 1, 0, false
 	}
-	if key != nil {
-		if h := g.counter(key, now); h != nil {
-			return e.counterAllowance(h, r, now), 0, true
-		}
+	if h != nil {
+		return e.counterAllowance(h, r, now), 0, true
 	}
 	var l *budget.Lease
 	if h := (*g.leases.Load())[r.ID]; h != nil {
@@ -443,9 +452,9 @@ func (e *Engine) allowance(r *Rule, key []byte, now time.Time) (frac, debt float
 // region owes (an over-admitting region borrows less). A region that has
 // not heard from every other lately does not borrow: it keeps to its
 // allowance, as in strict mode.
-func (e *Engine) globalOp(op *Op, r *Rule, now time.Time) {
+func (e *Engine) globalOp(op *Op, r *Rule, held *heldCounter, now time.Time) {
 	limit := float64(op.Params.Limit)
-	frac, debt, own := e.allowance(r, op.Key, now)
+	frac, debt, own := e.allowanceOf(r, held, now)
 	op.Global = true
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
@@ -508,8 +517,7 @@ func (e *Engine) inFlight(op *Op, p, n uint64, now, start int64) int64 {
 	if p > n && now > start {
 		pace = float64(p-n) / float64(now-start)
 	}
-	if v, ok := e.global.budgets.demand.Load(string(op.Key)); ok {
-		d := v.(*counterDemand)
+	if d, ok := e.global.budgets.demand.load(op.Key); ok {
 		if el := now - d.since; el > 0 && d.since != 0 {
 			asked := float64(d.admitted.Load()+d.denied.Load()) / 1e6 * float64(op.Params.Limit)
 			pace = max(pace, asked/float64(el))
@@ -536,7 +544,7 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	d := e.ruleDemand(it.rule.ID)
 	units := it.cost * 1e6 / max(1, it.params.Limit)
 	admitted, denied := r.Allowed && allowed, !r.Allowed
-	held := e.global.counter(it.key, time.UnixMicro(now)) != nil
+	held := e.heldFor(it, now) != nil
 	if held {
 		// A budget of its own: its demand is its own, not the rule's.
 		e.trackCounter(it, admitted, denied, now)
@@ -700,9 +708,7 @@ const MaxAhead = 5 * time.Second
 // ahead).
 func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeReport, error) {
 	rs, now := e.rules.Load(), e.now()
-	d, ahead := d.Until(now.Add(MaxAhead).UnixMilli())
-	d, unknown := d.Keep(func(en *crdt.Entry) bool { return rs.OfGlobalRules(en.Key) })
-	d, stale := dropExpired(rs, d, now)
+	d, ahead, unknown, stale := mergeable(rs, d, now)
 	var rep crdt.MergeReport
 	e.global.usage.with(func(c *crdt.Counters) { rep = c.Merge(d) })
 	rep.Stale, rep.Ahead, rep.UnknownRule = rep.Stale+stale, ahead, unknown
@@ -720,29 +726,45 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 	return rep, err
 }
 
-// dropExpired leaves out of d the windows over and done with, which the
-// copy may have dropped (Maintain): they are not brought back, or they
-// would be gossiped again. It returns how many slots it left out, and
-// copies d's entries only if it leaves one out.
-func dropExpired(rs *RuleSet, d crdt.Delta, now time.Time) (crdt.Delta, int) {
-	stale := 0
+// mergeable leaves out of d, in one pass, the windows that start more
+// than MaxAhead after now (ahead), those of no global rule in force
+// (unknown), and those over and done with (stale: the copy may have
+// dropped them in Maintain, and they are not brought back, or they would
+// be gossiped again), and says how many slots it left out for each reason. It copies d's entries
+// only if it leaves one out.
+func mergeable(rs *RuleSet, d crdt.Delta, now time.Time) (out crdt.Delta, ahead, unknown, stale int) {
+	last := now.Add(MaxAhead).UnixMilli()
 	var kept []crdt.Entry
-	for i, en := range d.Entries {
-		if globalKeep(rs, en.Key, en.Epoch, now) > 0 {
+	for i := range d.Entries {
+		en := &d.Entries[i]
+		var r *Rule
+		if en.Epoch <= last {
+			id, _, _, _ := parseKey(en.Key)
+			if r = rs.Rule(id); r != nil && r.Scope != ScopeGlobal {
+				r = nil
+			}
+		}
+		switch {
+		case en.Epoch > last:
+			ahead += len(en.Slots)
+		case r == nil:
+			unknown += len(en.Slots)
+		case ruleKeep(r, en.Epoch, now) <= 0:
+			stale += len(en.Slots)
+		default:
 			if kept != nil {
-				kept = append(kept, en)
+				kept = append(kept, *en)
 			}
 			continue
 		}
 		if kept == nil {
 			kept = append(make([]crdt.Entry, 0, len(d.Entries)-1), d.Entries[:i]...)
 		}
-		stale += len(en.Slots)
 	}
 	if kept != nil {
 		d.Entries = kept
 	}
-	return d, stale
+	return d, ahead, unknown, stale
 }
 
 // OfGlobalRules reports whether a counter key (CounterKey, or a rule's
@@ -829,11 +851,17 @@ const reseedBatch = 1000
 // rule it does not know; 0 once that is over.
 func globalKeep(rs *RuleSet, key string, startMillis int64, now time.Time) time.Duration {
 	id, _, _, _ := parseKey(key)
-	start, t := float64(startMillis*1000), float64(now.UnixMicro())
 	if r := rs.Rule(id); r != nil && r.Scope == ScopeGlobal {
-		return max(0, time.Duration(globalUntil(&r.Base, start)-t)*time.Microsecond)
+		return ruleKeep(r, startMillis, now)
 	}
+	start, t := float64(startMillis*1000), float64(now.UnixMicro())
 	return max(0, time.Duration(start+2*60e6-t)*time.Microsecond)
+}
+
+// ruleKeep is globalKeep of a window of a global rule r.
+func ruleKeep(r *Rule, startMillis int64, now time.Time) time.Duration {
+	start, t := float64(startMillis*1000), float64(now.UnixMicro())
+	return max(0, time.Duration(globalUntil(&r.Base, start)-t)*time.Microsecond)
 }
 
 // expireGlobalEvery is how often Maintain drops the windows the store no

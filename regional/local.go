@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -408,8 +409,8 @@ func (e *Engine) TrackedKeys(f func(rule string, tracked int64, max int)) {
 			continue
 		}
 		var n int64
-		if v, ok := e.trackers.Load(r.ID); ok {
-			n = v.(*keyTracker).n.Load()
+		if m := e.trackers.Load(); m != nil && (*m)[r.ID] != nil {
+			n = (*m)[r.ID].n.Load()
 		}
 		f(r.ID, n, r.MaxKeys)
 	}
@@ -434,16 +435,47 @@ type regionKeys interface {
 // minute.
 func regionKeysGen(windowUs int64) int64 { return max(windowUs, int64(time.Minute/time.Microsecond)) }
 
+// tracker returns the key tracker of a rule, made if it has none.
+func (e *Engine) tracker(rule string) *keyTracker {
+	if m := e.trackers.Load(); m != nil {
+		if tr := (*m)[rule]; tr != nil {
+			return tr
+		}
+	}
+	e.trackersMu.Lock()
+	defer e.trackersMu.Unlock()
+	var cur map[string]*keyTracker
+	if m := e.trackers.Load(); m != nil {
+		cur = *m
+	}
+	if tr := cur[rule]; tr != nil {
+		return tr
+	}
+	next := make(map[string]*keyTracker, len(cur)+1)
+	maps.Copy(next, cur)
+	tr := newKeyTracker()
+	next[rule] = tr
+	e.trackers.Store(&next)
+	return tr
+}
+
+// dropTrackers forgets the key trackers of rules.
+func (e *Engine) dropTrackers(rules []string) {
+	e.trackersMu.Lock()
+	defer e.trackersMu.Unlock()
+	next := maps.Clone(*e.trackers.Load())
+	for _, id := range rules {
+		delete(next, id)
+	}
+	e.trackers.Store(&next)
+}
+
 // admitKey applies a rule's cap on tracked keys: a key this replica
 // tracks passes; a new one is asked of the region (a shared store that
 // counts keys across replicas), or, when the store cannot answer or keeps
 // no count, held to the cap by this replica's own count.
 func (e *Engine) admitKey(ctx context.Context, r *Rule, key []byte, now time.Time) keyAdmission {
-	v, ok := e.trackers.Load(r.ID)
-	if !ok {
-		v, _ = e.trackers.LoadOrStore(r.ID, newKeyTracker())
-	}
-	tr := v.(*keyTracker)
+	tr := e.tracker(r.ID)
 	us, genUs := now.UnixMicro(), regionKeysGen(r.Base.WindowMicros())
 	gen := us / genUs
 	h := maphash.Bytes(tr.seed, key)

@@ -32,6 +32,15 @@ func (sm *shardMap[V]) with(key []byte, f func(m map[string]V)) {
 	f(sh.m)
 }
 
+// load returns the value of key, if held.
+func (sm *shardMap[V]) load(key []byte) (V, bool) {
+	sh := &sm.shards[maphash.Bytes(sm.seed, key)%uint64(len(sm.shards))]
+	sh.mu.Lock()
+	v, ok := sh.m[string(key)]
+	sh.mu.Unlock()
+	return v, ok
+}
+
 // sweep runs f on every entry, shard by shard, deleting those for which it
 // returns true.
 func (sm *shardMap[V]) sweep(f func(key string, v V) bool) {

@@ -34,3 +34,8 @@ func BenchmarkManyKeys(b *testing.B) { benchScenario(b, "many-keys", 10*time.Sec
 // BenchmarkTenants runs the first 5 s of the tenants scenario: 100,000
 // tenants homed over five regions, 1,000,000 requests a second.
 func BenchmarkTenants(b *testing.B) { benchScenario(b, "tenants", 5*time.Second) }
+
+// BenchmarkTenantsFree runs the first 15 s of the tenants-free scenario:
+// 100,000 tenants over five regions, 1,000,000 requests a second, with
+// budgets of their own for the busiest.
+func BenchmarkTenantsFree(b *testing.B) { benchScenario(b, "tenants-free", 15*time.Second) }

@@ -21,8 +21,11 @@ type globalsync struct {
 	c     *coord.Coordinator // nil while down
 	ticks ticker
 	// history is the bucket's revisions, oldest first, encoded as the
-	// bucket keeps them; latest is the last one published.
+	// bucket keeps them; latest is the last one published. A leader reads
+	// them only when it starts again after globalsync was down: in a run
+	// where it never goes down, none are kept (keep false).
 	history [][]byte
+	keep    bool
 	latest  *budget.Document
 	found   []OverAdmission
 	// closedThrough is the end of the last window whose books were
@@ -39,8 +42,15 @@ type OverAdmission struct {
 	Amount      int64
 }
 
+// maxPayload is the largest message the simulated NATS servers take, as
+// their max_payload's default: 1 MB.
+const maxPayload = 1 << 20
+
 func newGlobalSync(s *sim, cfg budget.Config) *globalsync {
 	g := &globalsync{s: s, cfg: cfg}
+	for _, f := range s.sc.Faults {
+		g.keep = g.keep || f.Kind == "globalsync-down"
+	}
 	g.up()
 	return g
 }
@@ -139,9 +149,19 @@ func (g *globalsync) rebalance() {
 		if err != nil {
 			panic(err) // a document is plain data
 		}
-		g.history = append(g.history, b)
-		if len(g.history) > coord.History {
-			g.history = g.history[1:]
+		// As cmd/globalsync: the leader is told the document's size,
+		// and one too large for a message is not sent (the regions
+		// keep their leases until they lapse).
+		g.c.Sized(doc.Rule, len(b), maxPayload, now)
+		if len(b) > maxPayload {
+			g.s.rec.note(g.s.now, "a budget document of %d bytes not sent", len(b))
+			continue
+		}
+		if g.keep {
+			g.history = append(g.history, b)
+			if len(g.history) > coord.History {
+				g.history = g.history[1:]
+			}
 		}
 		g.latest = &doc
 		g.publish(doc)

@@ -58,7 +58,7 @@ func newRecorder(s *sim) *recorder {
 const maxSamples = 10_000
 
 func (rec *recorder) start() {
-	rec.s.every(global, 0, rec.sampleEvery, func() {
+	rec.s.observeEvery(0, rec.sampleEvery, func() {
 		for _, r := range rec.s.regions {
 			rec.sample(r)
 		}

@@ -71,7 +71,8 @@ func (r *region) start() {
 	s.every(r.idx, phase(maintainEvery), maintainEvery, func() { r.engine.Maintain(background) })
 	r.ticks.schedule()
 	for _, src := range r.srcs {
-		src.next = src.gap(0)
+		src.after = src.gap(0)
+		src.refill()
 	}
 }
 
@@ -178,6 +179,51 @@ type source struct {
 	// table, if set, draws keys homed in regions: each key's weight is its
 	// demand's, times the part of it that comes to this source's region.
 	table *alias
+	// ahead is the arrivals drawn ahead, from pos on (next is the time of
+	// the first), and after the time of the one after them, its key not
+	// yet drawn. They are drawn in the order one at a time would draw
+	// them, from the source's own rng, so the requests are the same; in a
+	// batch, the loads of the key tables overlap.
+	ahead []arrival
+	pos   int
+	after time.Duration
+}
+
+// arrival is one request a source has drawn: its time and key.
+type arrival struct {
+	at  time.Duration
+	key int32
+}
+
+// drawAhead is how many arrivals a source draws at once.
+const drawAhead = 64
+
+// refill draws the source's next arrivals, up to drawAhead, none at or
+// after end, and sets next to the first's time (end if none).
+func (src *source) refill() {
+	src.ahead, src.pos = src.ahead[:0], 0
+	t := src.after
+	for len(src.ahead) < drawAhead && t < src.end {
+		src.ahead = append(src.ahead, arrival{at: t, key: int32(src.key())})
+		t = src.gap(t)
+	}
+	src.after = t
+	src.next = src.end
+	if len(src.ahead) > 0 {
+		src.next = src.ahead[0].at
+	}
+}
+
+// take returns the key of the source's next arrival (at next), and moves
+// next on to the one after.
+func (src *source) take() int {
+	k := int(src.ahead[src.pos].key)
+	if src.pos++; src.pos < len(src.ahead) {
+		src.next = src.ahead[src.pos].at
+	} else {
+		src.refill()
+	}
+	return k
 }
 
 // gap draws the next arrival after t by thinning: candidates come at the
@@ -349,13 +395,12 @@ func (r *region) requests(end time.Duration) {
 			return
 		}
 		r.now = src.next
-		k := src.key()
+		k := src.take()
 		r.req.APIKey = r.s.keys[k]
 		if err := r.engine.Check(background, &r.req, &r.dec); err != nil {
 			panic(err) // the scenario's requests are well formed
 		}
 		epoch := r.dec.Time.UnixMicro() / r.s.window
 		tr.record(r.idx, epoch, k, r.dec.Allowed)
-		src.next = src.gap(r.now)
 	}
 }

@@ -180,7 +180,7 @@ type ExpectSpec struct {
 }
 
 // MaxKeys bounds a source's keys.
-const MaxKeys = 100_000
+const MaxKeys = 1_000_000
 
 //go:embed scenarios/*.yaml
 var builtin embed.FS

@@ -225,6 +225,14 @@ func (s *sim) every(target int, start, period time.Duration, fn func()) {
 	p.push(p, &event{at: start, fn: fn, target: target, period: period})
 }
 
+// observeEvery runs fn, which only reads the places (a sample), at start
+// and every period after, while the run lasts: between steps, when every
+// place has run up to it (see observe).
+func (s *sim) observeEvery(start, period time.Duration, fn func()) {
+	s.gseq++
+	heap.Push(&s.globals, &event{at: start, src: global, seq: s.gseq, fn: fn, target: global, period: period, observe: true})
+}
+
 // run advances virtual time: the places run in parallel up to the next
 // event that may touch anything (see runPlaces), whose step then runs
 // alone.
@@ -248,8 +256,25 @@ func (s *sim) run() {
 			s.now = until
 			continue
 		}
+		if e := s.globals[0]; e.observe && e.at == s.now {
+			s.observe()
+			continue
+		}
 		s.globalStep()
 	}
+}
+
+// observe runs an event that only reads the places, due at the start of
+// the step: first of the step, as globalStep would run it, but without
+// running the step's other events alone.
+func (s *sim) observe() {
+	for _, p := range s.places {
+		p.now = s.now
+		for _, r := range p.regions {
+			r.now = s.now
+		}
+	}
+	s.pop(&s.globals).fn()
 }
 
 // globalStep runs one step in order, serially: the events due, global or
@@ -301,7 +326,7 @@ func (s *sim) globalStep() {
 func (s *sim) pop(q *eventQueue) *event {
 	e := heap.Pop(q).(*event)
 	if e.period > 0 && e.at+e.period <= s.duration {
-		next := &event{at: e.at + e.period, fn: e.fn, target: e.target, period: e.period}
+		next := &event{at: e.at + e.period, fn: e.fn, target: e.target, period: e.period, observe: e.observe}
 		if e.target == global {
 			s.gseq++
 			next.src, next.seq = global, s.gseq
@@ -409,6 +434,10 @@ type event struct {
 	fn     func()
 	target int           // global, or the one endpoint fn touches
 	period time.Duration // > 0: runs again every period
+	// observe marks a global event that changes nothing the places
+	// touch: due at a step's start, it runs between the places' parallel
+	// stretches, with no step run alone for it.
+	observe bool
 }
 
 type eventQueue []*event

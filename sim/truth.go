@@ -21,13 +21,28 @@ type counterCounts struct {
 
 type regionTruth struct {
 	windows map[int64]*windowCounts
-	pend    []pendKey // this step's requests
+	// pend is the requests not yet folded, each its key and whether it
+	// was admitted (pendKey), in runs of one window each: the window is
+	// kept once a run, not once a request.
+	pend []uint32
+	runs []pendRun
 }
 
-type pendKey struct {
-	epoch   int64
-	key     int32
-	allowed bool
+// pendRun is the window of the pending requests from start to the next
+// run's start.
+type pendRun struct {
+	epoch int64
+	start int
+}
+
+// pendKey is a pending request: its key, and whether it was admitted in
+// the lowest bit.
+func pendKey(key int, allowed bool) uint32 {
+	k := uint32(key) << 1
+	if allowed {
+		k |= 1
+	}
+	return k
 }
 
 // windowCounts is one region's requests in one window.
@@ -58,28 +73,38 @@ func (t *truth) record(region int, epoch int64, key int, allowed bool) {
 	} else {
 		w.denied++
 	}
-	rt.pend = append(rt.pend, pendKey{epoch, int32(key), allowed})
+	if n := len(rt.runs); n == 0 || rt.runs[n-1].epoch != epoch {
+		rt.runs = append(rt.runs, pendRun{epoch: epoch, start: len(rt.pend)})
+	}
+	rt.pend = append(rt.pend, pendKey(key, allowed))
 }
 
 // fold adds the regions' requests of the step to the per-counter counts.
 func (t *truth) fold() {
 	for i, rt := range t.regions {
-		for _, p := range rt.pend {
-			g := t.global[p.epoch]
+		for j, run := range rt.runs {
+			end := len(rt.pend)
+			if j+1 < len(rt.runs) {
+				end = rt.runs[j+1].start
+			}
+			g := t.global[run.epoch]
 			if g == nil {
 				g = &counterCounts{admitted: make([]int32, t.nkeys), denied: make([]int32, t.nkeys), deniedIn: make([][]int32, len(t.regions))}
-				t.global[p.epoch] = g
+				t.global[run.epoch] = g
 			}
-			if p.allowed {
-				g.admitted[p.key]++
-				continue
+			for _, p := range rt.pend[run.start:end] {
+				key := p >> 1
+				if p&1 != 0 {
+					g.admitted[key]++
+					continue
+				}
+				g.denied[key]++
+				if g.deniedIn[i] == nil {
+					g.deniedIn[i] = make([]int32, t.nkeys)
+				}
+				g.deniedIn[i][key]++
 			}
-			g.denied[p.key]++
-			if g.deniedIn[i] == nil {
-				g.deniedIn[i] = make([]int32, t.nkeys)
-			}
-			g.deniedIn[i][p.key]++
 		}
-		rt.pend = rt.pend[:0]
+		rt.pend, rt.runs = rt.pend[:0], rt.runs[:0]
 	}
 }

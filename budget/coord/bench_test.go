@@ -2,12 +2,14 @@ package coord_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/budget/coord"
 	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/regional"
@@ -27,15 +29,56 @@ import (
 //
 //	go test ./budget/coord -run '^$' -bench LeaderTenants -benchtime 120x
 func BenchmarkLeaderTenants(b *testing.B) {
+	benchLeader(b, leaderLoad{tenants: 100_000, regions: []string{"af", "ap", "eu", "sa", "us"},
+		changed: 100_000 / 20, busy: 440, busyScale: 1, limit: 10000})
+}
+
+// BenchmarkLeaderMillion is the same at 1,000,000 tenants over ten regions
+// limited to 1,000 a minute each (the simulator's tenants-million): each
+// region's gossip changes 8,000 tenants a round (as many distinct tenants
+// as 25,000 calls a round, a region's part of a million a second, draw
+// by Zipf's law of exponent 1.1 over a million), taken in turn, so that
+// the copy holds every tenant of every region; and 12,000 tenants with
+// budgets of their own (DefaultMaxCounters), each named by every region.
+//
+//	go test ./budget/coord -run '^$' -bench LeaderMillion -benchtime 20x
+func BenchmarkLeaderMillion(b *testing.B) {
+	benchLeader(b, leaderLoad{tenants: 1_000_000, regions: []string{"af", "ap", "au", "ca", "eu", "in", "jp", "me", "sa", "us"},
+		changed: 8000, busy: budget.DefaultMaxCounters, busyScale: 4, limit: 1000})
+}
+
+// BenchmarkLeaderMillionQuarter is a quarter of BenchmarkLeaderMillion:
+// what one of four leaders would do if the counters were shared out by
+// their keys' hash (250,000 tenants, 3,000 with budgets of their own; the
+// gossip and heartbeats of the others filtered out, which this does not
+// count).
+//
+//	go test ./budget/coord -run '^$' -bench LeaderMillionQuarter -benchtime 20x
+func BenchmarkLeaderMillionQuarter(b *testing.B) {
+	benchLeader(b, leaderLoad{tenants: 250_000, regions: []string{"af", "ap", "au", "ca", "eu", "in", "jp", "me", "sa", "us"},
+		changed: 2000, busy: budget.DefaultMaxCounters / 4, busyScale: 1, limit: 1000})
+}
+
+// leaderLoad is what a benchmark's regions send the leader.
+type leaderLoad struct {
+	tenants int
+	regions []string
+	changed int // tenants a region's gossip round changes
+	busy    int // tenants with budgets of their own
+	// busyScale: a busy tenant's calls in a region, in limits, are its
+	// part of the region's, times this.
+	busyScale float64
+	limit     int64
+}
+
+func benchLeader(b *testing.B, load leaderLoad) {
 	const (
-		tenants = 100_000
-		busy    = 440 // Zipf 1.1 at 1 M/s: those asking more than 10,000 a minute
-		rounds  = 4   // gossip rounds a second
-		window  = time.Minute
+		rounds = 4 // gossip rounds a second
+		window = time.Minute
 	)
-	regions := []string{"af", "ap", "eu", "sa", "us"}
-	rs, err := regional.Parse("rules.yaml", []byte(
-		"rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 10000, window: 1m }\n"))
+	tenants, busy, regions := load.tenants, load.busy, load.regions
+	rs, err := regional.Parse("rules.yaml", []byte(fmt.Sprintf(
+		"rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: %d, window: 1m }\n", load.limit)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -71,9 +114,8 @@ func BenchmarkLeaderTenants(b *testing.B) {
 		epoch := now.Truncate(window).UnixMilli()
 		for round := range rounds {
 			for i, r := range rr {
-				// Every tenant changes in every region once in five
-				// seconds (20 rounds), a twentieth of them a round.
-				n := tenants / (5 * rounds)
+				// load.changed tenants a round, in turn.
+				n := load.changed
 				first := ((sec*rounds + round + 4*i) * n) % tenants
 				d := crdt.Delta{Origin: r.name, From: r.to, To: r.to + uint64(n), Entries: make([]crdt.Entry, n)}
 				for j := range n {
@@ -88,16 +130,17 @@ func BenchmarkLeaderTenants(b *testing.B) {
 			at := now.Add(time.Duration(round) * time.Second / rounds)
 			if round%2 == 0 {
 				for _, r := range rr {
-					r.admitted += 0.5 * 100 // 1 M/s over five regions, in limits of 10,000
+					r.admitted += 0.5 * 100 // a region's calls, in limits: 100 a second
 					counters := make(map[string]gossip.CounterReport, busy)
 					for k := range busy {
-						counters[keys[k]] = gossip.CounterReport{Admitted: r.admitted / busy, Denied: r.admitted / busy / 4,
+						a := r.admitted / float64(busy) * load.busyScale
+						counters[keys[k]] = gossip.CounterReport{Admitted: a, Denied: a / 4,
 							Acked: r.acked, Used: 0.2, UsedEpoch: epoch / window.Milliseconds()}
 					}
 					c.Heartbeat(at, gossip.Heartbeat{Region: r.name, Replica: r.name, Regions: regions,
 						Rules: map[string]gossip.RuleReport{"g": {Admitted: r.admitted, Acked: r.acked, Used: 0.2,
 							UsedEpoch: epoch / window.Milliseconds(), WindowMillis: window.Milliseconds(),
-							Algorithm: "fixed_window", Limit: 10000, Counters: counters}}})
+							Algorithm: "fixed_window", Limit: load.limit, Counters: counters}}})
 					r.acked = r.held
 				}
 			}

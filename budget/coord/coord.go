@@ -3,9 +3,11 @@ package coord
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -100,6 +102,8 @@ type Coordinator struct {
 	listed   map[string]bool        // regions named by a region's heartbeat
 	alloc    *budget.Allocator      // while leading
 	docs     map[string]budget.Document
+	tooLarge map[string]int            // by rule: times its documents stopped fitting (Sized)
+	over     map[string]bool           // by rule: its last document did not fit
 	issued   map[string][]issuedLeases // by rule, oldest first: see record
 
 	usage      *crdt.Counters
@@ -146,7 +150,7 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	c := &Coordinator{cfg: cfg, replicas: map[string]*replica{}, rules: map[string]budget.Rule{}, heard: map[string]time.Time{},
-		listed: map[string]bool{}, docs: map[string]budget.Document{}, books: newBooks()}
+		listed: map[string]bool{}, docs: map[string]budget.Document{}, tooLarge: map[string]int{}, over: map[string]bool{}, books: newBooks()}
 	c.view()
 	return c, nil
 }
@@ -448,8 +452,10 @@ func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.R
 			// less gives its room to this one (it goes back to the
 			// rule once its leases have lapsed). The candidates come
 			// in falling gain: once one does not qualify, none does.
+			// (A document as full as a message takes makes no room
+			// by eviction: the evicted stays in it for a while.)
 			weak, g, ok := c.alloc.Weakest(rule)
-			evicting = ok && x.gain > evictFactor*g && evicted < maxEvictions
+			evicting = ok && !c.alloc.AtFit(rule) && x.gain > evictFactor*g && evicted < maxEvictions
 			if evicting {
 				c.alloc.Release(rule, weak, now)
 				evicted++
@@ -643,6 +649,46 @@ func (c *Coordinator) Budgets() []budget.Document {
 
 // Budget returns a rule's last leases (zero if none).
 func (c *Coordinator) Budget(rule string) budget.Document { return c.docs[rule] }
+
+// Sized tells a leader how many bytes the rule's last document took
+// encoded, and how many a document may take (the NATS servers'
+// max_payload): it bounds the counters the rule's next documents hold to
+// as many as fill fitFraction of that, at the bytes a counter took in this
+// one beside the document's own part (budget.Allocator.FitCounters). A
+// counter's part grows as it ages (its leases reach more regions, its
+// snapshot more windows), hence the margin; a document that did not fit
+// (and was not sent) sheds the counters over the bound that would lose
+// least, and narrows the rule's bound for good, by fitNarrowing each time
+// its documents stop fitting.
+func (c *Coordinator) Sized(rule string, size, maxSize int, now time.Time) {
+	d, ok := c.docs[rule]
+	n := max(len(d.Counters), len(d.CounterSnapshots))
+	if c.alloc == nil || !ok || n == 0 || size <= 0 || maxSize <= 0 {
+		return
+	}
+	if size > maxSize && !c.over[rule] {
+		c.tooLarge[rule]++
+	}
+	c.over[rule] = size > maxSize
+	own := d
+	own.Counters, own.CounterSnapshots = nil, nil
+	b, err := json.Marshal(own)
+	if err != nil {
+		return // plain data
+	}
+	perCounter := float64(max(1, size-len(b))) / float64(n)
+	room := fitFraction * math.Pow(fitNarrowing, float64(c.tooLarge[rule])) * float64(maxSize)
+	c.alloc.FitCounters(rule, max(1, int((room-float64(len(b)))/perCounter)), now)
+}
+
+// fitFraction is how much of the largest message a document may fill
+// (Sized): the rest leaves room for its counters to age, and for counters
+// whose keys are longer than those before; fitNarrowing is what remains
+// of it each time the documents stop fitting.
+const (
+	fitFraction  = 0.7
+	fitNarrowing = 0.85
+)
 
 // Window returns a reported global rule's window.
 func (c *Coordinator) Window(rule string) (time.Duration, bool) {

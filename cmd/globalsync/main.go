@@ -87,7 +87,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.leaderTTL, "leader-ttl", 3*time.Second, "how long the leader's lease lasts unless renewed")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds, at most 5m")
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
-	fs.IntVar(&c.counters, "counters", budget.DefaultMaxCounters, fmt.Sprintf("most counters (tenants) of a rule with budgets of their own, following their own demand (at most %d; 0: none); each takes some 70 bytes of the rule's budget document, which must fit in a NATS message", budget.MaxCounters))
+	fs.IntVar(&c.counters, "counters", budget.DefaultMaxCounters, fmt.Sprintf("most counters (tenants) of a rule with budgets of their own, following their own demand (at most %d; 0: none); each takes some 60 to 170 bytes of the rule's budget document, which holds no more than fit in a NATS message", budget.MaxCounters))
 	c.natsAuth.AddFlags(fs)
 	c.tls.AddFlags(fs)
 	redaction := daemon.KeyRedaction(fs)

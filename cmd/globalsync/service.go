@@ -498,6 +498,9 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 	for i, doc := range docs {
 		key := control.BudgetKey(doc.Rule)
 		b, _ := json.Marshal(doc)
+		if max := s.nc.MaxPayload(); max > 0 {
+			s.with(func(c *coord.Coordinator) { c.Sized(doc.Rule, len(b), int(max), now) })
+		}
 		if err := fits(doc, len(b), s.nc.MaxPayload()); err != nil {
 			// Not another leader's doing: the regions keep their leases
 			// until they lapse, then their floors.
@@ -528,13 +531,14 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 }
 
 // fits says why a budget document of size bytes cannot be published on
-// servers whose max_payload is max (0: unknown), or nil.
+// servers whose max_payload is max (0: unknown), or nil. (The coordinator,
+// told of the size, makes the next ones smaller: Coordinator.Sized.)
 func fits(doc budget.Document, size int, max int64) error {
 	if max <= 0 || int64(size) <= max {
 		return nil
 	}
-	return fmt.Errorf("publish %s: a budget document of %d bytes, over the NATS servers' max_payload of %d: "+
-		"lower --counters (%d counters with budgets of their own) or raise max_payload", doc.Rule, size, max, len(doc.Counters))
+	return fmt.Errorf("publish %s: a budget document of %d bytes, over the NATS servers' max_payload of %d, not sent: "+
+		"the next ones hold fewer than its %d counters with budgets of their own (or raise max_payload)", doc.Rule, size, max, len(doc.Counters))
 }
 
 // Budgets returns the last leases of every rule.

@@ -893,7 +893,7 @@ func TestDocumentTooLarge(t *testing.T) {
 		t.Fatalf("900 bytes of 1000: %v", err)
 	}
 	err := fits(doc, 2000, 1000)
-	if err == nil || !strings.Contains(err.Error(), "--counters (2 counters") || !strings.Contains(err.Error(), "max_payload of 1000") {
+	if err == nil || !strings.Contains(err.Error(), "its 2 counters") || !strings.Contains(err.Error(), "max_payload of 1000") {
 		t.Fatalf("2000 bytes of 1000: %v", err)
 	}
 }

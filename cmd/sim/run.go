@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"github.com/geoquota/geoquota/cmd/internal/daemon"
 	"io"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -22,6 +24,8 @@ type runConfig struct {
 	list     bool
 	duration time.Duration
 	workers  int
+	// cpuProfile is a file to write a CPU profile of the runs into.
+	cpuProfile string
 }
 
 func parseRunFlags(args []string) (runConfig, error) {
@@ -35,6 +39,7 @@ func parseRunFlags(args []string) (runConfig, error) {
 	fs.BoolVar(&c.list, "list", false, "list the built-in scenarios")
 	fs.DurationVar(&c.duration, "duration", 0, "cut the scenario short at this virtual time")
 	fs.IntVar(&c.workers, "workers", 0, "goroutines running the regions in parallel; 0: one per CPU (the output is the same)")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the runs to this file (go tool pprof reads it)")
 	if err := fs.Parse(args); err != nil {
 		return c, usageError(fs, err)
 	}
@@ -80,6 +85,17 @@ func runSim(c runConfig, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, "%-16s %s\n", name, strings.Join(strings.Fields(sc.Description), " "))
 		}
 		return nil
+	}
+	if c.cpuProfile != "" {
+		f, err := os.Create(c.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	names := strings.Split(c.scenario, ",")
 	var runs [][]*sim.Report
