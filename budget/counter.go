@@ -253,12 +253,10 @@ func (a *Allocator) FitCounters(rule string, n int, now time.Time) {
 	if p.fit == 0 {
 		return
 	}
-	for len(p.counters)-p.releasedN > p.fit {
-		key, _, ok := a.Weakest(rule)
-		if !ok {
-			return
+	if over := len(p.counters) - p.releasedN - p.fit; over > 0 {
+		for _, w := range a.WeakestN(rule, over) {
+			a.Release(rule, w.Key, now)
 		}
-		a.Release(rule, key, now)
 	}
 }
 
@@ -302,25 +300,53 @@ func (a *Allocator) Gain(rule string, demand map[string]float64) float64 {
 // one that would gain more (Release). A counter asking for its limit or
 // more keeps its budget until it falls idle: going back to the rule, it
 // would run for a window or two on the shares its last leases gave it,
-// which its demand may since have outgrown.
+// which its demand may since have outgrown. Nor is one that got its budget
+// since the last Rebalance taken: it has no smoothed demand yet, and got
+// it for what it would gain.
 func (a *Allocator) Weakest(rule string) (key string, gain float64, ok bool) {
-	p := a.rules[rule]
-	if p == nil {
+	w := a.WeakestN(rule, 1)
+	if len(w) == 0 {
 		return "", 0, false
 	}
+	return w[0].Key, w[0].Gain, true
+}
+
+// Weak is a counter Weakest would give, and what it would lose.
+type Weak struct {
+	Key  string
+	Gain float64
+}
+
+// WeakestN returns the n counters Weakest would give one after the other,
+// each released in turn: in one pass over the rule's counters.
+func (a *Allocator) WeakestN(rule string, n int) []Weak {
+	p := a.rules[rule]
+	if p == nil || n <= 0 {
+		return nil
+	}
+	less := func(x, y Weak) bool { return x.Gain < y.Gain || (x.Gain == y.Gain && x.Key < y.Key) }
+	out := make([]Weak, 0, n+1)
 	for k, c := range p.counters {
-		if !c.counter.released.IsZero() || c.counter.evicted {
+		if !c.counter.released.IsZero() || c.counter.evicted || c.counter.since > p.seq {
 			continue
 		}
 		if sumInOrder(c.demand) >= 1 {
 			continue
 		}
-		g := a.Gain(rule, c.demand)
-		if !ok || g < gain || (g == gain && k < key) {
-			key, gain, ok = k, g, true
+		w := Weak{k, a.Gain(rule, c.demand)}
+		if len(out) == n && !less(w, out[n-1]) {
+			continue
+		}
+		i := len(out)
+		for i > 0 && less(w, out[i-1]) {
+			i--
+		}
+		out = slices.Insert(out, i, w)
+		if len(out) > n {
+			out = out[:n]
 		}
 	}
-	return key, gain, ok
+	return out
 }
 
 // Release releases a counter's budget of its own, to make room for

@@ -610,3 +610,28 @@ func TestFitCounters(t *testing.T) {
 		t.Fatalf("no bound: counters %v, want a b e", got)
 	}
 }
+
+// TestWeakestNotNew: a counter that got its budget since the last
+// rebalance, for what it would gain, is not taken back for the next
+// candidate of the same rebalance (it has no smoothed demand yet, and
+// would look as if it gained nothing).
+func TestWeakestNotNew(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Counters = 2
+	a, _ := NewAllocator(cfg)
+	rule := Rule{ID: "r", Window: time.Second}
+	for key, d := range map[string]float64{"a": 0.6, "b": 0.7} {
+		a.ReportCounter(rule.ID, key, Report{Region: "us", Demand: d})
+	}
+	if _, err := a.Rebalance(t0, rule, []string{"eu", "us"}); err != nil {
+		t.Fatal(err)
+	}
+	a.Release(rule.ID, "a", t0)
+	a.ReportCounter(rule.ID, "d", Report{Region: "us", Demand: 0.9})
+	if got := a.Counters(rule.ID); !slices.Equal(got, []string{"a", "b", "d"}) {
+		t.Fatalf("counters %v, want a (released), b and d", got)
+	}
+	if w := a.WeakestN(rule.ID, 5); len(w) != 1 || w[0].Key != "b" {
+		t.Fatalf("weakest %v, want b alone (a released, d new)", w)
+	}
+}

@@ -446,6 +446,7 @@ func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.R
 		return cmp.Or(cmp.Compare(b.gain, a.gain), cmp.Compare(b.demand, a.demand), cmp.Compare(a.key, b.key))
 	})
 	evicted, evicting := 0, true
+	var weak []budget.Weak // the weakest, weakest first, once needed
 	for _, x := range cands {
 		if evicting && c.alloc.Full(rule) {
 			// Every budget of its own taken: one that would lose far
@@ -454,10 +455,13 @@ func (c *Coordinator) reportCounters(rule string, counters map[string][]budget.R
 			// in falling gain: once one does not qualify, none does.
 			// (A document as full as a message takes makes no room
 			// by eviction: the evicted stays in it for a while.)
-			weak, g, ok := c.alloc.Weakest(rule)
-			evicting = ok && !c.alloc.AtFit(rule) && x.gain > evictFactor*g && evicted < maxEvictions
+			if weak == nil {
+				weak = c.alloc.WeakestN(rule, maxEvictions)
+			}
+			evicting = len(weak) > 0 && !c.alloc.AtFit(rule) && x.gain > evictFactor*weak[0].Gain && evicted < maxEvictions
 			if evicting {
-				c.alloc.Release(rule, weak, now)
+				c.alloc.Release(rule, weak[0].Key, now)
+				weak = weak[1:]
 				evicted++
 			}
 		}

@@ -58,7 +58,7 @@ func (m *Message) Encode() ([]byte, error) {
 	case Ask:
 		m.Data, err = json.Marshal(b)
 	case Heartbeat:
-		m.Data, err = json.Marshal(b)
+		m.Data, err = encodeHeartbeat(b)
 	default:
 		err = fmt.Errorf("gossip: %s: nothing to encode", m.Subject)
 	}
@@ -200,8 +200,8 @@ func (m *Message) decode(k namespace.Kind) (any, error) {
 	case namespace.Ask:
 		return decodeAsk(m.Data)
 	default:
-		var hb Heartbeat
-		if err := json.Unmarshal(m.Data, &hb); err != nil {
+		hb, err := decodeHeartbeat(m.Data)
+		if err != nil {
 			return nil, err
 		}
 		return hb, nil
@@ -241,6 +241,60 @@ func encodeDelta(d crdt.Delta) ([]byte, error) {
 	if err != nil || len(raw) <= compressAbove || len(raw) > maxInflated {
 		return raw, err
 	}
+	return deflate(raw)
+}
+
+// decodeDelta decodes a delta as it travels (see encodeDelta).
+func decodeDelta(b []byte) (crdt.Delta, error) {
+	if !deflated(b) {
+		return crdt.DecodeDelta(b)
+	}
+	raw, err := inflate(b, "delta", compressAbove, maxInflated)
+	if err != nil {
+		return crdt.Delta{}, err
+	}
+	return crdt.DecodeDelta(raw)
+}
+
+// A heartbeat travels as JSON, or, when that takes more than
+// heartbeatCompressAbove bytes, as a delta does, compressed (the magic
+// "gz", the uvarint length of the JSON, the JSON deflated): a replica
+// reports every counter its region holds a budget of its own for, some
+// 100 to 200 bytes of JSON each, and 12,000 of them would not fit in a
+// NATS message as JSON (TestHeartbeatFitsANATSMessage: 955 KB compressed,
+// random keys and figures). Below it — any heartbeat that fits in a
+// message of the default size — a heartbeat travels as a globalsync of
+// before reads it.
+const (
+	heartbeatCompressAbove = 900 << 10
+	// maxHeartbeatInflated bounds what a compressed heartbeat may hold:
+	// far more than budget.MaxCounters counters of a rule take as JSON.
+	maxHeartbeatInflated = 16 << 20
+)
+
+func encodeHeartbeat(hb Heartbeat) ([]byte, error) {
+	raw, err := json.Marshal(hb)
+	if err != nil || len(raw) <= heartbeatCompressAbove || len(raw) > maxHeartbeatInflated {
+		return raw, err
+	}
+	return deflate(raw)
+}
+
+func decodeHeartbeat(b []byte) (Heartbeat, error) {
+	var hb Heartbeat
+	if deflated(b) {
+		raw, err := inflate(b, "heartbeat", heartbeatCompressAbove, maxHeartbeatInflated)
+		if err != nil {
+			return hb, err
+		}
+		b = raw
+	}
+	err := json.Unmarshal(b, &hb)
+	return hb, err
+}
+
+// deflate returns raw compressed, after the magic "gz" and its length.
+func deflate(raw []byte) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.WriteString("gz")
 	buf.Write(binary.AppendUvarint(nil, uint64(len(raw))))
@@ -256,14 +310,16 @@ func encodeDelta(d crdt.Delta) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// decodeDelta decodes a delta as it travels (see encodeDelta).
-func decodeDelta(b []byte) (crdt.Delta, error) {
-	if len(b) < 2 || b[0] != 'g' || b[1] != 'z' {
-		return crdt.DecodeDelta(b)
-	}
+// deflated reports whether b is compressed (deflate): crdt's encoding
+// begins "gq", JSON "{".
+func deflated(b []byte) bool { return len(b) >= 2 && b[0] == 'g' && b[1] == 'z' }
+
+// inflate returns what deflate compressed into b: a message (what) that
+// travels compressed only above more bytes, and inflates to at most limit.
+func inflate(b []byte, what string, more, limit int) ([]byte, error) {
 	n, k := binary.Uvarint(b[2:])
-	if k <= 0 || n == 0 || n > maxInflated {
-		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta claiming %d bytes, at most %d", errMalformed, n, maxInflated)
+	if k <= 0 || n == 0 || n > uint64(limit) {
+		return nil, fmt.Errorf("%w: a compressed %s claiming %d bytes, at most %d", errMalformed, what, n, limit)
 	}
 	// A bytes.Reader is an io.ByteReader: the inflater reads no further
 	// than the stream's end, so what is left after it is known.
@@ -272,21 +328,21 @@ func decodeDelta(b []byte) (crdt.Delta, error) {
 	if r == nil {
 		r = flate.NewReader(body)
 	} else if err := r.(flate.Resetter).Reset(body, nil); err != nil {
-		return crdt.Delta{}, err
+		return nil, err
 	}
 	defer inflaters.Put(r)
 	raw := make([]byte, n)
 	if _, err := io.ReadFull(r, raw); err != nil {
-		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta shorter than the %d bytes it claims: %v", errMalformed, n, err)
+		return nil, fmt.Errorf("%w: a compressed %s shorter than the %d bytes it claims: %v", errMalformed, what, n, err)
 	}
 	if k, err := r.Read(make([]byte, 1)); k != 0 || err != io.EOF {
-		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta longer than the %d bytes it claims", errMalformed, n)
+		return nil, fmt.Errorf("%w: a compressed %s longer than the %d bytes it claims", errMalformed, what, n)
 	}
 	if body.Len() != 0 {
-		return crdt.Delta{}, fmt.Errorf("%w: %d bytes after a compressed delta's end", errMalformed, body.Len())
+		return nil, fmt.Errorf("%w: %d bytes after a compressed %s's end", errMalformed, body.Len(), what)
 	}
-	if len(raw) <= compressAbove {
-		return crdt.Delta{}, fmt.Errorf("%w: a compressed delta of %d bytes, which travels as it is", errMalformed, n)
+	if len(raw) <= more {
+		return nil, fmt.Errorf("%w: a compressed %s of %d bytes, which travels as it is", errMalformed, what, n)
 	}
-	return crdt.DecodeDelta(raw)
+	return raw, nil
 }

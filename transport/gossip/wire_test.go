@@ -10,7 +10,9 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/transport/namespace"
 )
 
 // randomKeys are API keys of 24 random base-62 characters, as
@@ -167,4 +169,59 @@ func BenchmarkDeltaWire(b *testing.B) {
 			crdt.AppendDelta(nil, d)
 		}
 	})
+}
+
+// TestHeartbeatFitsANATSMessage: a replica's heartbeat naming
+// budget.DefaultMaxCounters counters of a rule — keys of 24 random
+// characters, every figure at full precision — travels compressed in less
+// than a NATS message (1 MB by default), where its JSON takes twice that,
+// and arrives as it left; a small one travels as JSON, as before.
+func TestHeartbeatFitsANATSMessage(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	counters := map[string]CounterReport{}
+	for _, k := range randomKeys(budget.DefaultMaxCounters) {
+		prev := rng.Float64()
+		counters[k] = CounterReport{Admitted: rng.Float64() * 30, Denied: rng.Float64() * 10, Acked: 1_000_000 + rng.Uint64N(100),
+			Used: rng.Float64(), UsedEpoch: 29_495_123, PrevUsed: &prev, CountedMillis: 60_000 + rng.Int64N(1000)}
+	}
+	hb := Heartbeat{Region: "us", Replica: "us-1", SentMillis: 1_764_166_000_123, Regions: []string{"af", "ap", "eu", "sa", "us"},
+		Rules: map[string]RuleReport{"free": {Admitted: 123.456, WindowMillis: 60_000, Algorithm: "fixed_window", Limit: 1000, Counters: counters}}}
+	m := Message{Subject: "hb", Body: hb}
+	b, err := m.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !deflated(b) || len(b) > 1<<20 {
+		t.Fatalf("a heartbeat of %d counters: %d bytes, compressed %v; want compressed, at most 1 MB", len(counters), len(b), deflated(b))
+	}
+	got, err := (&Message{Data: b}).decode(namespace.Heartbeat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, hb) {
+		t.Fatal("the heartbeat decoded is not the one encoded")
+	}
+	t.Logf("a heartbeat of %d counters, random keys: %d bytes compressed", len(counters), len(b))
+	small := Message{Subject: "hb", Body: Heartbeat{Region: "us", Replica: "us-1", Rules: map[string]RuleReport{}}}
+	if b, err := small.Encode(); err != nil || deflated(b) || b[0] != '{' {
+		t.Fatalf("a small heartbeat: %q, %v; want JSON", b, err)
+	}
+	// A compressed heartbeat that claims more than it may hold, or that
+	// would have travelled as it is, is refused.
+	for _, bad := range [][]byte{
+		append([]byte("gz"), binary.AppendUvarint(nil, maxHeartbeatInflated+1)...),
+		mustDeflate(t, []byte(`{"region":"us"}`)),
+	} {
+		if _, err := (&Message{Data: bad}).decode(namespace.Heartbeat); !errors.Is(err, errMalformed) {
+			t.Errorf("%.20q: %v, want errMalformed", bad, err)
+		}
+	}
+}
+
+func mustDeflate(t *testing.T, raw []byte) []byte {
+	b, err := deflate(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
