@@ -34,7 +34,7 @@ type WindowExpiredError struct {
 func (e *WindowExpiredError) Error() string {
 	return fmt.Sprintf("rule %q: the window that started at %s is no longer kept: a region keeps a window of this rule for %s from its start, "+
 		"until every region has settled it; keeping the usage of past windows for longer is usage history, a separate feature",
-		e.Rule, e.Start.UTC().Format(time.RFC3339Nano), shortDuration(e.Kept))
+		e.Rule, e.Start.UTC().Format(time.RFC3339Nano), ShortDuration(e.Kept))
 }
 
 func (e *WindowExpiredError) Unwrap() error { return ErrWindowExpired }
@@ -64,9 +64,9 @@ func keptWindow(r *Rule, p *Params, at, now time.Time) error {
 	return nil
 }
 
-// shortDuration writes d as time.Duration does, without its zero
+// ShortDuration writes d as time.Duration does, without its zero
 // minutes and seconds: 2m, 48h, 1m1s.
-func shortDuration(d time.Duration) string {
+func ShortDuration(d time.Duration) string {
 	s := d.String()
 	if strings.HasSuffix(s, "m0s") {
 		s = strings.TrimSuffix(s, "0s")

@@ -50,8 +50,8 @@ rules:
 		case err == nil:
 			got = u.WindowStart.UTC().Format(time.RFC3339Nano)
 		case errors.As(err, &expired) && errors.Is(err, ErrWindowExpired):
-			got = "expired " + expired.Start.UTC().Format(time.RFC3339Nano) + " " + shortDuration(expired.Kept)
-			if msg := err.Error(); !strings.Contains(msg, "for "+shortDuration(expired.Kept)+" from its start") || !strings.Contains(msg, "usage history") {
+			got = "expired " + expired.Start.UTC().Format(time.RFC3339Nano) + " " + ShortDuration(expired.Kept)
+			if msg := err.Error(); !strings.Contains(msg, "for "+ShortDuration(expired.Kept)+" from its start") || !strings.Contains(msg, "usage history") {
 				t.Errorf("%s at %s: %q", c.rule, c.at, msg)
 			}
 		case errors.As(err, &bad) && bad.Field == "window_start" && errors.Is(err, ErrInvalidRequest):

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/geoquota/geoquota/regional"
 )
 
 // palette colours the regions, in the scenario's order.
@@ -452,18 +454,6 @@ func (r *Report) windowString(w Window) string {
 	return s
 }
 
-// durationString writes a duration without its zero parts: 1m, 24h, 1m30s.
-func durationString(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
-
 // figure is one chart of the page, drawn once for each report (each
 // mode), on one scale so that they compare at a glance.
 type figure struct {
@@ -504,7 +494,7 @@ func figures(reps []*Report) []figure {
 func (r *Report) regionChart(i int) chart {
 	name := r.Regions[i]
 	c := chart{title: fmt.Sprintf("%s (%s): demand per window and what became of it", name, r.Mode),
-		ylabel: fmt.Sprintf("requests per %s window", durationString(r.Window)), faults: r.Faults, end: r.Duration, plotH: 170}
+		ylabel: fmt.Sprintf("requests per %s window", regional.ShortDuration(r.Window)), faults: r.Faults, end: r.Duration, plotH: 170}
 	wsec := r.Window.Seconds()
 	demand := series{id: "demand", name: "demand (asked)", color: colorDemand, bars: true, outline: true, barW: wsec}
 	adm := series{id: "admitted", name: "admitted", color: colorAdmitted, bars: true, barW: wsec}
@@ -557,7 +547,7 @@ func (r *Report) regionChart(i int) chart {
 func (r *Report) admittedChart() chart {
 	wsec := r.Window.Seconds()
 	c := chart{title: fmt.Sprintf("%s (%s): the busiest counter against the limit", r.Scenario, r.Mode),
-		ylabel: fmt.Sprintf("admitted per %s window", durationString(r.Window)), faults: r.Faults, end: r.Duration, plotH: 200}
+		ylabel: fmt.Sprintf("admitted per %s window", regional.ShortDuration(r.Window)), faults: r.Faults, end: r.Duration, plotH: 200}
 	adm := series{id: "admitted", name: "admitted (busiest counter)", color: colorAdmitted, bars: true, barW: wsec}
 	lim := series{id: "limit", name: fmt.Sprintf("limit (%s)", group(r.Limit)), color: colorLimit, dash: true}
 	for _, w := range r.Windows {

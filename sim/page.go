@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/geoquota/geoquota/regional"
 )
 
 // WriteFiles writes the report into dir, under a name prefix
@@ -130,8 +132,8 @@ func page(reps []*Report) string {
 		fmt.Fprintf(&b, "<p>%s</p>\n", html.EscapeString(strings.Join(strings.Fields(r0.Description), " ")))
 	}
 	fmt.Fprintf(&b, `<p class="setup">%d regions (%s); one global limit of %s per %s window (%s), one counter per API key; %s of virtual time; gossip every %v; links %v to %v one way.</p>`+"\n",
-		len(r0.Regions), strings.Join(r0.Regions, ", "), group(r0.Limit), durationString(r0.Window), strings.ReplaceAll(r0.Algorithm, "_", " "),
-		durationString(r0.Duration), r0.Gossip, r0.Latency[0].Round(1e6), r0.Latency[1].Round(1e6))
+		len(r0.Regions), strings.Join(r0.Regions, ", "), group(r0.Limit), regional.ShortDuration(r0.Window), strings.ReplaceAll(r0.Algorithm, "_", " "),
+		regional.ShortDuration(r0.Duration), r0.Gossip, r0.Latency[0].Round(1e6), r0.Latency[1].Round(1e6))
 
 	b.WriteString("<h2>Faults</h2>\n")
 	if len(r0.Faults) == 0 {
@@ -164,7 +166,7 @@ func page(reps []*Report) string {
 		`<span class="key"><span class="swatch" style="background:%s"></span>admitted</span>, <span class="key"><span class="swatch" style="background:%s"></span>false rejections<sup>1</sup></span>, `+
 		`<span class="key"><span class="swatch" style="background:%s"></span>refused beyond the limit</span> (a perfect global limiter would have refused them too). `+
 		"Paler bars: windows the run covers in part. Hover over a bar for its figures.</p>\n",
-		durationString(r0.Window), colorAdmitted, colorFalse, colorRefused)
+		regional.ShortDuration(r0.Window), colorAdmitted, colorFalse, colorRefused)
 	b.WriteString(`<div class="grid">` + "\n")
 	colHeads()
 	for _, f := range figs[:nreg] {

@@ -52,7 +52,7 @@ type DeploymentOptions struct {
 	// NoAuth lets any client use the NATS servers, as the daemons' flag
 	// forms without credentials do. By default only the deployment's
 	// identities may (Deployment.Identity): each region's regiond, with
-	// control.RegionPermissions; globalsync, with GlobalSyncPermissions;
+	// namespace.Names.Region's permissions; globalsync, with GlobalSync's;
 	// and an operator allowed everything, for tests and tools.
 	NoAuth bool
 }
