@@ -224,7 +224,7 @@ func (a *Allocator) Full(rule string) bool {
 	if p == nil {
 		return a.cfg.Counters <= 0
 	}
-	return len(p.counters)-p.releasedN >= a.cfg.Counters || len(p.counters) >= 2*a.cfg.Counters || p.AtFit()
+	return len(p.counters)-p.releasedN >= a.cfg.Counters || len(p.counters) >= 2*a.cfg.Counters || p.atFit()
 }
 
 // AtFit reports whether a rule's document holds as many counters as fit in
@@ -233,10 +233,10 @@ func (a *Allocator) Full(rule string) bool {
 // back to the rule.
 func (a *Allocator) AtFit(rule string) bool {
 	p := a.rules[rule]
-	return p != nil && p.AtFit()
+	return p != nil && p.atFit()
 }
 
-func (p *ruleState) AtFit() bool { return p.fit > 0 && len(p.counters) >= p.fit }
+func (p *ruleState) atFit() bool { return p.fit > 0 && len(p.counters) >= p.fit }
 
 // FitCounters bounds how many counters a rule's budget document holds,
 // with budgets of their own or going back to the rule, to n (0: no bound

@@ -730,8 +730,8 @@ func (e *Engine) MergeRemote(ctx context.Context, d crdt.Delta) (crdt.MergeRepor
 // than MaxAhead after now (ahead), those of no global rule in force
 // (unknown), and those over and done with (stale: the copy may have
 // dropped them in Maintain, and they are not brought back, or they would
-// be gossiped again), and says how many slots it left out for each reason. It copies d's entries
-// only if it leaves one out.
+// be gossiped again), and says how many slots it left out for each
+// reason. It copies d's entries only if it leaves one out.
 func mergeable(rs *RuleSet, d crdt.Delta, now time.Time) (out crdt.Delta, ahead, unknown, stale int) {
 	last := now.Add(MaxAhead).UnixMilli()
 	var kept []crdt.Entry
@@ -739,10 +739,7 @@ func mergeable(rs *RuleSet, d crdt.Delta, now time.Time) (out crdt.Delta, ahead,
 		en := &d.Entries[i]
 		var r *Rule
 		if en.Epoch <= last {
-			id, _, _, _ := parseKey(en.Key)
-			if r = rs.Rule(id); r != nil && r.Scope != ScopeGlobal {
-				r = nil
-			}
+			r = rs.globalRuleOf(en.Key)
 		}
 		switch {
 		case en.Epoch > last:
@@ -773,10 +770,15 @@ func mergeable(rs *RuleSet, d crdt.Delta, now time.Time) (out crdt.Delta, ahead,
 // moment apart; what one counted of it before another had it is not
 // repaired, which strict leases do not need, and an elastic window may
 // borrow that much too many once.)
-func (rs *RuleSet) OfGlobalRules(key string) bool {
+func (rs *RuleSet) OfGlobalRules(key string) bool { return rs.globalRuleOf(key) != nil }
+
+// globalRuleOf returns the global rule a counter key is of, or nil.
+func (rs *RuleSet) globalRuleOf(key string) *Rule {
 	id, _, _, _ := parseKey(key)
-	r := rs.Rule(id)
-	return r != nil && r.Scope == ScopeGlobal
+	if r := rs.Rule(id); r != nil && r.Scope == ScopeGlobal {
+		return r
+	}
+	return nil
 }
 
 // globalWindowsOf turns a delta into the store's windows: the slots of
@@ -850,8 +852,7 @@ const reseedBatch = 1000
 // region's own checks would keep it, or two minutes from its start for a
 // rule it does not know; 0 once that is over.
 func globalKeep(rs *RuleSet, key string, startMillis int64, now time.Time) time.Duration {
-	id, _, _, _ := parseKey(key)
-	if r := rs.Rule(id); r != nil && r.Scope == ScopeGlobal {
+	if r := rs.globalRuleOf(key); r != nil {
 		return ruleKeep(r, startMillis, now)
 	}
 	start, t := float64(startMillis*1000), float64(now.UnixMicro())
