@@ -20,6 +20,12 @@ type Document struct {
 	Leader string              `json:"leader"`
 	Issued time.Time           `json:"issued"`
 	Leases map[string]LeaseDoc `json:"leases"` // by region
+	// Shard and Shards say which slice of the rule's counters the
+	// document serves (ShardOf), when globalsync runs as Shards
+	// instances: its leases are the rule's on that slice alone, and its
+	// counters are all of it. Both 0 when globalsync is not sharded.
+	Shard  int `json:"shard,omitempty"`
+	Shards int `json:"shards,omitempty"`
 	// Marks, Acked, Debt, Held and HeldEpoch are the allocator's snapshot
 	// (Snapshot): marks by window epoch (decimal), then region.
 	Marks     map[string]map[string]float64 `json:"marks,omitempty"`
@@ -95,7 +101,7 @@ func (d Document) CounterLeases() []Lease {
 	var out []Lease
 	for key, byRegion := range d.Counters {
 		for r, c := range byRegion {
-			l := Lease{Rule: d.Rule, Key: key, Region: r, Seq: d.Seq, Floor: c.Floor, Share: c.Share, Issued: d.Issued, Released: c.Released}
+			l := Lease{Rule: d.Rule, Key: key, Region: r, Shard: d.Shard, Seq: d.Seq, Floor: c.Floor, Share: c.Share, Issued: d.Issued, Released: c.Released}
 			if c.Released.IsZero() || l.Last() {
 				l.Expires = d.CounterExpires
 			}
@@ -133,7 +139,7 @@ func (d Document) Snapshot() Snapshot {
 // Lease returns a region's lease in the document.
 func (d Document) Lease(region string) (Lease, bool) {
 	l, ok := d.Leases[region]
-	return Lease{Rule: d.Rule, Region: region, Seq: d.Seq, Floor: l.Floor, Share: l.Share, Debt: l.Debt,
+	return Lease{Rule: d.Rule, Region: region, Shard: d.Shard, Seq: d.Seq, Floor: l.Floor, Share: l.Share, Debt: l.Debt,
 		Issued: d.Issued, Expires: l.Expires, Reason: l.Reason}, ok
 }
 
@@ -161,6 +167,9 @@ func DecodeDocument(b []byte) (Document, error) {
 	}
 	if d.Rule == "" || d.Seq == 0 {
 		return d, fmt.Errorf("%w: rule and seq are required", ErrInvalidDocument)
+	}
+	if d.Shards < 0 || d.Shards > MaxShards || d.Shard < 0 || (d.Shard > 0 && d.Shard >= d.Shards) {
+		return d, fmt.Errorf("%w: %s: shard %d of %d: want 0 to shards-1, shards at most %d", ErrInvalidDocument, d.Rule, d.Shard, d.Shards, MaxShards)
 	}
 	for r, l := range d.Leases {
 		if !(l.Floor >= 0 && l.Share >= 0 && l.Debt >= 0 && l.Floor+l.Share <= 1+1e-9) {

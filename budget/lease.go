@@ -11,6 +11,10 @@ type Lease struct {
 	// other counters.
 	Key    string
 	Region string
+	// Shard is the slice of the rule's counters the lease serves, of the
+	// Shards its document names (see ShardOf); 0 when globalsync is not
+	// sharded.
+	Shard int
 	// Seq numbers the rule's rebalances: a newer lease has a larger Seq. A
 	// region reports the newest it holds (Report.Acked), which lets the
 	// allocator stop counting the older ones.

@@ -25,8 +25,8 @@ import (
 type counterBudgets struct {
 	mu     sync.Mutex                              // serializes SetBudget
 	held   atomic.Pointer[map[string]*heldCounter] // by counter key (CounterKey)
-	docSeq map[string]uint64                       // rule → the newest document taken
-	// docUntil is, by rule, until when the newest document taken holds
+	docSeq map[string]uint64                       // leaseKey → the newest document taken
+	// docUntil is, by leaseKey, until when the newest document taken holds
 	// off older ones: while its leases may hold, and no longer than a
 	// lease's time after it was taken.
 	docUntil map[string]time.Time
@@ -99,17 +99,31 @@ func (e *Engine) heldFor(it *item, now int64) *heldCounter {
 // could hold (see leaseCap): a document forged with a far higher Seq holds
 // off the leader's for no longer than a lease. It reports whether the
 // document was taken.
+//
+// A document of one slice of the rule's counters (globalsync sharded,
+// budget.ShardOf) is the rule's on that slice alone: its counters replace
+// those of its slice, and a counter it names of another slice is not
+// taken. When the number of slices changes, every lease of the rule held
+// before is dropped (the region runs on its floor until each slice's
+// document comes): a lease of the old slicing is of counters the new
+// slices' leaders do not count.
 func (e *Engine) SetBudget(d budget.Document) bool {
 	g := e.global
 	if g.alone || d.Rule == "" {
 		return false
 	}
 	now := e.now()
+	n := max(1, d.Shards)
+	if d.Shard < 0 || d.Shard >= n || n > budget.MaxShards {
+		return false
+	}
+	dk := leaseKey(d.Rule, d.Shard)
 	g.budgets.mu.Lock()
-	if d.Seq <= g.budgets.docSeq[d.Rule] && now.Before(g.budgets.docUntil[d.Rule]) {
+	if d.Seq <= g.budgets.docSeq[dk] && now.Before(g.budgets.docUntil[dk]) {
 		g.budgets.mu.Unlock()
 		return false
 	}
+	resliced := e.setShards(d.Rule, n)
 	limit := e.leaseCap(now)
 	// It holds off older documents while its leases may hold: a leader
 	// that forgot the rule numbers its leases anew, and its documents
@@ -118,20 +132,26 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 	for _, l := range d.Leases {
 		until = later(until, l.Expires)
 	}
-	g.budgets.docSeq[d.Rule], g.budgets.docUntil[d.Rule] = d.Seq, earlier(until, limit)
+	g.budgets.docSeq[dk], g.budgets.docUntil[dk] = d.Seq, earlier(until, limit)
 	if d.CounterExpires.After(limit) {
 		d.CounterExpires = limit
 	}
 	cur := g.budgets.held.Load()
 	next := make(map[string]*heldCounter, len(*cur)+len(d.Counters))
 	for k, h := range *cur {
-		if h.rule != d.Rule {
+		if h.rule != d.Rule || (!resliced && budget.ShardOf(k, n) != d.Shard) {
 			next[k] = h
 		}
 	}
 	for values, byRegion := range d.Counters {
 		key := CounterKey(d.Rule, values)
+		if budget.ShardOf(key, n) != d.Shard {
+			continue // another slice's: not this leader's to give
+		}
 		old := (*cur)[key]
+		if resliced {
+			old = nil
+		}
 		h := &heldCounter{rule: d.Rule, values: values}
 		if old != nil && old.rule == d.Rule {
 			*h = *old
@@ -168,6 +188,43 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 	for _, l := range d.All() {
 		e.SetLease(l)
 	}
+	return true
+}
+
+// setShards notes in how many slices a rule's counters are cut, as a
+// document says, and reports whether that changed: then the rule's leases
+// of every slice are dropped. Called with budgets.mu held.
+func (e *Engine) setShards(rule string, n int) bool {
+	g := e.global
+	cur := *g.shards.Load()
+	was := max(1, cur[rule])
+	if was == n {
+		return false
+	}
+	next := make(map[string]int, len(cur)+1)
+	for k, v := range cur {
+		next[k] = v
+	}
+	if n > 1 {
+		next[rule] = n
+	} else {
+		delete(next, rule)
+	}
+	g.leaseMu.Lock()
+	leases := *g.leases.Load()
+	kept := make(map[string]*heldLease, len(leases))
+	for k, h := range leases {
+		if h.lease.Rule != rule {
+			kept[k] = h
+		}
+	}
+	for i := range was {
+		delete(g.budgets.docSeq, leaseKey(rule, i))
+		delete(g.budgets.docUntil, leaseKey(rule, i))
+	}
+	g.leases.Store(&kept)
+	g.shards.Store(&next)
+	g.leaseMu.Unlock()
 	return true
 }
 
@@ -367,10 +424,14 @@ func (e *Engine) CounterAllowance(rule, values string) (float64, bool) {
 		return 0, false
 	}
 	now := e.now()
-	if !e.global.alone {
-		if h := e.global.counter([]byte(CounterKey(rule, values)), now); h != nil {
-			return e.counterAllowance(h, r, now), h.has && h.lease.Holds(now)
-		}
+	if e.global.alone {
+		return 1, false
 	}
-	return e.GlobalAllowance(rule)
+	key := []byte(CounterKey(rule, values))
+	if h := e.global.counter(key, now); h != nil {
+		return e.counterAllowance(h, r, now), h.has && h.lease.Holds(now)
+	}
+	frac, _, _ := e.allowance(r, key, now)
+	h := e.global.ruleLease(rule, key)
+	return frac, h != nil && h.lease.Holds(now)
 }

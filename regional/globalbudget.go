@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,9 +87,13 @@ type globalState struct {
 	known        map[string]bool
 
 	leaseMu sync.Mutex
-	leases  atomic.Pointer[map[string]*heldLease]
-	demand  sync.Map // rule id → *ruleDemand
-	others  sync.Map // rule id + "\x00" + region → budget.Lease: other regions', for usage reports
+	leases  atomic.Pointer[map[string]*heldLease] // by leaseKey
+	// shards is, by rule, how many slices globalsync cuts the rule's
+	// counters in (budget.ShardOf), as its documents last said: only
+	// rules cut in more than one.
+	shards atomic.Pointer[map[string]int]
+	demand sync.Map // rule id → *ruleDemand
+	others sync.Map // rule id + "\x00" + region → budget.Lease: other regions', for usage reports
 
 	// Elastic mode borrows only while every other region was heard from
 	// within staleAfter: freshUntil (µs) is when the first of them goes
@@ -165,6 +170,7 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 		}
 	}
 	g.leases.Store(new(map[string]*heldLease))
+	g.shards.Store(new(map[string]int))
 	g.budgets.held.Store(new(map[string]*heldCounter))
 	g.budgets.demand = newShardMap[*counterDemand]()
 	g.budgets.docSeq, g.budgets.docUntil = map[string]uint64{}, map[string]time.Time{}
@@ -257,7 +263,9 @@ func (e *Engine) Floor() float64 { return e.global.floor }
 func (e *Engine) SetLease(l budget.Lease) bool {
 	g := e.global
 	if l.Region != e.cfg.Region {
-		g.others.Store(l.Rule+"\x00"+l.Region, l)
+		if l.Shard == 0 {
+			g.others.Store(l.Rule+"\x00"+l.Region, l)
+		}
 		return false
 	}
 	if g.alone {
@@ -270,7 +278,8 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 	g.leaseMu.Lock()
 	defer g.leaseMu.Unlock()
 	cur := *g.leases.Load()
-	old := cur[l.Rule]
+	key := leaseKey(l.Rule, l.Shard)
+	old := cur[key]
 	if old != nil && l.Seq <= old.lease.Seq && old.lease.Holds(now) {
 		return false
 	}
@@ -283,9 +292,48 @@ func (e *Engine) SetLease(l budget.Lease) bool {
 		h.recent = old.recent.kept(now, e.cfg.Timeout)
 	}
 	h.recent = append(h.recent, adoption{seq: l.Seq, at: now})
-	next[l.Rule] = h
+	next[key] = h
 	g.leases.Store(&next)
 	return true
+}
+
+// leaseKey is where a rule's lease of one slice of its counters is held:
+// the rule's id for slice 0, the only one when globalsync is not sharded.
+func leaseKey(rule string, shard int) string {
+	if shard == 0 {
+		return rule
+	}
+	return rule + "\x00" + strconv.Itoa(shard)
+}
+
+// ruleLease is the rule's lease held for the slice of a counter (its key;
+// nil: slice 0), or nil.
+func (g *globalState) ruleLease(rule string, key []byte) *heldLease {
+	leases := *g.leases.Load()
+	if shards := *g.shards.Load(); len(shards) > 0 && key != nil {
+		if s := budget.ShardOf(key, shards[rule]); s != 0 {
+			return leases[leaseKey(rule, s)]
+		}
+	}
+	return leases[rule]
+}
+
+// acks are the Seqs the region may acknowledge of each slice's lease of a
+// rule cut in slices (nil for one that is not).
+func (e *Engine) acks(rule string, now time.Time) []uint64 {
+	g := e.global
+	n := (*g.shards.Load())[rule]
+	if n <= 1 {
+		return nil
+	}
+	leases := *g.leases.Load()
+	out := make([]uint64, n)
+	for i := range out {
+		if h := leases[leaseKey(rule, i)]; h != nil {
+			out[i] = h.recent.ackable(now, e.cfg.Timeout)
+		}
+	}
+	return out
 }
 
 // leaseCap is the latest a lease taken at now may hold, so that a lease
@@ -419,12 +467,12 @@ func (e *Engine) allowance(r *Rule, key []byte, now time.Time) (frac, debt float
 	if key != nil && !e.global.alone {
 		h = e.global.counter(key, now)
 	}
-	return e.allowanceOf(r, h, now)
+	return e.allowanceOf(r, key, h, now)
 }
 
-// allowanceOf is allowance of a counter whose budget of its own at now is
-// h (nil: none).
-func (e *Engine) allowanceOf(r *Rule, h *heldCounter, now time.Time) (frac, debt float64, own bool) {
+// allowanceOf is allowance of a counter (key) whose budget of its own at
+// now is h (nil: none).
+func (e *Engine) allowanceOf(r *Rule, key []byte, h *heldCounter, now time.Time) (frac, debt float64, own bool) {
 	g := e.global
 	if g.alone {
 		return 1, 0, false
@@ -433,7 +481,7 @@ func (e *Engine) allowanceOf(r *Rule, h *heldCounter, now time.Time) (frac, debt
 		return e.counterAllowance(h, r, now), 0, true
 	}
 	var l *budget.Lease
-	if h := (*g.leases.Load())[r.ID]; h != nil {
+	if h := g.ruleLease(r.ID, key); h != nil {
 		l = &h.lease
 	}
 	if l != nil && l.Holds(now) {
@@ -454,7 +502,7 @@ func (e *Engine) allowanceOf(r *Rule, h *heldCounter, now time.Time) (frac, debt
 // allowance, as in strict mode.
 func (e *Engine) globalOp(op *Op, r *Rule, held *heldCounter, now time.Time) {
 	limit := float64(op.Params.Limit)
-	frac, debt, own := e.allowanceOf(r, held, now)
+	frac, debt, own := e.allowanceOf(r, op.Key, held, now)
 	op.Global = true
 	op.Allowance = int64(math.Floor(frac*limit + 1e-9))
 	op.Ceiling = -1
@@ -644,8 +692,10 @@ type RuleReport struct {
 	Rule string
 	Demand
 	// Acked is the Seq of the lease the replica may acknowledge (see
-	// Lease), 0 for none.
+	// Lease), 0 for none; Acks, of a rule globalsync cuts in slices, the
+	// Seq of each slice's lease, by slice (Acked is slice 0's).
 	Acked     uint64
+	Acks      []uint64
 	Window    time.Duration
 	Algorithm Algorithm
 	// Limit is the rule's limit as this replica enforces it, 0 for a rule
@@ -667,6 +717,7 @@ func (e *Engine) GlobalReport() []RuleReport {
 		if _, acked, ok := e.Lease(r.ID); ok {
 			rep.Acked = acked
 		}
+		rep.Acks = e.acks(r.ID, now)
 		if !e.global.alone {
 			rep.Counters = e.counterReports(r, now)
 		}

@@ -43,6 +43,9 @@ type Report struct {
 	// MessagesCut and MessagesLost count gossip and budget messages that
 	// a cut link or loss kept from their destination.
 	MessagesCut, MessagesLost int64
+	// Shards are globalsync's instances' figures, one per instance
+	// (GlobalSyncSpec.Shards); the text shows them when there are several.
+	Shards []ShardFigures
 	// Live is set for a report of a scenario played against a real
 	// deployment (sim live), which cannot see lease expiries or messages.
 	Live bool
@@ -169,6 +172,18 @@ func (w Window) FalseRejPct() float64 {
 	return 100 * float64(w.FalseRejected) / float64(w.Requests)
 }
 
+// ShardFigures is one globalsync instance's figures over a run: the most
+// counters with budgets of their own its document held, counter windows
+// its copy of the usage held, and bytes its document took; how many
+// rebalances it ran, and the wall time it spent in them and in taking in
+// the gossip and heartbeats (Work, which the report's text leaves out: it
+// is the machine's, not the run's).
+type ShardFigures struct {
+	Budgets, Copied, Largest int
+	Rebalances               int
+	Work                     time.Duration
+}
+
 // Utilization is what the busiest counter admitted, of its limit.
 func (w Window) Utilization(limit int64) float64 { return float64(w.Admitted) / float64(limit) }
 
@@ -180,6 +195,10 @@ func (s *sim) report() *Report {
 		Heals: s.rec.heals, Expiries: s.rec.expiries, Found: s.gs.found, BooksClosed: s.gs.closedThrough,
 		ElasticBound: *sc.Expect.MaxElasticOver,
 		MessagesCut:  s.net.cut.Load(), MessagesLost: s.net.lost.Load(), Faults: FaultsOf(sc, s.duration)}
+	for _, sh := range s.gs.shards {
+		rep.Shards = append(rep.Shards, ShardFigures{Budgets: sh.budgets, Copied: sh.copied, Largest: sh.largest,
+			Rebalances: sh.rebalances, Work: sh.work})
+	}
 	rep.Latency = [2]time.Duration{time.Hour, 0}
 	for i, a := range sc.Regions {
 		for _, b := range sc.Regions[i+1:] {
@@ -441,6 +460,13 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	if !r.Live {
 		fmt.Fprintf(&b, "messages cut %d, lost %d\n", r.MessagesCut, r.MessagesLost)
+	}
+	if len(r.Shards) > 1 {
+		fmt.Fprintf(&b, "globalsync as %d instances, each the leader of a slice of the counters (the most of each):\n", len(r.Shards))
+		for i, sh := range r.Shards {
+			fmt.Fprintf(&b, "  %d: %d counters with budgets of their own, %d counter windows in its copy, a document of %d KB\n",
+				i, sh.Budgets, sh.Copied, sh.Largest>>10)
+		}
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "  %s %s\n", clockString(n.At), n.Text)

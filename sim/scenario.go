@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/geoquota/geoquota/budget"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -48,6 +49,10 @@ type GlobalSyncSpec struct {
 	// Region is where globalsync runs: its links are that region's. The
 	// first region by default.
 	Region string `yaml:"region"`
+	// Shards runs globalsync as that many instances, each leading the
+	// slice of the rule's counters whose keys hash to it
+	// (budget.ShardOf): 1 (one instance) by default.
+	Shards int `yaml:"shards"`
 }
 
 // NetworkSpec models the links between regions.
@@ -318,6 +323,8 @@ func (s *Scenario) check(src string) error {
 		return invalid(src, "rule.fallback", "%q: want fail_open, fail_closed or local_only", s.Rule.Fallback)
 	case !(*s.Budget.Reserve >= 0 && *s.Budget.Reserve <= 1):
 		return invalid(src, "budget.reserve", "%v: want 0 to 1", *s.Budget.Reserve)
+	case s.GlobalSync.Shards < 0 || s.GlobalSync.Shards > budget.MaxShards:
+		return invalid(src, "globalsync.shards", "%d: want 1 to %d", s.GlobalSync.Shards, budget.MaxShards)
 	case s.Budget.Skew < 0:
 		return invalid(src, "budget.skew", "%v: want 0 or more", s.Budget.Skew)
 	case len(s.Traffic) == 0:

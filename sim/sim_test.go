@@ -565,22 +565,27 @@ func TestTenantsGetTheirLimit(t *testing.T) {
 // in twenty, p5: at least 95%; the median at least 98%), none more.
 func TestFreeTierTenantsGetTheirLimit(t *testing.T) {
 	for _, tc := range []struct {
-		scenario string
-		keys     int
-	}{{"tenants-free", 5000}, {"tenants-million", 10_000}} {
+		scenario     string
+		keys, shards int
+	}{{"tenants-free", 5000, 1}, {"tenants-million", 10_000, 4}} {
 		t.Run(tc.scenario, func(t *testing.T) {
 			t.Parallel()
-			freeTier(t, tc.scenario, tc.keys)
+			freeTier(t, tc.scenario, tc.keys, tc.shards)
 		})
 	}
 }
 
-func freeTier(t *testing.T, scenario string, keys int) {
+// freeTier plays a free tier's scenario with fewer tenants and requests,
+// globalsync as shards instances (the million tenants' with four: each
+// leads a slice of the counters, as globalsync shards when one instance
+// is not enough).
+func freeTier(t *testing.T, scenario string, keys, shards int) {
 	sc, err := Load(scenario)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sc.Traffic[0].Keys, sc.Traffic[0].Rate = keys, 30000
+	sc.GlobalSync.Shards = shards
 	rep, err := Run(sc, "strict", 1, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -596,6 +601,16 @@ func freeTier(t *testing.T, scenario string, keys int) {
 		}
 		if u.P5 < 0.95 || u.P50 < 0.98 {
 			t.Errorf("window %s: tenants over their limit admitted p5 %.1f%%, median %.1f%% of it; want 95%% and 98%%", clockString(w.Start), 100*u.P5, 100*u.P50)
+		}
+	}
+	if shards > 1 {
+		if len(rep.Shards) != shards {
+			t.Errorf("%d instances' figures, want %d", len(rep.Shards), shards)
+		}
+		for i, sh := range rep.Shards {
+			if sh.Budgets == 0 || sh.Copied == 0 {
+				t.Errorf("instance %d: %d budgets of their own, %d counter windows in its copy; want some of each", i, sh.Budgets, sh.Copied)
+			}
 		}
 	}
 	if t.Failed() {

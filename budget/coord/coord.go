@@ -44,6 +44,16 @@ type Config struct {
 	// Budget configures the allocator; the zero value means
 	// budget.DefaultConfig().
 	Budget budget.Config
+	// Shard and Shards cut the global rules' counters in Shards slices
+	// (budget.ShardOf), of which this coordinator serves slice Shard: it
+	// keeps only their usage, takes only their reports, closes only their
+	// books, and its documents are the rules' leases on that slice. 0 or
+	// 1 shards: every counter. Budget.Counters is then the whole rule's:
+	// each slice gives budgets of their own to its share of them, a
+	// Shards-th rounded up, since a region's heartbeat names every counter
+	// it holds one for, whatever its slice, and bounds them all
+	// (budget.MaxCounters).
+	Shard, Shards int
 }
 
 func (c Config) withDefaults() Config {
@@ -73,6 +83,9 @@ func (c Config) Validate() error {
 	if c.Budget.LeaseTTL+c.Budget.Skew > time.Duration(History-2)*c.Rebalance {
 		return fmt.Errorf("%w: lease ttl %v is more than the %d rebalances (every %v) whose leases the budget bucket keeps",
 			ErrInvalidConfig, c.Budget.LeaseTTL, History-2, c.Rebalance)
+	}
+	if c.Shards < 0 || c.Shards > budget.MaxShards || c.Shard < 0 || (c.Shard > 0 && c.Shard >= c.Shards) {
+		return fmt.Errorf("%w: shard %d of %d: want 0 to shards-1, shards at most %d", ErrInvalidConfig, c.Shard, c.Shards, budget.MaxShards)
 	}
 	for _, r := range c.Regions {
 		if r == "" || r == Name || len(r) > crdt.MaxRegionNameLen || strings.ContainsAny(r, ". *>") {
@@ -149,6 +162,9 @@ func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Shards > 1 {
+		cfg.Budget.Counters = (cfg.Budget.Counters + cfg.Shards - 1) / cfg.Shards
+	}
 	c := &Coordinator{cfg: cfg, replicas: map[string]*replica{}, rules: map[string]budget.Rule{}, heard: map[string]time.Time{},
 		listed: map[string]bool{}, docs: map[string]budget.Document{}, tooLarge: map[string]int{}, over: map[string]bool{}, books: newBooks()}
 	c.view()
@@ -197,7 +213,7 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 		counted := countedOf(rep.CountedMillis)
 		t.rate.Add(rep.Admitted+rep.Denied, counted, window, now)
 		t.admitted.Add(rep.Admitted, counted, window, now)
-		c.trackCounters(t, rep.Counters, window, now)
+		c.trackCounters(id, t, rep.Counters, window, now)
 	}
 }
 
@@ -205,13 +221,13 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 // own; counters it no longer reports are forgotten (a replica reports
 // every counter it holds a lease of), those it named lately as denied
 // after a while.
-func (c *Coordinator) trackCounters(t *demandTrack, reps map[string]gossip.CounterReport, window time.Duration, now time.Time) {
+func (c *Coordinator) trackCounters(rule string, t *demandTrack, reps map[string]gossip.CounterReport, window time.Duration, now time.Time) {
 	next := make(map[string]*counterTrack, min(len(reps), budget.MaxCounters))
 	for key, rep := range reps {
 		if len(next) >= budget.MaxCounters {
 			break
 		}
-		if key == "" || len(key) > maxCounterKey {
+		if key == "" || len(key) > maxCounterKey || !c.owns(regional.CounterKey(rule, key)) {
 			continue
 		}
 		ct := t.counters[key]
@@ -233,6 +249,24 @@ func (c *Coordinator) trackCounters(t *demandTrack, reps map[string]gossip.Count
 		}
 	}
 	t.counters = next
+}
+
+// owns says whether a counter (its key, regional.CounterKey) is of this
+// coordinator's slice (Config.Shard).
+func (c *Coordinator) owns(key string) bool {
+	return c.cfg.Shards <= 1 || budget.ShardOf(key, c.cfg.Shards) == c.cfg.Shard
+}
+
+// acked is what a replica's report on a rule acknowledges of this
+// coordinator's slice's lease.
+func (c *Coordinator) acked(rep *gossip.RuleReport) uint64 {
+	if c.cfg.Shards <= 1 {
+		return rep.Acked
+	}
+	if len(rep.Acks) != c.cfg.Shards {
+		return 0 // the replica holds the rule's leases of another slicing, or none
+	}
+	return rep.Acks[c.cfg.Shard]
 }
 
 // countedOf is a report's CountedMillis as a duration, 0 if out of range.
@@ -329,6 +363,9 @@ func (c *Coordinator) Rebalance(now time.Time) ([]budget.Document, []OverAdmissi
 			}
 		}
 		doc := budget.NewDocument(c.cfg.ID, leases)
+		if c.cfg.Shards > 1 {
+			doc.Shard, doc.Shards = c.cfg.Shard, c.cfg.Shards
+		}
 		doc.SetSnapshot(c.alloc.Snapshot(rule.ID))
 		doc.BooksClosed = c.books.closed()
 		c.docs[rule.ID] = doc
@@ -348,7 +385,7 @@ func (c *Coordinator) regionReport(rule budget.Rule, region string, replicas []s
 			continue
 		}
 		if t := r.rules[rule.ID]; t != nil {
-			sum.add(t.rate.Rate(), now.Sub(r.heard) <= c.demandSilence(), t.last.Acked, t.last.Used, t.last.UsedEpoch, t.last.PrevUsed)
+			sum.add(t.rate.Rate(), now.Sub(r.heard) <= c.demandSilence(), c.acked(&t.last), t.last.Used, t.last.UsedEpoch, t.last.PrevUsed)
 		}
 	}
 	return sum.report(), sum.n > 0
@@ -814,6 +851,10 @@ func (c *Coordinator) MergeRemote(_ context.Context, d crdt.Delta) (crdt.MergeRe
 	if !c.lastTick.IsZero() {
 		d, ahead = d.Until(c.lastTick.Add(regional.MaxAhead).UnixMilli())
 	}
+	if c.cfg.Shards > 1 {
+		// Another slice's counters: another instance's to keep.
+		d, _ = d.Keep(func(en *crdt.Entry) bool { return c.owns(en.Key) })
+	}
 	unknown := 0
 	if b := &c.books; b.rules != nil {
 		// With rules, counters of none of them, now or lately, are refused.
@@ -842,6 +883,9 @@ func (c *Coordinator) ObserveOwn(crdt.Delta) {}
 func (c *Coordinator) GlobalUsage(key string, start time.Time) map[string]int64 {
 	return c.GlobalCounter(crdt.ID{Key: key, Epoch: start.UnixMilli()}).ByRegion()
 }
+
+// Copied is how many counter windows the copy of the usage holds.
+func (c *Coordinator) Copied() int { return c.view().Len() }
 
 // GlobalCounter returns the copy of one counter's window.
 func (c *Coordinator) GlobalCounter(id crdt.ID) crdt.PNCounter { return c.view().Get(id) }

@@ -50,9 +50,13 @@ func (c *Coordinator) record(doc budget.Document) {
 // Observe takes in a document the leading instance published (the
 // daemon hears them pushed): a follower's Budgets, Figures and Enforced
 // then show the leader's leases. A leading coordinator keeps its own, and
-// a document of a rule no region has reported is ignored.
+// a document of a rule no region has reported, or of another slice of the
+// counters than this coordinator's (Config.Shard), is ignored.
 func (c *Coordinator) Observe(doc budget.Document) {
 	if c.alloc != nil || doc.Rule == "" || doc.Seq == 0 {
+		return
+	}
+	if doc.Shard != c.cfg.Shard || max(1, doc.Shards) != max(1, c.cfg.Shards) {
 		return
 	}
 	if _, known := c.rules[doc.Rule]; !known {

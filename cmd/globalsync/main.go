@@ -60,7 +60,7 @@ type config struct {
 	dashboardURL                                                        string
 	rebalance, leaderTTL, leaseTTL                                      time.Duration
 	reserve                                                             float64
-	counters                                                            int
+	counters, shard, shards                                             int
 	regionList                                                          []string
 	deployment                                                          string
 	names                                                               namespace.Names
@@ -88,6 +88,8 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds, at most 5m")
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
 	fs.IntVar(&c.counters, "counters", budget.DefaultMaxCounters, fmt.Sprintf("most counters (tenants) of a rule with budgets of their own, following their own demand (at most %d; 0: none); each takes some 60 to 170 bytes of the rule's budget document, which holds no more than fit in a NATS message", budget.MaxCounters))
+	fs.IntVar(&c.shards, "shards", 1, fmt.Sprintf("run globalsync as this many instances (at most %d), each the leader of the slice of the counters whose keys hash to its --shard (its own leader claim and budget documents); run every slice, with a standby each if you like", budget.MaxShards))
+	fs.IntVar(&c.shard, "shard", 0, "the slice of the counters this instance leads, 0 to --shards-1; slice 0's leader publishes the rules")
 	c.natsAuth.AddFlags(fs)
 	c.tls.AddFlags(fs)
 	redaction := daemon.KeyRedaction(fs)
@@ -117,6 +119,12 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	}
 	if c.rebalance <= 0 || c.leaderTTL <= 0 || c.leaseTTL <= 0 {
 		return c, errors.New("--rebalance, --leader-ttl and --lease-ttl must be positive")
+	}
+	if c.shards < 1 || c.shards > budget.MaxShards {
+		return c, fmt.Errorf("--shards %d: want 1 to %d", c.shards, budget.MaxShards)
+	}
+	if c.shard < 0 || c.shard >= c.shards {
+		return c, fmt.Errorf("--shard %d: want 0 to --shards-1 (%d)", c.shard, c.shards-1)
 	}
 	if c.leaseTTL > budget.MaxLeaseTTL {
 		return c, fmt.Errorf("--lease-ttl %v: at most %v (a region takes no lease for longer)", c.leaseTTL, budget.MaxLeaseTTL)
@@ -171,7 +179,8 @@ func run(ctx context.Context, c config, logw io.Writer) error {
 	}
 	defer nc.Close()
 	svc, err := Start(ctx, nc, Config{ID: c.id, Names: c.names, RedactKeys: c.redactKeys, Regions: c.regionList, Rebalance: c.rebalance, LeaderTTL: c.leaderTTL,
-		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules), StrictRules: c.rulesStrict})
+		Budget: bc, Rules: rules, Registry: reg, Logger: log, RulesYAML: rulesReader(c.rules), StrictRules: c.rulesStrict,
+		Shard: c.shard, Shards: c.shards})
 	if err != nil {
 		if last := natsErrors.Last(); last != nil {
 			return fmt.Errorf("%w (NATS said: %v)", err, last)

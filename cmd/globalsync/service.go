@@ -42,6 +42,13 @@ type Config struct {
 	LeaderTTL time.Duration
 	// Budget configures the allocator.
 	Budget budget.Config
+	// Shard and Shards run this instance as one of Shards, each the leader
+	// of the slice of the counters whose keys hash to its Shard
+	// (coord.Config): its own claim in the leader bucket
+	// (control.ShardLeaderKey), its own key of each rule in the budgets
+	// bucket (control.ShardBudgetKey). Slice 0's leader publishes the
+	// rules. 0 or 1 shards: one slice.
+	Shard, Shards int
 	// Names are the subjects and buckets of the deployment; the zero
 	// value is the unnamed deployment's.
 	Names namespace.Names
@@ -133,7 +140,7 @@ type Service struct {
 func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	cfg = cfg.withDefaults()
 	c, err := coord.New(coord.Config{ID: cfg.ID, Regions: cfg.Regions, Rebalance: cfg.Rebalance, AntiEntropy: cfg.AntiEntropy,
-		Budget: cfg.Budget})
+		Budget: cfg.Budget, Shard: cfg.Shard, Shards: cfg.Shards})
 	if err != nil {
 		return nil, fmt.Errorf("globalsync: %w", err)
 	}
@@ -360,6 +367,14 @@ func (s *Service) publishRules(ctx context.Context, now time.Time) error {
 		return err // the last good rules stay published
 	}
 	var rev uint64
+	if s.cfg.Shard > 0 {
+		// Slice 0's leader publishes them; this one closes its books
+		// with them.
+		s.mu.Lock()
+		s.coord.SetRules(now, rs)
+		s.mu.Unlock()
+		return nil
+	}
 	if en, err := s.rulesKV.Get(ctx, control.RulesKey); err == nil && bytes.Equal(en.Value(), yaml) {
 		rev = en.Revision()
 	} else {
@@ -397,7 +412,7 @@ func (s *Service) lead(ctx context.Context, now time.Time) bool {
 	s.mu.Unlock()
 	val, _ := json.Marshal(own)
 	if leading {
-		nrev, err := s.claims.Update(ctx, control.LeaderKey, val, rev)
+		nrev, err := s.claims.Update(ctx, control.ShardLeaderKey(s.cfg.Shard), val, rev)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err != nil {
@@ -411,10 +426,10 @@ func (s *Service) lead(ctx context.Context, now time.Time) bool {
 		return true
 	}
 	var nrev uint64
-	en, err := s.claims.Get(ctx, control.LeaderKey)
+	en, err := s.claims.Get(ctx, control.ShardLeaderKey(s.cfg.Shard))
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		nrev, err = s.claims.Create(ctx, control.LeaderKey, val)
+		nrev, err = s.claims.Create(ctx, control.ShardLeaderKey(s.cfg.Shard), val)
 	case err == nil:
 		var cur leaderClaim
 		if json.Unmarshal(en.Value(), &cur) == nil && cur.ID != s.cfg.ID &&
@@ -426,7 +441,7 @@ func (s *Service) lead(ctx context.Context, now time.Time) bool {
 		}
 		// Lapsed, or ours (this instance lost its step, a publish
 		// refused): take it, and start afresh from the bucket.
-		nrev, err = s.claims.Update(ctx, control.LeaderKey, val, en.Revision())
+		nrev, err = s.claims.Update(ctx, control.ShardLeaderKey(s.cfg.Shard), val, en.Revision())
 	}
 	if err != nil {
 		s.mu.Lock()
@@ -452,7 +467,9 @@ func (s *Service) lead(ctx context.Context, now time.Time) bool {
 }
 
 // takeOver has the coordinator lead from what the budgets bucket holds:
-// every document of every rule, oldest first.
+// every document of every rule, oldest first — of this instance's slice,
+// under its keys, and as sliced now (a key's documents of another number
+// of slices are of counters this leader does not count).
 func (s *Service) takeOver(ctx context.Context) error {
 	revs := map[string]uint64{}
 	var history [][]budget.Document
@@ -461,6 +478,9 @@ func (s *Service) takeOver(ctx context.Context) error {
 		return err
 	}
 	for key := range keys.Keys() {
+		if shard, ok := control.ShardOfBudgetKey(key); !ok || shard != s.cfg.Shard {
+			continue
+		}
 		hist, err := s.budgets.History(ctx, key)
 		if err != nil {
 			return err
@@ -468,7 +488,7 @@ func (s *Service) takeOver(ctx context.Context) error {
 		var docs []budget.Document
 		for _, en := range hist {
 			revs[key] = max(revs[key], en.Revision())
-			if d, err := budget.DecodeDocument(en.Value()); err == nil {
+			if d, err := budget.DecodeDocument(en.Value()); err == nil && d.Shard == s.cfg.Shard && max(1, d.Shards) == max(1, s.cfg.Shards) {
 				docs = append(docs, d)
 			}
 		}
@@ -486,7 +506,7 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 	docs, found, err := s.coord.Rebalance(now)
 	revs := make([]uint64, len(docs))
 	for i, d := range docs {
-		revs[i] = s.revs[control.BudgetKey(d.Rule)]
+		revs[i] = s.revs[control.ShardBudgetKey(d.Rule, s.cfg.Shard)]
 	}
 	s.mu.Unlock()
 	for _, oa := range found {
@@ -496,7 +516,7 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 	}
 	errs := []error{err}
 	for i, doc := range docs {
-		key := control.BudgetKey(doc.Rule)
+		key := control.ShardBudgetKey(doc.Rule, s.cfg.Shard)
 		b, _ := json.Marshal(doc)
 		if max := s.nc.MaxPayload(); max > 0 {
 			s.with(func(c *coord.Coordinator) { c.Sized(doc.Rule, len(b), int(max), now) })

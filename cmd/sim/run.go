@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/sim"
 )
 
@@ -26,6 +27,9 @@ type runConfig struct {
 	workers  int
 	// cpuProfile is a file to write a CPU profile of the runs into.
 	cpuProfile string
+	// shards, if set, runs globalsync as that many instances instead of
+	// the scenario's globalsync.shards.
+	shards int
 }
 
 func parseRunFlags(args []string) (runConfig, error) {
@@ -39,6 +43,7 @@ func parseRunFlags(args []string) (runConfig, error) {
 	fs.BoolVar(&c.list, "list", false, "list the built-in scenarios")
 	fs.DurationVar(&c.duration, "duration", 0, "cut the scenario short at this virtual time")
 	fs.IntVar(&c.workers, "workers", 0, "goroutines running the regions in parallel; 0: one per CPU (the output is the same)")
+	fs.IntVar(&c.shards, "shards", 0, "run globalsync as this many instances, each the leader of a slice of the counters (the scenario's globalsync.shards; 0: the scenario's)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the runs to this file (go tool pprof reads it)")
 	if err := fs.Parse(args); err != nil {
 		return c, usageError(fs, err)
@@ -55,6 +60,8 @@ func parseRunFlags(args []string) (runConfig, error) {
 		return c, fmt.Errorf("-duration %v: want 0 or more", c.duration)
 	case c.workers < 0:
 		return c, fmt.Errorf("-workers %d: want 0 or more", c.workers)
+	case c.shards < 0 || c.shards > budget.MaxShards:
+		return c, fmt.Errorf("-shards %d: want 0 to %d", c.shards, budget.MaxShards)
 	}
 	return c, nil
 }
@@ -126,6 +133,9 @@ func runScenario(c runConfig, name string, stdout, stderr io.Writer) ([]*sim.Rep
 	if err != nil {
 		return nil, err
 	}
+	if c.shards > 0 {
+		sc.GlobalSync.Shards = c.shards
+	}
 	modes := sc.Modes
 	if c.mode != "" && c.mode != "both" {
 		if !slices.Contains(modes, c.mode) {
@@ -149,6 +159,10 @@ func runScenario(c runConfig, name string, stdout, stderr io.Writer) ([]*sim.Rep
 		took := time.Since(start)
 		fmt.Fprintf(stderr, "sim run: %s %s: %d requests in %v of wall time (%.0f simulated requests/s)\n",
 			sc.Name, mode, rep.Requests, took.Round(time.Millisecond), float64(rep.Requests)/took.Seconds())
+		for i, sh := range rep.Shards {
+			fmt.Fprintf(stderr, "  globalsync instance %d: %v of wall time in %d rebalances and the gossip (%v a rebalance)\n",
+				i, sh.Work.Round(time.Millisecond), sh.Rebalances, (sh.Work / time.Duration(max(1, sh.Rebalances))).Round(time.Microsecond))
+		}
 		if c.out != "" {
 			if err := rep.WriteFiles(c.out); err != nil {
 				return nil, err

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"log/slog"
+	"strconv"
+	"strings"
 
 	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/budget/coord"
@@ -21,6 +23,35 @@ import (
 // that any rule id makes a valid key.
 func BudgetKey(rule string) string { return "r." + base64.RawURLEncoding.EncodeToString([]byte(rule)) }
 
+// ShardBudgetKey is the key of a rule's documents of one slice of its
+// counters, when globalsync runs as several instances (budget.ShardOf):
+// BudgetKey for slice 0, and BudgetKey, a dot and the slice's number for
+// the others.
+func ShardBudgetKey(rule string, shard int) string {
+	if shard == 0 {
+		return BudgetKey(rule)
+	}
+	return BudgetKey(rule) + "." + strconv.Itoa(shard)
+}
+
+// ShardOfBudgetKey returns the slice a budget key is of (see
+// ShardBudgetKey), and false for a key that is no rule's.
+func ShardOfBudgetKey(key string) (int, bool) {
+	rest, ok := strings.CutPrefix(key, "r.")
+	if !ok || rest == "" {
+		return 0, false
+	}
+	_, n, sliced := strings.Cut(rest, ".")
+	if !sliced {
+		return 0, true
+	}
+	i, err := strconv.Atoi(n)
+	if err != nil || i <= 0 || i >= budget.MaxShards {
+		return 0, false
+	}
+	return i, true
+}
+
 // BudgetsBucketConfig is the budgets bucket's configuration: it keeps
 // enough of each rule's documents (coord.History) to cover a lease's life,
 // so that a globalsync taking over knows every lease still in force.
@@ -33,6 +64,16 @@ func BudgetsBucketConfig(n namespace.Names) jetstream.KeyValueConfig {
 // bucket (namespace.Names.LeaderBucket), taken and renewed with
 // compare-and-swap.
 const LeaderKey = "globalsync"
+
+// ShardLeaderKey is the key of the claim of the leader of one slice of the
+// counters, when globalsync runs as several instances: LeaderKey for
+// slice 0, and LeaderKey, a dot and the slice's number for the others.
+func ShardLeaderKey(shard int) string {
+	if shard == 0 {
+		return LeaderKey
+	}
+	return LeaderKey + "." + strconv.Itoa(shard)
+}
 
 // LeaderBucketConfig is the leader bucket's configuration.
 func LeaderBucketConfig(n namespace.Names) jetstream.KeyValueConfig {

@@ -429,7 +429,7 @@ func (n *Node) appendHeartbeat(out []Message, now time.Time) []Message {
 	hb := Heartbeat{Region: n.cfg.Region, Replica: n.cfg.Replica, SentMillis: now.UnixMilli(), Regions: e.GlobalRegions(),
 		Rules: map[string]RuleReport{}}
 	for _, r := range e.GlobalReport() {
-		rep := RuleReport{Admitted: r.Admitted, Denied: r.Denied, Acked: r.Acked, Used: r.Used, UsedEpoch: r.UsedEpoch,
+		rep := RuleReport{Admitted: r.Admitted, Denied: r.Denied, Acked: r.Acked, Acks: r.Acks, Used: r.Used, UsedEpoch: r.UsedEpoch,
 			CountedMillis: r.Counted.Milliseconds(), WindowMillis: r.Window.Milliseconds(), Algorithm: r.Algorithm.String(), Limit: r.Limit}
 		if r.HasPrev {
 			rep.PrevUsed = &r.PrevUsed

@@ -83,11 +83,15 @@ type Heartbeat struct {
 // (in limits, cumulative since the replica started), the lease it may
 // acknowledge, and what it used in the current window.
 type RuleReport struct {
-	Admitted  float64 `json:"admitted"`
-	Denied    float64 `json:"denied"`
-	Acked     uint64  `json:"acked,omitempty"`
-	Used      float64 `json:"used"`
-	UsedEpoch int64   `json:"used_epoch"`
+	Admitted float64 `json:"admitted"`
+	Denied   float64 `json:"denied"`
+	Acked    uint64  `json:"acked,omitempty"`
+	// Acks are, when globalsync is sharded, the Seq the replica may
+	// acknowledge of each shard's lease of the rule, by shard (Acked is
+	// shard 0's): at most budget.MaxShards.
+	Acks      []uint64 `json:"acks,omitempty"`
+	Used      float64  `json:"used"`
+	UsedEpoch int64    `json:"used_epoch"`
 	// CountedMillis is how long the replica has counted Admitted and
 	// Denied, by its own clock: a first report gives a rate.
 	CountedMillis int64 `json:"counted_ms,omitempty"`
