@@ -626,6 +626,21 @@ func (c *Counters) Tally(key []byte, epoch int64) Tally {
 	return t
 }
 
+// AppendCounts appends the count of every region in the window epoch of
+// the counter key (its P less its N, 0 below), in the order of Regions, or
+// nothing if the window is not held: a caller's buffer on its stack holds
+// them without allocating.
+func (c *Counters) AppendCounts(dst []int64, key []byte, epoch int64) []int64 {
+	e := c.lookupBytes(key, epoch)
+	if e == nil {
+		return dst
+	}
+	for _, s := range e.slots {
+		dst = append(dst, max(0, diffClamp(s.p, s.n)))
+	}
+	return dst
+}
+
 // IncKey is Inc of the window epoch of the counter key: it makes a string
 // of the key only for a window not yet held. It returns the local
 // region's slot after.

@@ -64,6 +64,21 @@ func TestCountersIncDecValue(t *testing.T) {
 	}
 }
 
+// TestAppendCounts: every region's count of a window, in region order,
+// none below zero; nothing for a window not held.
+func TestAppendCounts(t *testing.T) {
+	c := newTestCounters(t, "us-east")
+	id := ID{Key: "k", Epoch: 1}
+	c.Inc(id, 5)
+	c.Merge(Delta{Origin: "eu-west", Entries: []Entry{{ID: id, Slots: []Slot{{Region: "eu-west", P: 2, N: 3}, {Region: "ap-south", P: 7, N: 1}}}}})
+	if got := c.AppendCounts([]int64{9}, []byte("k"), 1); !slices.Equal(got, []int64{9, 6, 0, 5}) {
+		t.Fatalf("AppendCounts = %v, want [9 6 0 5]: ap-south, eu-west (below zero: 0), us-east after what was there", got)
+	}
+	if got := c.AppendCounts(nil, []byte("k"), 2); len(got) != 0 {
+		t.Fatalf("AppendCounts of a window not held = %v", got)
+	}
+}
+
 func TestMergeReportsAndIgnoresBadSlots(t *testing.T) {
 	c := newTestCounters(t, "us-east")
 	id := ID{Key: "k", Epoch: 1}

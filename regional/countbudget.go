@@ -44,6 +44,12 @@ type heldCounter struct {
 	has          bool
 	released     time.Time
 	recent       adoptions
+	// leases are every region's lease of the counter (floor and share,
+	// a fraction of its limit) in the document the region's own lease
+	// came in, in the order of globalState.regions; nil unless the
+	// document gave every region one. An elastic region reads what the
+	// others may still admit in them (overrun).
+	leases []float64
 }
 
 // counterDemand counts what a region was asked for of one counter, as
@@ -178,6 +184,7 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 				h.recent = h.recent.kept(now, e.cfg.Timeout)
 				h.lease, h.has, h.released = l, true, c.Released
 				h.recent = append(h.recent, adoption{seq: l.Seq, at: now})
+				h.leases = regionLeases(byRegion, g.regions)
 			}
 		}
 		next[key] = h
@@ -226,6 +233,21 @@ func (e *Engine) setShards(rule string, n int) bool {
 	g.shards.Store(&next)
 	g.leaseMu.Unlock()
 	return true
+}
+
+// regionLeases is every region's lease of a counter in a document (floor
+// and share), in the order of regions, or nil if one has none, or has been
+// released.
+func regionLeases(byRegion map[string]budget.CounterLeaseDoc, regions []string) []float64 {
+	out := make([]float64, len(regions))
+	for i, r := range regions {
+		c, ok := byRegion[r]
+		if !ok || !c.Released.IsZero() {
+			return nil
+		}
+		out[i] = c.Floor + c.Share
+	}
+	return out
 }
 
 func later(a, b time.Time) time.Time {

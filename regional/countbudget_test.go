@@ -292,6 +292,53 @@ func TestElasticCounterWithItsOwnBudgetKeepsWithinTheLimit(t *testing.T) {
 	}
 }
 
+// TestElasticCounterGivesUpWhatAnotherAdmittedOverItsLease: leases of a
+// counter's own budget are shared out on usage seen a gossip round late,
+// and a region that borrowed until it took its lease may have admitted more
+// than that lease. The regions still within their leases give up what it
+// admitted over it, each in proportion to its lease, so that together they
+// keep to the limit; seeing the global count within the limit is not
+// enough, since each of them fills its own lease meanwhile.
+func TestElasticCounterGivesUpWhatAnotherAdmittedOverItsLease(t *testing.T) {
+	clock := newVirtualClock()
+	regions := []string{"ap", "eu", "us"}
+	engines := map[string]*Engine{}
+	for _, r := range regions {
+		engines[r] = New(Config{Region: r, Clock: clock.Now, Global: GlobalConfig{Regions: regions, Lag: noLag}}, mustParse(t, globalRules))
+		for _, o := range regions {
+			engines[r].HeardFrom(o)
+		}
+	}
+	// us borrows 300 of e_acme before it has a budget of its own; its
+	// lease, from usage seen earlier, is 200.
+	if got := countAllowed(t, engines["us"], "e_acme", 300); got != 300 {
+		t.Fatalf("us admitted %d of 300, borrowing", got)
+	}
+	leases := map[string]map[string]budget.CounterLeaseDoc{"e_acme": {
+		"us": {Floor: 0.02, Share: 0.18}, "eu": {Floor: 0.02, Share: 0.38}, "ap": {Floor: 0.02, Share: 0.38}}}
+	for _, r := range []string{"eu", "ap"} {
+		if _, err := engines[r].MergeRemote(t.Context(), engines["us"].OwnDeltas(0, 0)[0]); err != nil {
+			t.Fatal(err)
+		}
+		if !engines[r].SetBudget(elasticDoc(clock.Now(), leases)) {
+			t.Fatal("the document was not taken")
+		}
+	}
+	// 400 + 300 + 400 may be admitted in all, 100 over the limit: eu and
+	// ap, with 400 each, give up 50 each.
+	total := 300
+	for _, r := range []string{"eu", "ap"} {
+		got := countAllowed(t, engines[r], "e_acme", 1000)
+		if got != 350 {
+			t.Errorf("e_acme in %s, with its own lease of 40%% and us's 300 seen over its 20%%, admitted %d: want 350", r, got)
+		}
+		total += got
+	}
+	if total > 1000 {
+		t.Errorf("admitted %d in all, over the limit of 1,000", total)
+	}
+}
+
 // TestElasticPaceCountsWhatWasDenied: a region denied a counter for a
 // while admitted less than it was asked for; the pace it holds back for is
 // what it was asked for since it first denied it.

@@ -84,6 +84,7 @@ type globalState struct {
 	budget       budget.Config
 	usage        *counters
 	regions      []string // every region counted, this one included, sorted
+	self         int      // this region's index in regions
 	known        map[string]bool
 
 	leaseMu sync.Mutex
@@ -161,6 +162,7 @@ func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
 		return nil, err
 	}
 	g.usage, g.regions, g.known = u, u.c.Regions(), map[string]bool{}
+	g.self = slices.Index(g.regions, region)
 	for _, r := range g.regions {
 		g.known[r] = true
 	}
@@ -521,9 +523,13 @@ func (e *Engine) globalOp(op *Op, r *Rule, held *heldCounter, now time.Time) {
 		// every region wants more of it, and the slack one sees, a
 		// gossip round late, the others are taking too. It keeps to
 		// its allowance within the limit as the region sees it (a
-		// ceiling of 0): what the others borrowed before it had a
-		// budget of its own is not in its leases.
+		// ceiling of 0), less its part of what regions admitted beyond
+		// their leases (overrun): what the others borrowed before it had
+		// a budget of its own is not in its leases.
 		op.Ceiling = 0
+		if held.has && op.Params.Algorithm == FixedWindow {
+			op.Allowance = max(0, op.Allowance-e.overrun(op, held, now))
+		}
 	}
 	if !e.shared && !borrows {
 		return // the engine's own memory decides against the copy itself
@@ -549,6 +555,51 @@ func (e *Engine) globalOp(op *Op, r *Rule, held *heldCounter, now time.Time) {
 			op.Ceiling = max(0, ceiling-e.inFlight(op, p, n, us, start))
 		}
 	}
+}
+
+// overrun is how much of its lease of a counter with a budget of its own
+// (held) an elastic region gives up at now, in units of the counter's
+// limit, for what regions admitted of it in the window beyond their leases.
+// The leases were shared out on usage a gossip round and more old: a region
+// that was borrowing until it took its lease may have admitted more than
+// its lease already, and the others' leases do not leave it that. Of what
+// the regions may admit in all (each its lease, or what it admitted if
+// more, as this region's copy shows it), the part over the limit is given
+// up by the regions still within their leases, each in proportion to its
+// lease: every region reads the same leases and, a gossip round apart, the
+// same counts, so together they give up about that part, no more. A
+// region that has used its lease gives up nothing (it admits no more), and
+// what such a region would have given up stays over.
+func (e *Engine) overrun(op *Op, held *heldCounter, now time.Time) int64 {
+	g := e.global
+	if len(held.leases) != len(g.regions) || g.self < 0 {
+		return 0
+	}
+	window := op.Params.Window
+	start := now.UnixMicro() / window * window
+	var buf [16]int64
+	counts := buf[:0]
+	g.usage.mu.Lock()
+	counts = g.usage.c.AppendCounts(counts, op.Key, start/1000)
+	g.usage.mu.Unlock()
+	if len(counts) != len(held.leases) {
+		return 0 // nothing counted in the window yet
+	}
+	limit := float64(op.Params.Limit)
+	committed, within := 0.0, 0.0
+	for i, f := range held.leases {
+		lease, n := f*limit, float64(counts[i])
+		committed += max(lease, n)
+		if n < lease {
+			within += lease
+		}
+	}
+	mine := held.leases[g.self] * limit
+	excess := committed - limit
+	if excess <= 0 || float64(counts[g.self]) >= mine || within <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(min(mine, excess*mine/within) - 1e-9))
 }
 
 // inFlight is what the other regions may have admitted of an op's counter
