@@ -268,7 +268,10 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 	}
 	s.started = true
 	s.seq++
-	leases := make([]Lease, len(regions))
+	// Room for the counters' leases too (rebalanceCounters appends them):
+	// some 60,000 of a rule with 12,000 budgets, made once a rebalance,
+	// not grown and copied.
+	leases := make([]Lease, len(regions), len(regions)*(1+len(s.counters)))
 	expires := now.Add(a.cfg.LeaseTTL)
 	for i, r := range regions {
 		f := max(fractions[i], floor)
@@ -289,7 +292,7 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 			Debt: s.held[r], Issued: now, Expires: expires, Reason: why,
 		}
 	}
-	return append(leases, a.rebalanceCounters(now, rule, s, regions, first, last, ruleBefore{before, seed, floorOf})...), nil
+	return a.rebalanceCounters(leases, now, rule, s, regions, first, last, ruleBefore{before, seed, floorOf}), nil
 }
 
 // open makes the high-water marks of the live windows first to last that

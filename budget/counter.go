@@ -416,13 +416,14 @@ func (c *ruleState) tellFloor(r string, seq uint64, f float64) {
 func (c *ruleState) mayUseRule(r string) bool { return c.acked[r] < c.counter.since }
 
 // rebalanceCounters computes the leases of every counter of a rule with a
-// budget of its own, after the rule's (p): same Seq, same expiry.
-func (a *Allocator) rebalanceCounters(now time.Time, rule Rule, p *ruleState, regions []string, first, last int64, rb ruleBefore) []Lease {
-	var out []Lease
+// budget of its own, after the rule's (p): same Seq, same expiry. It
+// appends them to out, and returns it.
+func (a *Allocator) rebalanceCounters(out []Lease, now time.Time, rule Rule, p *ruleState, regions []string, first, last int64, rb ruleBefore) []Lease {
 	p.releasedN = 0
 	for _, key := range slices.Sorted(maps.Keys(p.counters)) {
 		c := p.counters[key]
-		ls, done := a.rebalanceCounter(now, rule, key, c, p, regions, first, last, rb)
+		var done bool
+		out, done = a.rebalanceCounter(out, now, rule, key, c, p, regions, first, last, rb)
 		if done {
 			delete(p.counters, key)
 			continue
@@ -430,15 +431,15 @@ func (a *Allocator) rebalanceCounters(now time.Time, rule Rule, p *ruleState, re
 		if !c.counter.released.IsZero() || c.counter.evicted {
 			p.releasedN++
 		}
-		out = append(out, ls...)
 	}
 	return out
 }
 
-// rebalanceCounter computes one counter's leases; done says the counter
-// has fallen idle and no region may still use a lease of its own: it goes
-// back to the rule.
-func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p *ruleState, regions []string, first, last int64, rb ruleBefore) ([]Lease, bool) {
+// rebalanceCounter computes one counter's leases and appends them to out,
+// which it returns; done says the counter has fallen idle and no region
+// may still use a lease of its own: it goes back to the rule, and no
+// lease is appended.
+func (a *Allocator) rebalanceCounter(out []Lease, now time.Time, rule Rule, key string, c, p *ruleState, regions []string, first, last int64, rb ruleBefore) ([]Lease, bool) {
 	c.window, c.sliding = p.window, p.sliding
 	cs := c.counter
 	// (A region that has not heard that the limit was lowered uses more
@@ -482,13 +483,12 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 	}
 	if !cs.released.IsZero() {
 		if !now.Add(-a.cfg.Skew).Before(cs.released) {
-			return nil, true // every region is back on the rule
+			return out, true // every region is back on the rule
 		}
-		leases := make([]Lease, len(regions))
-		for i, r := range regions {
-			leases[i] = Lease{Rule: rule.ID, Key: key, Region: r, Seq: p.seq, Issued: now, Released: cs.released}
+		for _, r := range regions {
+			out = append(out, Lease{Rule: rule.ID, Key: key, Region: r, Seq: p.seq, Issued: now, Released: cs.released})
 		}
-		return leases, false
+		return out, false
 	}
 	floorCap := a.cfg.Floor(len(regions))
 	floors := make([]float64, len(regions))
@@ -539,7 +539,6 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 		// rule, and no lease of the counter follows them.
 		cs.release(now, rule.Window, rule.Sliding, a.cfg.Skew)
 	}
-	leases := make([]Lease, len(regions))
 	for i, r := range regions {
 		f := fractions[i]
 		// A floor no higher than the lease: the region may use it for
@@ -556,10 +555,10 @@ func (a *Allocator) rebalanceCounter(now time.Time, rule Rule, key string, c, p 
 		c.share[r] = f - fl
 		c.tellFloor(r, p.seq, fl)
 		c.issue(r, grant{seq: p.seq, fraction: f, floor: fl, expires: expires}, first, last)
-		leases[i] = Lease{Rule: rule.ID, Key: key, Region: r, Seq: p.seq, Floor: fl, Share: f - fl, Issued: now, Expires: expires,
-			Released: cs.released}
+		out = append(out, Lease{Rule: rule.ID, Key: key, Region: r, Seq: p.seq, Floor: fl, Share: f - fl, Issued: now, Expires: expires,
+			Released: cs.released})
 	}
-	return leases, false
+	return out, false
 }
 
 // CounterSnapshot is what an allocator taking over needs of a counter with

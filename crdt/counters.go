@@ -32,6 +32,18 @@ type Counters struct {
 	// the other regions changed since.
 	lists   [2]list
 	version uint64
+	// owned is OwnDeltas's working list, kept from one call to the next:
+	// a region sends its own changes every gossip round, tens of
+	// thousands of them under load.
+	owned []ownChange
+}
+
+// ownChange is an entry whose own slot OwnDeltas sends: the slot, and
+// the version of its change.
+type ownChange struct {
+	e   *entry
+	s   *slot
+	ver uint64
 }
 
 // The lists of entries a copy keeps (Counters.lists, entry.links).
@@ -320,15 +332,14 @@ func (c *Counters) deltaSince(v uint64, only int) Delta {
 // still says how far the versions run.
 func (c *Counters) OwnDeltas(v uint64, max int) []Delta {
 	from := min(v, c.version)
-	type change struct {
-		e   *entry
-		s   *slot
-		ver uint64
-	}
-	var changed []change
+	changed := c.owned[:0]
+	defer func() {
+		clear(changed) // holds no entry once they are gone
+		c.owned = changed[:0]
+	}()
 	for e := c.lists[byOwnChange].tail; e != nil && e.own > v; e = e.links[byOwnChange].prev {
 		if s := &e.slots[c.self]; s.p != 0 || s.n != 0 {
-			changed = append(changed, change{e, s, e.own})
+			changed = append(changed, ownChange{e, s, e.own})
 		}
 	}
 	if len(changed) == 0 {
@@ -339,7 +350,7 @@ func (c *Counters) OwnDeltas(v uint64, max int) []Delta {
 	}
 	// Parts are cut in the order of the slots' versions, so that each
 	// holds every change in its range; within a part, in ID order.
-	slices.SortFunc(changed, func(a, b change) int { return cmp.Compare(a.ver, b.ver) })
+	slices.SortFunc(changed, func(a, b ownChange) int { return cmp.Compare(a.ver, b.ver) })
 	buf := make([]Slot, len(changed))
 	entries := make([]Entry, len(changed))
 	var out []Delta
@@ -349,7 +360,7 @@ func (c *Counters) OwnDeltas(v uint64, max int) []Delta {
 		if start+max >= len(changed) {
 			to = c.version
 		}
-		slices.SortFunc(part, func(a, b change) int { return a.e.id.Compare(b.e.id) })
+		slices.SortFunc(part, func(a, b ownChange) int { return a.e.id.Compare(b.e.id) })
 		d := Delta{Origin: c.Self(), From: from, To: to, Entries: entries[start : start+len(part) : start+len(part)]}
 		for i, ch := range part {
 			buf[start+i] = Slot{Region: c.regions[c.self], P: ch.s.p, N: ch.s.n}

@@ -542,7 +542,16 @@ func (c *Coordinator) counterUseSeen(rule budget.Rule, regions []string, now tim
 // a rule on their own, as regionReport does for the rule; a live replica
 // that reports the rule but not a counter acknowledges none of its leases.
 func (c *Coordinator) counterReports(rule budget.Rule, region string, replicas []string, now time.Time) map[string]budget.Report {
-	all := map[string]*reportSum{}
+	// The sums are made in one block, as many as the replicas report
+	// counters (thousands, every rebalance), not one by one.
+	n := 0
+	for _, id := range replicas {
+		if r := c.replicas[id]; r.region == region && now.Sub(r.heard) <= c.replicaSilence() && r.rules[rule.ID] != nil {
+			n += len(r.rules[rule.ID].counters)
+		}
+	}
+	sums := make([]reportSum, 0, n)
+	all := make(map[string]*reportSum, n)
 	live := 0
 	for _, id := range replicas {
 		r := c.replicas[id]
@@ -557,7 +566,8 @@ func (c *Coordinator) counterReports(rule budget.Rule, region string, replicas [
 		for key, ct := range t.counters {
 			sum := all[key]
 			if sum == nil {
-				sum = &reportSum{rep: budget.Report{Region: region}}
+				sums = append(sums, reportSum{rep: budget.Report{Region: region}})
+				sum = &sums[len(sums)-1]
 				all[key] = sum
 			}
 			sum.add(ct.rate.Rate(), now.Sub(r.heard) <= c.demandSilence(), ct.last.Acked, ct.last.Used, ct.last.UsedEpoch, ct.last.PrevUsed)

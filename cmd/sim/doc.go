@@ -1,7 +1,7 @@
 // Command sim simulates geoquota, runs load against it, and measures the
 // accuracy of its algorithms.
 //
-//	sim run -scenario partition -seed 1 [-mode strict|elastic|both] [-out sim-out] [-cpuprofile FILE]
+//	sim run -scenario partition -seed 1 [-mode strict|elastic|both] [-out sim-out] [-cpuprofile FILE] [-memprofile FILE]
 //	sim run -list
 //	sim accuracy [-keys 1000 -limit 60 -window 1m -duration 10m]
 //	sim load -target 127.0.0.1:8081 -api envoy|grpc|http -keys 10000 -concurrency 50 -duration 20s

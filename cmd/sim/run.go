@@ -30,6 +30,9 @@ type runConfig struct {
 	// shards, if set, runs globalsync as that many instances instead of
 	// the scenario's globalsync.shards.
 	shards int
+	// memProfile is a file to write a heap profile into once the runs
+	// are done.
+	memProfile string
 }
 
 func parseRunFlags(args []string) (runConfig, error) {
@@ -45,6 +48,7 @@ func parseRunFlags(args []string) (runConfig, error) {
 	fs.IntVar(&c.workers, "workers", 0, "goroutines running the regions in parallel; 0: one per CPU (the output is the same)")
 	fs.IntVar(&c.shards, "shards", 0, "run globalsync as this many instances, each the leader of a slice of the counters (the scenario's globalsync.shards; 0: the scenario's)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the runs to this file (go tool pprof reads it)")
+	fs.StringVar(&c.memProfile, "memprofile", "", "write a heap profile to this file once the runs are done: what was live at the last collection during them, and all they allocated (go tool pprof reads it)")
 	if err := fs.Parse(args); err != nil {
 		return c, usageError(fs, err)
 	}
@@ -103,6 +107,21 @@ func runSim(c runConfig, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if c.memProfile != "" {
+		f, err := os.Create(c.memProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		// Written once the runs return, before their memory is
+		// collected: the live heap it shows is the last collection's
+		// while they ran.
+		defer func() {
+			if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+				fmt.Fprintf(stderr, "sim run: -memprofile: %v\n", err)
+			}
+		}()
 	}
 	names := strings.Split(c.scenario, ",")
 	var runs [][]*sim.Report

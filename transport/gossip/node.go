@@ -436,7 +436,10 @@ func (n *Node) appendHeartbeat(out []Message, now time.Time) []Message {
 		}
 		if len(r.Counters) > 0 {
 			rep.Counters = make(map[string]CounterReport, len(r.Counters))
-			for _, c := range r.Counters {
+			for i := range r.Counters {
+				// PrevUsed points into the engine's fresh report, not at
+				// a copy made on the heap for each counter.
+				c := &r.Counters[i]
 				cr := CounterReport{Admitted: c.Admitted, Denied: c.Denied, Acked: c.Acked, Used: c.Used, UsedEpoch: c.UsedEpoch,
 					CountedMillis: c.Counted.Milliseconds()}
 				if c.HasPrev {
