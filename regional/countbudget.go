@@ -109,10 +109,13 @@ func (e *Engine) heldFor(it *item, now int64) *heldCounter {
 // A document of one slice of the rule's counters (globalsync sharded,
 // budget.ShardOf) is the rule's on that slice alone: its counters replace
 // those of its slice, and a counter it names of another slice is not
-// taken. When the number of slices changes, every lease of the rule held
-// before is dropped (the region runs on its floor until each slice's
-// document comes): a lease of the old slicing is of counters the new
-// slices' leaders do not count.
+// taken. The number of slices changes only once no lease of the rule the
+// region holds may still hold (docs/operations.md says how to reslice),
+// and only for a document whose leases are in force: then every lease of
+// the rule held before is dropped (the region runs on its floor until
+// each slice's document comes). A document of another slicing meanwhile
+// — a key left in the bucket by an earlier one, replayed by a watch —
+// changes nothing.
 func (e *Engine) SetBudget(d budget.Document) bool {
 	g := e.global
 	if g.alone || d.Rule == "" {
@@ -129,7 +132,6 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 		g.budgets.mu.Unlock()
 		return false
 	}
-	resliced := e.setShards(d.Rule, n)
 	limit := e.leaseCap(now)
 	// It holds off older documents while its leases may hold: a leader
 	// that forgot the rule numbers its leases anew, and its documents
@@ -138,7 +140,17 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 	for _, l := range d.Leases {
 		until = later(until, l.Expires)
 	}
-	g.budgets.docSeq[dk], g.budgets.docUntil[dk] = d.Seq, earlier(until, limit)
+	until = earlier(until, limit)
+	resliced := false
+	if was := max(1, (*g.shards.Load())[d.Rule]); n != was {
+		if !now.Before(until) || e.mayHold(d.Rule, was, now) {
+			g.budgets.mu.Unlock()
+			return false
+		}
+		e.setShards(d.Rule, was, n)
+		resliced = true
+	}
+	g.budgets.docSeq[dk], g.budgets.docUntil[dk] = d.Seq, until
 	if d.CounterExpires.After(limit) {
 		d.CounterExpires = limit
 	}
@@ -198,16 +210,36 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 	return true
 }
 
-// setShards notes in how many slices a rule's counters are cut, as a
-// document says, and reports whether that changed: then the rule's leases
-// of every slice are dropped. Called with budgets.mu held.
-func (e *Engine) setShards(rule string, n int) bool {
+// mayHold reports whether a lease of a rule the region holds, of the
+// rule's (in any of its was slices) or of a counter's own budget, may
+// still hold at now, or a released counter still waits for its release.
+// Called with budgets.mu held.
+func (e *Engine) mayHold(rule string, was int, now time.Time) bool {
+	g := e.global
+	for i := range was {
+		if now.Before(g.budgets.docUntil[leaseKey(rule, i)]) {
+			return true
+		}
+	}
+	for _, h := range *g.leases.Load() {
+		if h.lease.Rule == rule && h.lease.Holds(now) {
+			return true
+		}
+	}
+	for _, h := range *g.budgets.held.Load() {
+		if h.rule == rule && (h.has && h.lease.Holds(now) || now.Before(h.released)) {
+			return true
+		}
+	}
+	return false
+}
+
+// setShards notes that a rule's counters are cut in n slices, no longer
+// in was, and drops the rule's leases of every slice. Called with
+// budgets.mu held.
+func (e *Engine) setShards(rule string, was, n int) {
 	g := e.global
 	cur := *g.shards.Load()
-	was := max(1, cur[rule])
-	if was == n {
-		return false
-	}
 	next := make(map[string]int, len(cur)+1)
 	for k, v := range cur {
 		next[k] = v
@@ -232,7 +264,6 @@ func (e *Engine) setShards(rule string, n int) bool {
 	g.leases.Store(&kept)
 	g.shards.Store(&next)
 	g.leaseMu.Unlock()
-	return true
 }
 
 // regionLeases is every region's lease of a counter in a document (floor

@@ -101,12 +101,19 @@ func TestBudgetSlices(t *testing.T) {
 		t.Fatalf("acknowledged %d, by slice %v; want 2, [2 1]", rep.Acked, rep.Acks)
 	}
 
-	// Cut in one again: every lease of the rule held before is dropped,
-	// slice 1's too.
+	// Cut in one again: refused while a lease of the two slices may
+	// hold; once they have lapsed, every lease of the rule held before
+	// is dropped, slice 1's too.
 	one := doc(0, 3, 0.25, nil)
 	one.Shard, one.Shards = 0, 0
+	if eu.SetBudget(one) {
+		t.Fatal("a document of another slicing was taken while the slices' leases hold")
+	}
+	clock.AdvanceBy(11 * time.Second)
+	one = doc(0, 3, 0.25, nil)
+	one.Shard, one.Shards = 0, 0
 	if !eu.SetBudget(one) {
-		t.Fatal("the unsliced document was not taken")
+		t.Fatal("the unsliced document was not taken once the slices' leases had lapsed")
 	}
 	if got := allowance(b[1]); math.Abs(got-0.3) > 1e-9 {
 		t.Errorf("%s once unsliced: %v, want the one lease's 0.3", b[1], got)
@@ -123,5 +130,41 @@ func TestBudgetSlices(t *testing.T) {
 	bad := doc(2, 9, 0.5, nil)
 	if eu.SetBudget(bad) {
 		t.Error("a document of slice 2 of 2 was taken")
+	}
+}
+
+// TestResliceKeepsTheBarrier: a document of another slicing — a key an
+// earlier slicing left in the bucket, replayed — changes nothing while the
+// region holds a lease of its slicing, nor once its own leases have
+// lapsed: an older document of the slicing in force stays refused, and the
+// lease the region holds stays in force.
+func TestResliceKeepsTheBarrier(t *testing.T) {
+	clock := newVirtualClock()
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, globalRules))
+	b := valuesIn(t, 1, 1)[0]
+	doc := func(shard, shards int, seq uint64, share float64, expires time.Time) budget.Document {
+		return budget.Document{Rule: "g-strict", Seq: seq, Issued: clock.Now(), Shard: shard, Shards: shards,
+			Leases: map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: share, Expires: expires}}}
+	}
+	later := clock.Now().Add(10 * time.Second)
+	older, newer := doc(1, 2, 10, 0.6, later), doc(1, 2, 11, 0.1, later)
+	if !eu.SetBudget(older) || !eu.SetBudget(newer) {
+		t.Fatal("slice 1's documents were not taken")
+	}
+	if eu.SetBudget(older) {
+		t.Fatal("an older document of slice 1 was taken")
+	}
+	// A leftover of four slices, lapsed long ago; one in force.
+	if eu.SetBudget(doc(2, 4, 99, 0.9, clock.Now().Add(-time.Minute))) {
+		t.Error("a lapsed document of four slices was taken")
+	}
+	if eu.SetBudget(doc(2, 4, 99, 0.9, later)) {
+		t.Error("a document of four slices was taken while slice 1's lease of two holds")
+	}
+	if eu.SetBudget(older) {
+		t.Error("the older document of slice 1 was taken after documents of another slicing")
+	}
+	if got, _ := eu.CounterAllowance("g-strict", b); math.Abs(got-0.15) > 1e-9 {
+		t.Errorf("%s (slice 1): %v, want the newer lease's 0.15", b, got)
 	}
 }

@@ -324,7 +324,7 @@ func (s *Scenario) check(src string) error {
 	case !(*s.Budget.Reserve >= 0 && *s.Budget.Reserve <= 1):
 		return invalid(src, "budget.reserve", "%v: want 0 to 1", *s.Budget.Reserve)
 	case s.GlobalSync.Shards < 0 || s.GlobalSync.Shards > budget.MaxShards:
-		return invalid(src, "globalsync.shards", "%d: want 1 to %d", s.GlobalSync.Shards, budget.MaxShards)
+		return invalid(src, "globalsync.shards", "%d: want 0 (one instance) to %d", s.GlobalSync.Shards, budget.MaxShards)
 	case s.Budget.Skew < 0:
 		return invalid(src, "budget.skew", "%v: want 0 or more", s.Budget.Skew)
 	case len(s.Traffic) == 0:

@@ -209,6 +209,9 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 			t = &demandTrack{}
 			r.rules[id] = t
 		}
+		if len(rep.Acks) > budget.MaxShards {
+			rep.Acks = nil // no slicing has that many: acknowledges nothing
+		}
 		t.last = rep
 		counted := countedOf(rep.CountedMillis)
 		t.rate.Add(rep.Admitted+rep.Denied, counted, window, now)
@@ -261,6 +264,9 @@ func (c *Coordinator) owns(key string) bool {
 // coordinator's slice's lease.
 func (c *Coordinator) acked(rep *gossip.RuleReport) uint64 {
 	if c.cfg.Shards <= 1 {
+		if len(rep.Acks) > 0 {
+			return 0 // it holds leases of a slicing: their Seqs are not ours
+		}
 		return rep.Acked
 	}
 	if len(rep.Acks) != c.cfg.Shards {

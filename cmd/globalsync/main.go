@@ -88,7 +88,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", 10*time.Second, "how long a region's budget lease holds, at most 5m")
 	fs.Float64Var(&c.reserve, "reserve", 0.10, "fraction of each global limit kept as the regions' floors")
 	fs.IntVar(&c.counters, "counters", budget.DefaultMaxCounters, fmt.Sprintf("most counters (tenants) of a rule with budgets of their own, following their own demand (at most %d; 0: none); each takes some 60 to 170 bytes of the rule's budget document, which holds no more than fit in a NATS message", budget.MaxCounters))
-	fs.IntVar(&c.shards, "shards", 1, fmt.Sprintf("run globalsync as this many instances (at most %d), each the leader of the slice of the counters whose keys hash to its --shard (its own leader claim and budget documents); run every slice, with a standby each if you like", budget.MaxShards))
+	fs.IntVar(&c.shards, "shards", 1, fmt.Sprintf("run globalsync as this many instances (at most %d), each the leader of the slice of the counters whose keys hash to its --shard (its own leader claim and budget documents); run every slice, with a standby each if you like; every regiond must know slices first, and changing it wants every instance stopped first (docs/operations.md)", budget.MaxShards))
 	fs.IntVar(&c.shard, "shard", 0, "the slice of the counters this instance leads, 0 to --shards-1; slice 0's leader publishes the rules")
 	c.natsAuth.AddFlags(fs)
 	c.tls.AddFlags(fs)

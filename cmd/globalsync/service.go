@@ -354,7 +354,7 @@ func (s *Service) publishRules(ctx context.Context, now time.Time) error {
 	s.mu.Lock()
 	cur, published := s.coord.Rules(), s.rulesRev > 0
 	s.mu.Unlock()
-	if cur != nil && bytes.Equal(yaml, cur.YAML()) && published {
+	if cur != nil && bytes.Equal(yaml, cur.YAML()) && (published || s.cfg.Shard > 0) {
 		return nil
 	}
 	rs, err := regional.Parse("rules", yaml)

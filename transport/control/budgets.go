@@ -46,7 +46,7 @@ func ShardOfBudgetKey(key string) (int, bool) {
 		return 0, true
 	}
 	i, err := strconv.Atoi(n)
-	if err != nil || i <= 0 || i >= budget.MaxShards {
+	if err != nil || i <= 0 || i >= budget.MaxShards || strconv.Itoa(i) != n {
 		return 0, false
 	}
 	return i, true
