@@ -50,8 +50,8 @@ type Config struct {
 	// books, and its documents are the rules' leases on that slice. 0 or
 	// 1 shards: every counter. Budget.Counters is then the whole rule's:
 	// each slice gives budgets of their own to its share of them, a
-	// Shards-th rounded up, since a region's heartbeat names every counter
-	// it holds one for, whatever its slice, and bounds them all
+	// Shards-th (at least one), since a region's heartbeat names every
+	// counter it holds one for, whatever its slice, and bounds them all
 	// (budget.MaxCounters).
 	Shard, Shards int
 }
@@ -162,8 +162,8 @@ func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Shards > 1 {
-		cfg.Budget.Counters = (cfg.Budget.Counters + cfg.Shards - 1) / cfg.Shards
+	if cfg.Shards > 1 && cfg.Budget.Counters > 0 {
+		cfg.Budget.Counters = max(1, cfg.Budget.Counters/cfg.Shards)
 	}
 	c := &Coordinator{cfg: cfg, replicas: map[string]*replica{}, rules: map[string]budget.Rule{}, heard: map[string]time.Time{},
 		listed: map[string]bool{}, docs: map[string]budget.Document{}, tooLarge: map[string]int{}, over: map[string]bool{}, books: newBooks()}
