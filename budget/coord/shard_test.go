@@ -131,3 +131,77 @@ func TestShardsServeTheirSlices(t *testing.T) {
 		}
 	}
 }
+
+// TestSliceCountsItsOwnAcknowledgements: each slice's leader counts a
+// region's acknowledgement of its own slice's lease (RuleReport.Acks),
+// not another slice's; one that does not say how many slices it holds
+// acknowledges nothing to a sliced leader, and one that does, nothing to
+// a leader of one slice.
+func TestSliceCountsItsOwnAcknowledgements(t *testing.T) {
+	const window = time.Minute
+	regions := []string{"eu", "us"}
+	rs, err := regional.Parse("rules.yaml", []byte(
+		"rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 1000, window: 1m }\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	newCoord := func(shard, shards int) *coord.Coordinator {
+		c, err := coord.New(coord.Config{ID: fmt.Sprintf("gs%d", shard), Regions: regions, Shard: shard, Shards: shards})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Restore(nil); err != nil {
+			t.Fatal(err)
+		}
+		c.SetRules(start, rs)
+		return c
+	}
+	whole, s0, s1 := newCoord(0, 0), newCoord(0, 2), newCoord(1, 2)
+	all := []*coord.Coordinator{whole, s0, s1}
+	heartbeat := func(now time.Time, acked uint64, acks []uint64) {
+		for _, r := range regions {
+			hb := gossip.Heartbeat{Region: r, Replica: r, Regions: regions,
+				Rules: map[string]gossip.RuleReport{"g": {Admitted: 1, Acked: acked, Acks: acks, WindowMillis: window.Milliseconds(),
+					UsedEpoch: now.UnixMilli() / window.Milliseconds(), Algorithm: "fixed_window", Limit: 1000}}}
+			for _, c := range all {
+				c.Heartbeat(now, hb)
+			}
+		}
+	}
+	var seqs []uint64
+	for sec := range 3 {
+		now := start.Add(time.Duration(sec) * time.Second)
+		heartbeat(now, 0, nil)
+		seqs = seqs[:0]
+		for _, c := range all {
+			docs, _, err := c.Rebalance(now)
+			if err != nil || len(docs) != 1 {
+				t.Fatalf("rebalance: %d documents, %v", len(docs), err)
+			}
+			seqs = append(seqs, docs[0].Seq)
+		}
+	}
+	// The regions hold every lease given: they acknowledge slice 0's
+	// and not slice 1's, and say so as a region that holds slices does;
+	// the whole leader hears the same acknowledgement of its own Seq.
+	now := start.Add(3 * time.Second)
+	heartbeat(now, seqs[0], []uint64{seqs[1], 0})
+	acked := map[*coord.Coordinator]uint64{}
+	for _, c := range all {
+		docs, _, err := c.Rebalance(now)
+		if err != nil || len(docs) != 1 {
+			t.Fatalf("rebalance: %d documents, %v", len(docs), err)
+		}
+		acked[c] = docs[0].Acked["eu"]
+	}
+	if acked[s0] != seqs[1] {
+		t.Errorf("slice 0 counts eu's acknowledgement as %d, want its own lease's %d", acked[s0], seqs[1])
+	}
+	if acked[s1] != 0 {
+		t.Errorf("slice 1 counts eu's acknowledgement as %d, want none (eu acknowledged only slice 0's)", acked[s1])
+	}
+	if acked[whole] != 0 {
+		t.Errorf("the leader of one slice counts %d from a region that holds slices, want none", acked[whole])
+	}
+}
