@@ -129,6 +129,10 @@ type Service struct {
 
 	overAdmitted *prometheus.CounterVec
 
+	// agreed is false while slice 0's leader was last found to cut the
+	// counters otherwise (sameSlicing).
+	agreed atomic.Bool
+
 	closeOnce sync.Once
 	closed    atomic.Bool
 	stop      chan struct{}
@@ -155,6 +159,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, nc: nc, coord: c, revs: map[string]uint64{}, overAdmitted: newOverAdmittedMetric(), url: cfg.URL,
 		stop: make(chan struct{}), done: make(chan struct{})}
+	s.agreed.Store(true)
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(s.overAdmitted, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_globalsync_leader",
 			Help: "1 while this globalsync instance leads."}, func() float64 {
@@ -394,10 +399,13 @@ func (s *Service) publishRules(ctx context.Context, now time.Time) error {
 }
 
 // leaderClaim is the leader's claim, the value of control.LeaderKey in the
-// leader bucket. URL, if known, is the leader's dashboard.
+// leader bucket (control.ShardLeaderKey of its slice). URL, if known, is
+// the leader's dashboard; Shards, the slices it runs with (--shards; 0:
+// one).
 type leaderClaim struct {
 	ID         string `json:"id"`
 	UntilMilli int64  `json:"until_ms"`
+	Shards     int    `json:"shards,omitempty"`
 	URL        string `json:"url,omitempty"`
 }
 
@@ -408,8 +416,20 @@ type leaderClaim struct {
 func (s *Service) lead(ctx context.Context, now time.Time) bool {
 	s.mu.Lock()
 	own := leaderClaim{ID: s.cfg.ID, UntilMilli: now.Add(s.cfg.LeaderTTL).UnixMilli(), URL: s.url}
+	if s.cfg.Shards > 1 {
+		own.Shards = s.cfg.Shards
+	}
 	leading, rev := s.coord.Leading(), s.leaderRev
 	s.mu.Unlock()
+	if s.cfg.Shard > 0 && !s.sameSlicing(ctx, now) {
+		if leading {
+			s.mu.Lock()
+			s.coord.Follow()
+			s.claimAt = time.Time{}
+			s.mu.Unlock()
+		}
+		return false
+	}
 	val, _ := json.Marshal(own)
 	if leading {
 		nrev, err := s.claims.Update(ctx, control.ShardLeaderKey(s.cfg.Shard), val, rev)
@@ -464,6 +484,31 @@ func (s *Service) lead(ctx context.Context, now time.Time) bool {
 	s.mu.Unlock()
 	s.cfg.Logger.Info("globalsync: leading", "id", s.cfg.ID)
 	return true
+}
+
+// sameSlicing reports whether slice 0's leader, if one leads, runs with
+// this instance's number of slices: slice 0's claim says how the counters
+// are cut, and a slice of another cutting does not lead beside it (its
+// documents would be of counters slice 0's cutting gives to others). It
+// says so once each time it starts to disagree.
+func (s *Service) sameSlicing(ctx context.Context, now time.Time) bool {
+	en, err := s.claims.Get(ctx, control.LeaderKey)
+	if err != nil {
+		return true // none leads slice 0, or none is known to: nothing to disagree with
+	}
+	var zero leaderClaim
+	if json.Unmarshal(en.Value(), &zero) != nil || now.UnixMilli() >= zero.UntilMilli+s.cfg.Budget.Skew.Milliseconds() {
+		return true
+	}
+	same := max(1, zero.Shards) == max(1, s.cfg.Shards)
+	if !same && s.agreed.Swap(false) {
+		s.cfg.Logger.Error("globalsync: not leading: slice 0's leader cuts the counters otherwise",
+			"shards", max(1, s.cfg.Shards), "slice 0 leader", zero.ID, "its shards", max(1, zero.Shards))
+	}
+	if same {
+		s.agreed.Store(true)
+	}
+	return same
 }
 
 // takeOver has the coordinator lead from what the budgets bucket holds:

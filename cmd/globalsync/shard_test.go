@@ -17,7 +17,8 @@ import (
 // 1: each slice has its own leader (its own claim), each publishes its
 // documents under its own keys, and the region holds and acknowledges
 // both slices' leases; when slice 1's leader goes away the standby leads
-// it from its key's history, and slice 0 leads on.
+// it from its key's history, and slice 0 leads on; an instance of another
+// number of slices does not lead beside them.
 func TestShardsOverNATS(t *testing.T) {
 	ns := harness.NewNATS(t, harness.NATSOptions{JetStream: true})
 	w := newWorld(t)
@@ -92,5 +93,17 @@ func TestShardsOverNATS(t *testing.T) {
 	}
 	if !a.Leader() {
 		t.Error("slice 0's leader lost the lead when slice 1's went away")
+	}
+
+	// An instance started with another number of slices does not lead
+	// beside slice 0's leader, which cuts the counters otherwise.
+	other := cfg
+	other.Shards, other.Shard = 3, 2
+	d := w.service("d", ns.ClientURL(), other)
+	for range 20 {
+		w.step(100 * time.Millisecond)
+		if d.Leader() {
+			t.Fatal("slice 2 of 3 leads beside slice 0 of 2")
+		}
 	}
 }
