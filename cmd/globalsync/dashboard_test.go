@@ -242,15 +242,27 @@ func TestDashboardInABrowser(t *testing.T) {
 		checks(t, eu, 10, 1)
 		checks(t, us, 10, 1)
 	}
+	// Time moves in lockstep with NATS's deliveries: every heartbeat
+	// heard and every lease delivered before the next step.
 	for range 40 {
 		traffic()
-		w.step(250 * time.Millisecond)
+		w.lockstep(250 * time.Millisecond)
 	}
-	harness.WaitFor(t, 20*time.Second, "every region reports the lease it holds, eu's and us's of their demand and spare", func() bool {
+	for i := 0; !enforcing(svc, "g", regions, coord.EnforcingLease) || reason(svc, "g", "eu") != budget.WhySpare || reason(svc, "g", "us") != budget.WhySpare; i++ {
+		if i == 8 {
+			var got []string
+			for r, l := range svc.Dashboard().Leases["g"] {
+				state := "none"
+				if l.Enforced != nil {
+					state = l.Enforced.State
+				}
+				got = append(got, fmt.Sprintf("%s: granted for %q, enforcing %s", r, reason(svc, "g", r), state))
+			}
+			t.Fatalf("every region reports the lease it holds, eu's and us's of their demand and spare: not after 2 s more (%s)", strings.Join(got, "; "))
+		}
 		traffic()
-		w.step(250 * time.Millisecond)
-		return enforcing(svc, "g", regions, coord.EnforcingLease) && reason(svc, "g", "eu") == budget.WhySpare && reason(svc, "g", "us") == budget.WhySpare
-	})
+		w.lockstep(250 * time.Millisecond)
+	}
 
 	p := load(t, browser(t), web.URL+"/#token=t0ken")
 	p.shows("the leader", "gs leads.")

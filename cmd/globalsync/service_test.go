@@ -102,6 +102,39 @@ func (w *world) waitFor(d time.Duration, what string, cond func() bool) {
 	})
 }
 
+// lockstep steps time by d, then waits in real time until NATS has
+// delivered what the step sent: every service has heard every region's
+// heartbeat of this step, and every region holds each leader's newest
+// leases. Time then runs no faster than NATS delivers, however loaded the
+// machine, so that no region goes stale, and no lease lapses, only
+// because a delivery took longer than the test's steps. For tests in
+// which every region speaks and every service runs.
+func (w *world) lockstep(d time.Duration) {
+	w.t.Helper()
+	w.step(d)
+	now := w.clock()
+	w.mu.Lock()
+	regions, services := w.regions, w.services
+	w.mu.Unlock()
+	harness.WaitFor(w.t, 20*time.Second, "every region heard and every lease delivered", func() bool {
+		for _, s := range services {
+			for _, r := range regions {
+				if at, ok := s.Gossip().Node().LastHeard(r.name); !ok || at.Before(now) {
+					return false
+				}
+			}
+			for _, doc := range s.Budgets() {
+				for _, r := range regions {
+					if l, _, ok := r.engine.Lease(doc.Rule); !ok || l.Seq < doc.Seq {
+						return false
+					}
+				}
+			}
+		}
+		return true
+	})
+}
+
 // region is one regiond replica in this process: an engine on memory, its
 // gossip, and its budget and rules watchers. A silent one sends nothing
 // (no heartbeat, no delta): globalsync no longer hears it.
