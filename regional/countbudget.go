@@ -39,6 +39,7 @@ type counterBudgets struct {
 // (has), or none while the counter is released (it then enforces the
 // rule's floor on it), and when it goes back to the rule (released).
 type heldCounter struct {
+	key          string // CounterKey(rule, values)
 	rule, values string
 	lease        budget.Lease
 	has          bool
@@ -55,11 +56,13 @@ type heldCounter struct {
 // counterDemand counts what a region was asked for of one counter, as
 // ruleDemand does for a rule.
 type counterDemand struct {
+	key              string // CounterKey(rule, values)
 	rule, values     string
 	since            int64 // µs: when the region began counting
 	admitted, denied atomic.Int64
 	touched          atomic.Int64 // µs of the last check
 	reported         atomic.Int64 // admitted and denied, as last reported
+	gone             atomic.Bool  // forgotten: a denial that kept it looks it up again
 }
 
 // maxTrackedCounters bounds the counters a region tracks on their own:
@@ -78,11 +81,19 @@ const trackIdle = 30 * time.Second
 // counter returns the budget the region holds for a counter key, if it has
 // one and has not gone back to the rule by now.
 func (g *globalState) counter(key []byte, now time.Time) *heldCounter {
-	m := g.budgets.held.Load()
+	return liveAt(heldIn(g.budgets.held.Load(), key), now)
+}
+
+// heldIn is a counter key's budget in the budgets m, if it has one.
+func heldIn(m *map[string]*heldCounter, key []byte) *heldCounter {
 	if m == nil || len(*m) == 0 {
 		return nil
 	}
-	h := (*m)[string(key)]
+	return (*m)[string(key)]
+}
+
+// liveAt is h, unless it has gone back to the rule by now.
+func liveAt(h *heldCounter, now time.Time) *heldCounter {
 	if h == nil || (!h.released.IsZero() && !now.Before(h.released)) {
 		return nil
 	}
@@ -93,7 +104,9 @@ func (g *globalState) counter(key []byte, now time.Time) *heldCounter {
 // looked up once for the check.
 func (e *Engine) heldFor(it *item, now int64) *heldCounter {
 	if !it.heldKnown {
-		it.held, it.heldKnown = e.global.counter(it.key, time.UnixMicro(now)), true
+		m := e.global.budgets.held.Load()
+		it.heldIn, it.heldEntry = m, heldIn(m, it.key)
+		it.held, it.heldKnown = liveAt(it.heldEntry, time.UnixMicro(now)), true
 	}
 	return it.held
 }
@@ -161,18 +174,22 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 			next[k] = h
 		}
 	}
+	var buf []byte
 	for values, byRegion := range d.Counters {
-		key := CounterKey(d.Rule, values)
-		if budget.ShardOf(key, n) != d.Shard {
+		buf = appendCounterKey(buf[:0], d.Rule, values)
+		if budget.ShardOf(buf, n) != d.Shard {
 			continue // another slice's: not this leader's to give
 		}
-		old := (*cur)[key]
+		old := (*cur)[string(buf)]
 		if resliced {
 			old = nil
 		}
-		h := &heldCounter{rule: d.Rule, values: values}
+		var h *heldCounter
 		if old != nil && old.rule == d.Rule {
+			h = new(heldCounter)
 			*h = *old
+		} else {
+			h = &heldCounter{key: string(buf), rule: d.Rule, values: values}
 		}
 		c, ok := byRegion[e.cfg.Region]
 		switch {
@@ -199,7 +216,7 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 				h.leases = regionLeases(byRegion, g.regions)
 			}
 		}
-		next[key] = h
+		next[h.key] = h
 	}
 	// Counters the document does not name have gone back to the rule.
 	g.budgets.held.Store(&next)
@@ -316,22 +333,11 @@ func (e *Engine) ruleFloor(r *Rule) float64 {
 // trackCounter counts a check of a counter on its own: one that holds a
 // budget of its own, or one denied under the rule's lease (a candidate).
 func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
-	g := e.global
-	var d *counterDemand
-	g.budgets.demand.with(it.key, func(m map[string]*counterDemand) {
-		if d = m[string(it.key)]; d != nil || g.budgets.tracked.Load() >= maxTrackedCounters {
-			return
-		}
-		rule, values, ok := ParseCounterKey(string(it.key))
-		if !ok {
-			return
-		}
-		// Counted from this check on, this one left out: a rate of
-		// the first report is what came in since it (one check over
-		// a few hundred milliseconds is no pace).
-		m[string(it.key)] = &counterDemand{rule: rule, values: values, since: now}
-		g.budgets.tracked.Add(1)
-	})
+	d := it.demand
+	if d == nil {
+		d = e.lookupDemand(it, now)
+		it.demand = d
+	}
 	if d == nil {
 		return
 	}
@@ -343,6 +349,30 @@ func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
 		d.denied.Add(units)
 	}
 	d.touched.Store(now)
+}
+
+// lookupDemand finds what the region counts of a check's counter on its
+// own; nil for one it begins to track now, if there is room (this check
+// is left out of it).
+func (e *Engine) lookupDemand(it *item, now int64) *counterDemand {
+	g := e.global
+	var d *counterDemand
+	g.budgets.demand.with(it.key, func(m map[string]*counterDemand) {
+		if d = m[string(it.key)]; d != nil || g.budgets.tracked.Load() >= maxTrackedCounters {
+			return
+		}
+		key := string(it.key)
+		rule, values, ok := ParseCounterKey(key)
+		if !ok {
+			return
+		}
+		// Counted from this check on, this one left out: a rate of
+		// the first report is what came in since it (one check over
+		// a few hundred milliseconds is no pace).
+		m[key] = &counterDemand{key: key, rule: rule, values: values, since: now}
+		g.budgets.tracked.Add(1)
+	})
+	return d
 }
 
 // CounterReport is what a replica reports of one counter on its own.
@@ -384,6 +414,7 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 		h := held[k]
 		if h == nil && us-d.touched.Load() > trackIdle.Microseconds() {
 			g.budgets.tracked.Add(-1)
+			d.gone.Store(true)
 			return true
 		}
 		cands = append(cands, cand{d, h})
@@ -392,7 +423,7 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 	for k, h := range held {
 		if h.rule == r.ID {
 			if _, ok := g.budgets.demand.load([]byte(k)); !ok {
-				cands = append(cands, cand{&counterDemand{rule: h.rule, values: h.values}, h})
+				cands = append(cands, cand{&counterDemand{key: k, rule: h.rule, values: h.values}, h})
 			}
 		}
 	}
@@ -439,7 +470,7 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 		if c.held != nil && c.held.has {
 			rep.Acked = c.held.recent.ackable(now, e.cfg.Timeout)
 		}
-		key := CounterKey(r.ID, c.d.values)
+		key := c.d.key
 		if _, limit, ok := rs.GlobalLimitOf(key); ok && limit > 0 {
 			start := ep * window / 1000
 			var p, n, pp, pn uint64

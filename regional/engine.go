@@ -313,9 +313,18 @@ type item struct {
 	// store (degraded.go), given back if the request is denied.
 	degradedTaken bool
 	// held is a global limit's budget of its own at the check's time,
-	// once heldKnown: looked up once a check (heldFor).
+	// once heldKnown: looked up once a check (heldFor), in the region's
+	// budgets heldIn, where it is heldEntry (which may have gone back to
+	// the rule by now: then held is nil).
 	held      *heldCounter
 	heldKnown bool
+	heldIn    *map[string]*heldCounter
+	heldEntry *heldCounter
+	// demand is what the region counts of a global limit's counter on its
+	// own, once looked up (trackCounter); dn, the denial the cache denied
+	// it with, or the one the check left there.
+	demand *counterDemand
+	dn     *denial
 }
 
 // Check decides whether the request may go through and fills d (reusing
@@ -336,7 +345,7 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	}
 	if rs.Blocked(req.APIKey) || e.blockedAt(req.APIKey, now) {
 		d.Code = CodeBlocked
-		e.violations.add(e, CodeBlocked, []byte(req.APIKey), func() Violation {
+		e.violations.add(e, CodeBlocked, []byte(req.APIKey), nil, func() Violation {
 			return Violation{Time: now, APIKey: req.APIKey, IP: req.IP, Endpoint: req.Endpoint}
 		})
 		return nil
@@ -661,7 +670,11 @@ func (e *Engine) violation(it *item, req *Request, now int64) {
 	if it.refused {
 		code = CodeKeyLimit
 	}
-	e.violations.add(e, code, it.key, func() Violation {
+	var ref *violationRef
+	if it.dn != nil && !it.refused {
+		ref = &it.dn.viol
+	}
+	e.violations.add(e, code, it.key, ref, func() Violation {
 		return Violation{Time: time.UnixMicro(now), Rule: it.rule.ID, Key: string(it.key),
 			APIKey: req.APIKey, IP: req.IP, Endpoint: req.Endpoint, Limit: it.params.Limit, Cost: it.cost,
 			RetryAfter: time.Duration(it.result.RetryAfter) * time.Microsecond}

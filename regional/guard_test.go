@@ -822,3 +822,56 @@ rules:
 		}
 	}
 }
+
+// TestCachedDenialsCountTheirViolation: the checks the denial cache denies
+// count in their key's violation as those the store denies do, through
+// the denial's reference to it, and a flush starts each key's count anew
+// (the reference of an earlier flush counts nothing); another key's
+// violation is its own.
+func TestCachedDenialsCountTheirViolation(t *testing.T) {
+	ctx := t.Context()
+	log := NewMemoryViolations(100)
+	e := New(Config{Region: "us", Violations: log}, mustParse(t, `
+rules:
+  - { id: r, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h }
+`))
+	counts := func() map[string]int64 {
+		t.Helper()
+		if err := e.Maintain(ctx); err != nil {
+			t.Fatal(err)
+		}
+		vs, err := log.Recent(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for _, v := range vs {
+			got[v.Key] += v.Count
+		}
+		return got
+	}
+	mustCheck(t, e, Request{APIKey: "a"})
+	mustCheck(t, e, Request{APIKey: "b"})
+	for range 7 {
+		if d := mustCheck(t, e, Request{APIKey: "a"}); d.Allowed {
+			t.Fatalf("a admitted over its limit: %+v", d)
+		}
+	}
+	mustCheck(t, e, Request{APIKey: "b"})
+	if hits := e.Stats().DenialCacheHits.Load(); hits != 6 {
+		t.Fatalf("%d denials from the cache, want 6 (the store's first, then the cache's)", hits)
+	}
+	if got := counts(); got["gq:{r:a}"] != 7 || got["gq:{r:b}"] != 1 || len(got) != 2 {
+		t.Fatalf("violations after the first flush %v, want a's 7 and b's 1", got)
+	}
+	for range 3 {
+		mustCheck(t, e, Request{APIKey: "a"})
+	}
+	if got := counts(); got["gq:{r:a}"] != 7+3 || got["gq:{r:b}"] != 1 {
+		t.Fatalf("violations after the second flush %v, want a's 3 more in a violation of its own", got)
+	}
+	vs, _ := log.Recent(ctx, 100)
+	if len(vs) != 3 || vs[0].Key != "gq:{r:a}" || vs[0].Count != 3 {
+		t.Fatalf("violations %+v, want the second flush's of a alone, with 3", vs)
+	}
+}

@@ -14,7 +14,19 @@ const (
 
 // CounterKey returns the key of rule's counter for the descriptor values.
 func CounterKey(rule, values string) string {
-	return string(append(appendKeyPrefix(nil, rule), values+string(keyClose)...))
+	var b strings.Builder
+	b.Grow(len(keyOpen) + len(rule) + len(values) + 2)
+	b.WriteString(keyOpen)
+	b.WriteString(rule)
+	b.WriteByte(':')
+	b.WriteString(values)
+	b.WriteByte(keyClose)
+	return b.String()
+}
+
+// appendCounterKey appends CounterKey(rule, values) to dst.
+func appendCounterKey(dst []byte, rule, values string) []byte {
+	return append(append(appendKeyPrefix(dst, rule), values...), keyClose)
 }
 
 // ParseCounterKey splits a counter key into its rule and descriptor values.

@@ -35,6 +35,15 @@ type denial struct {
 	// (until may be sooner, for a global limit whose room may come back
 	// sooner; a denial from the cache says the same as the store).
 	retryAt int64
+	// What the check that left it looked up of its counter, which the
+	// checks it denies would look up again: its budget of its own in the
+	// region's budgets heldIn (while those are in force), what the region
+	// counts of it on its own (while not gone), and its violation of
+	// this flush (guarded by the violations' lock).
+	heldIn *map[string]*heldCounter
+	held   *heldCounter
+	demand *counterDemand
+	viol   violationRef
 }
 
 // fromCache denies the request from this replica's memory if it can: a
@@ -82,6 +91,14 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 			}
 			it.decided, it.cached, denied = true, true, true
 			it.result = Result{Remaining: 0, ResetAt: max(dn.resetAt, dn.until), RetryAfter: max(dn.until, dn.retryAt) - now}
+			it.dn = dn
+			if dn.heldIn != nil && dn.heldIn == e.global.budgets.held.Load() {
+				it.heldIn, it.heldEntry, it.heldKnown = dn.heldIn, dn.held, true
+				it.held = liveAt(dn.held, time.UnixMicro(now))
+			}
+			if d := dn.demand; d != nil && !d.gone.Load() {
+				it.demand = d
+			}
 		})
 		if it.cached {
 			e.stats.DenialCacheHits.Add(1)
@@ -101,7 +118,8 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 // rememberDenial caches a limit the store found over, until the request
 // could be allowed again, and tells the siblings.
 func (e *Engine) rememberDenial(it *item, now int64) {
-	dn := denial{until: now + it.result.RetryAfter, cost: it.cost, resetAt: now + (it.result.ResetAt - it.storeNow)}
+	dn := denial{until: now + it.result.RetryAfter, cost: it.cost, resetAt: now + (it.result.ResetAt - it.storeNow),
+		heldIn: it.heldIn, held: it.heldEntry, demand: it.demand}
 	dn.retryAt = dn.until
 	if it.rule.Scope == ScopeGlobal {
 		dn.until = min(dn.until, now+globalDenialHold)
@@ -118,6 +136,7 @@ func (e *Engine) rememberDenial(it *item, now int64) {
 			e.denialCount.Add(1)
 		}
 		m[string(it.key)] = &dn
+		it.dn = &dn
 	})
 	if e.cfg.OnDenied != nil {
 		e.cfg.OnDenied(Denial{Key: string(it.key), Until: time.UnixMicro(dn.until), Cost: dn.cost, Limit: it.params.Limit,

@@ -45,14 +45,30 @@ type violationBuffer struct {
 	max     int
 	pending map[Code]map[string]*Violation
 	order   []*Violation
+	gen     uint64 // flushes so far
+}
+
+// violationRef is where a denial keeps its counter's violation of a
+// flush (gen), so that the checks it denies count it without looking it
+// up. Guarded by the buffer's lock.
+type violationRef struct {
+	v   *Violation
+	gen uint64
 }
 
 // add counts a denial of id (a counter's key, or a blocked API key) for
 // code, and builds its Violation with mk only if it is the first since the
 // last flush, so that a flood allocates nothing.
-func (b *violationBuffer) add(e *Engine, code Code, id []byte, mk func() Violation) {
+//
+// ref, if not nil, is the denial's reference to id's violation for code:
+// counted through it if it is of this flush, and set to it otherwise.
+func (b *violationBuffer) add(e *Engine, code Code, id []byte, ref *violationRef, mk func() Violation) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if ref != nil && ref.v != nil && ref.gen == b.gen {
+		ref.v.Count++
+		return
+	}
 	if b.pending == nil {
 		b.pending = map[Code]map[string]*Violation{}
 	}
@@ -63,6 +79,9 @@ func (b *violationBuffer) add(e *Engine, code Code, id []byte, mk func() Violati
 	}
 	if old := m[string(id)]; old != nil {
 		old.Count++
+		if ref != nil {
+			ref.v, ref.gen = old, b.gen
+		}
 		return
 	}
 	if len(b.order) >= b.max {
@@ -73,6 +92,9 @@ func (b *violationBuffer) add(e *Engine, code Code, id []byte, mk func() Violati
 	v.Region, v.Code, v.Count = e.cfg.Region, code.String(), 1
 	m[string(id)] = &v
 	b.order = append(b.order, &v)
+	if ref != nil {
+		ref.v, ref.gen = &v, b.gen
+	}
 }
 
 func (b *violationBuffer) drain() []Violation {
@@ -83,6 +105,7 @@ func (b *violationBuffer) drain() []Violation {
 		out[i] = *v
 	}
 	b.order, b.pending = b.order[:0], nil
+	b.gen++
 	return out
 }
 

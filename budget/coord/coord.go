@@ -139,6 +139,7 @@ type demandTrack struct {
 	rate     budget.DemandRate
 	admitted budget.DemandRate // what was admitted, for the dashboard
 	counters map[string]*counterTrack
+	spare    map[string]*counterTrack // the map before counters, emptied: the next report's, without a new map each
 }
 
 // counterTrack is a replica's last report on a counter on its own.
@@ -225,12 +226,15 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 // every counter it holds a lease of), those it named lately as denied
 // after a while.
 func (c *Coordinator) trackCounters(rule string, t *demandTrack, reps map[string]gossip.CounterReport, window time.Duration, now time.Time) {
-	next := make(map[string]*counterTrack, min(len(reps), budget.MaxCounters))
+	next := t.spare
+	if next == nil {
+		next = make(map[string]*counterTrack, min(len(reps), budget.MaxCounters))
+	}
 	for key, rep := range reps {
 		if len(next) >= budget.MaxCounters {
 			break
 		}
-		if key == "" || len(key) > maxCounterKey || !c.owns(regional.CounterKey(rule, key)) {
+		if key == "" || len(key) > maxCounterKey || c.cfg.Shards > 1 && !c.owns(regional.CounterKey(rule, key)) {
 			continue
 		}
 		ct := t.counters[key]
@@ -251,7 +255,8 @@ func (c *Coordinator) trackCounters(rule string, t *demandTrack, reps map[string
 			next[key] = ct
 		}
 	}
-	t.counters = next
+	clear(t.counters)
+	t.counters, t.spare = next, t.counters
 }
 
 // owns says whether a counter (its key, regional.CounterKey) is of this
