@@ -15,9 +15,12 @@
 // due in a step run first, then every region's requests of the step. Each
 // region (with globalsync, in its region) is a place that touches only its
 // own state and hears the others over links at least the lookahead long,
-// so the places run in parallel, each up to the lookahead ahead of the
-// slowest (see runPlaces); an event that may touch anything (a sample, a
-// fault) stops them all at its step, which runs alone. Events due at the
+// so the places run in parallel, each as far ahead of each other as the
+// fastest link from that one to it, each telling the others how far it
+// has run step by step (see runPlaces); the samples are taken by each
+// place of its own regions at their step's start, and only an event that
+// may touch anything (a fault) stops them all at its step, which runs
+// alone. Events due at the
 // same time run in an order that does not depend on how the work was
 // spread, and each place draws its own loss and jitter, so that a run
 // gives the same output, byte for byte, for the same seed, however many

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/geoquota/geoquota/budget/coord"
 )
 
 // place is the endpoints that run in one region: the region, and
@@ -23,13 +25,17 @@ type place struct {
 	events  eventQueue    // touched by its own run alone
 	seq     uint64        // what it scheduled: the order of events due at the same time
 	rng     *rand.Rand    // the loss and jitter of what it sends
+	// nextSample is when the recorder next samples its regions, at the
+	// start of that step, before anything else of it runs.
+	nextSample time.Duration
 
 	mu    sync.Mutex
 	inbox []*event // what other places scheduled for it
 }
 
 // placeEndpoints puts every region in a place of its own and globalsync
-// in its region's, and takes the lookahead from the links between them.
+// in its region's, and takes the lookahead of each pair of places from
+// the links between them.
 func (s *sim) placeEndpoints() {
 	s.placeOf = make([]int, len(s.regions)+1)
 	for i, r := range s.regions {
@@ -39,15 +45,31 @@ func (s *sim) placeEndpoints() {
 	}
 	s.placeOf[len(s.regions)] = s.byName[s.sc.GlobalSync.Region].idx
 	step := s.sc.Step
-	s.lookahead = s.duration
-	for _, a := range s.regions {
-		for _, b := range s.regions {
-			if a != b {
-				s.lookahead = min(s.lookahead, s.net.Latency(a.name, b.name))
+	s.lookahead = make([][]time.Duration, len(s.places))
+	for i := range s.places {
+		s.lookahead[i] = make([]time.Duration, len(s.places))
+		for j := range s.places {
+			s.lookahead[i][j] = s.duration
+		}
+	}
+	// Every endpoint's links, globalsync's from its region's place.
+	names := make([]string, 0, len(s.regions)+1)
+	for _, r := range s.regions {
+		names = append(names, r.name)
+	}
+	names = append(names, coord.Name)
+	for a, from := range names {
+		for b, to := range names {
+			if pa, pb := s.placeOf[a], s.placeOf[b]; pa != pb {
+				s.lookahead[pa][pb] = min(s.lookahead[pa][pb], s.net.Latency(from, to))
 			}
 		}
 	}
-	s.lookahead = max(step, s.lookahead/step*step)
+	for i := range s.lookahead {
+		for j, d := range s.lookahead[i] {
+			s.lookahead[i][j] = max(step, d/step*step)
+		}
+	}
 }
 
 // push schedules e for p, from the place from: at once if from is p
@@ -77,8 +99,11 @@ func (p *place) drain() {
 
 // runPlaces runs every place from now until until (a step's start, with
 // no global event before it), in parallel: a place runs the steps that
-// end before every other place's done plus the lookahead, the place
-// furthest behind first.
+// end before every other place's done plus the lookahead from that place
+// to it, the place furthest behind first. A place says how far it has
+// run after every step, so that the others need not wait for the end of
+// its turn: one that runs globalsync's rebalance, the longest event,
+// leaves the others their whole lookahead to run meanwhile.
 func (s *sim) runPlaces(until time.Duration) {
 	for _, p := range s.places {
 		p.done = s.now
@@ -94,10 +119,22 @@ func (s *sim) runPlaces(until time.Duration) {
 		b := until
 		for _, q := range s.places {
 			if q != p {
-				b = min(b, q.done+s.lookahead)
+				b = min(b, q.done+s.lookahead[q.idx][p.idx])
 			}
 		}
 		return b
+	}
+	// advance says p has run every step before done, which lets the
+	// others run further while it goes on, and returns how far p may
+	// run now.
+	advance := func(p *place, done time.Duration) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		if done > p.done {
+			p.done = done
+			wake.Broadcast()
+		}
+		return bound(p)
 	}
 	s.workPool.run(min(s.workers, len(s.places)), func() {
 		mu.Lock()
@@ -124,9 +161,8 @@ func (s *sim) runPlaces(until time.Duration) {
 			b := bound(next)
 			running[next.idx] = true
 			mu.Unlock()
-			s.runPlace(next, b)
+			s.runPlace(next, b, advance)
 			mu.Lock()
-			next.done = b
 			running[next.idx] = false
 			wake.Broadcast()
 		}
@@ -136,8 +172,9 @@ func (s *sim) runPlaces(until time.Duration) {
 // runPlace runs a place's steps from its done until until, each as a
 // step of the whole simulation runs: the events due in it (and what they
 // schedule within it), then the regions' requests; steps with nothing to
-// do are skipped.
-func (s *sim) runPlace(p *place, until time.Duration) {
+// do are skipped. After each, it tells advance how far it has run, which
+// says how far it may run now (the others may have run on meanwhile).
+func (s *sim) runPlace(p *place, until time.Duration, advance func(*place, time.Duration) time.Duration) {
 	step := s.sc.Step
 	var due []*event
 	for now := p.done; now < until; {
@@ -146,6 +183,7 @@ func (s *sim) runPlace(p *place, until time.Duration) {
 		for _, r := range p.regions {
 			r.now = now
 		}
+		s.rec.sample(p)
 		for {
 			p.drain()
 			due = due[:0]
@@ -163,15 +201,17 @@ func (s *sim) runPlace(p *place, until time.Duration) {
 		arrival := s.duration
 		for _, r := range p.regions {
 			r.requests(end)
+			s.truth.foldSome(r.idx)
 			arrival = min(arrival, r.nextArrival())
 		}
-		// Skip steps with nothing to do; what other places send arrives
-		// at until or later.
+		// Skip steps with nothing to do, and no sample; what other places
+		// send arrives at until or later.
 		next := max(end, arrival/step*step)
 		if len(p.events) > 0 {
 			next = max(end, min(arrival, p.events[0].at)/step*step)
 		}
-		now = min(next, until)
+		now = min(next, until, max(end, p.nextSample))
+		until = advance(p, now)
 	}
 }
 

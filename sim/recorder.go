@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
@@ -15,7 +17,6 @@ type recorder struct {
 	samples     []Sample
 	notes       []Note
 	heals       []Heal
-	expiries    []Expiry
 }
 
 // Sample is what every region may admit at one time, as a fraction of the
@@ -57,34 +58,59 @@ func newRecorder(s *sim) *recorder {
 // maxSamples bounds a run's samples of the regions' shares.
 const maxSamples = 10_000
 
+// start makes room for every sample of the run, one every sampleEvery
+// from 0 until the run ends: each place fills in its regions' as it comes
+// to them (sample), in parallel with the others.
 func (rec *recorder) start() {
-	rec.s.observeEvery(0, rec.sampleEvery, func() {
-		for _, r := range rec.s.regions {
-			rec.sample(r)
-		}
-	})
+	s := rec.s
+	for at := time.Duration(0); at < s.duration; at += rec.sampleEvery {
+		rec.samples = append(rec.samples, Sample{At: at, Shares: make([]float64, len(s.regions)), Leased: make([]bool, len(s.regions))})
+	}
+	for _, p := range s.places {
+		p.nextSample = 0
+	}
 }
 
 func (rec *recorder) note(at time.Duration, format string, args ...any) {
 	rec.notes = append(rec.notes, Note{At: at, Text: fmt.Sprintf(format, args...)})
 }
 
-// sample records one region's share in the sample of the moment, which
-// the first region's call opens.
-func (rec *recorder) sample(r *region) {
-	s := rec.s
-	if n := len(rec.samples); n == 0 || rec.samples[n-1].At != s.now {
-		rec.samples = append(rec.samples, Sample{At: s.now, Shares: make([]float64, len(s.regions)), Leased: make([]bool, len(s.regions))})
+// sample records the shares of a place's regions if a sample is due at
+// the start of the step it runs; it touches the place's own part of the
+// samples alone.
+func (rec *recorder) sample(p *place) {
+	if p.now != p.nextSample || p.now >= rec.s.duration {
+		return
 	}
-	smp := &rec.samples[len(rec.samples)-1]
+	p.nextSample += rec.sampleEvery
+	smp := &rec.samples[p.now/rec.sampleEvery]
+	for _, r := range p.regions {
+		rec.sampleRegion(smp, r)
+	}
+}
+
+// sampleRegion records one region's share in smp, and its lease's
+// expiry if it held one at the last sample and no longer does.
+func (rec *recorder) sampleRegion(smp *Sample, r *region) {
 	// Key 0 is the busiest counter of every scenario: with a budget of
 	// its own, its allowance is what the region gives it.
-	share, holds := r.engine.CounterAllowance(ruleID, s.keys[0])
+	share, holds := r.engine.CounterAllowance(ruleID, rec.s.keys[0])
 	smp.Shares[r.idx], smp.Leased[r.idx] = share, holds
 	if r.holding && !holds {
-		rec.expiries = append(rec.expiries, Expiry{At: s.now, Region: r.name})
+		r.expiries = append(r.expiries, Expiry{At: smp.At, Region: r.name})
 	}
 	r.holding = holds
+}
+
+// expiries are every region's expiries seen in the samples, in time
+// order, then the regions'.
+func (rec *recorder) expiries() []Expiry {
+	var all []Expiry
+	for _, r := range rec.s.regions {
+		all = append(all, r.expiries...)
+	}
+	slices.SortStableFunc(all, func(a, b Expiry) int { return cmp.Compare(a.At, b.At) })
+	return all
 }
 
 // target is one region's slot of one window, as it stood at a heal.

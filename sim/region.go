@@ -32,6 +32,8 @@ type region struct {
 	dec    regional.Decision
 
 	holding bool // held a lease at the last sample
+	// expiries are its leases' expiries seen in the samples (recorder).
+	expiries []Expiry
 }
 
 func newRegion(s *sim, idx int, name string, faulty bool, bcfg budget.Config) (*region, error) {

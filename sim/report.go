@@ -192,7 +192,7 @@ func (s *sim) report() *Report {
 	rep := &Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description), Mode: s.mode, Seed: s.seed,
 		Regions: sc.Regions, Limit: sc.Rule.Limit, Window: sc.Rule.Window, Algorithm: sc.Rule.Algorithm,
 		Duration: s.duration, Gossip: sc.Gossip.Interval, Samples: s.rec.samples, Notes: s.rec.notes,
-		Heals: s.rec.heals, Expiries: s.rec.expiries, Found: s.gs.found, BooksClosed: s.gs.closedThrough,
+		Heals: s.rec.heals, Expiries: s.rec.expiries(), Found: s.gs.found, BooksClosed: s.gs.closedThrough,
 		ElasticBound: *sc.Expect.MaxElasticOver,
 		MessagesCut:  s.net.cut.Load(), MessagesLost: s.net.lost.Load(), Faults: FaultsOf(sc, s.duration)}
 	for _, sh := range s.gs.shards {

@@ -303,8 +303,8 @@ func (s *Scenario) check(src string) error {
 		return invalid(src, "regions", "%d: want at least 2", len(s.Regions))
 	case s.Duration <= 0 || s.Duration > 48*time.Hour:
 		return invalid(src, "duration", "%v: want more than 0, at most 48h", s.Duration)
-	case s.Step <= 0 || s.Step > 100*time.Millisecond:
-		return invalid(src, "step", "%v: want more than 0, at most 100ms", s.Step)
+	case s.Step <= 0 || s.Step > 100*time.Millisecond || (100*time.Millisecond)%s.Step != 0:
+		return invalid(src, "step", "%v: want more than 0, at most 100ms, and 100ms a whole number of steps (the samples' times are steps')", s.Step)
 	case s.Network.Latency.Min < s.Step || s.Network.Latency.Max < s.Network.Latency.Min:
 		return invalid(src, "network.latency", "min %v, max %v: want step (%v) ≤ min ≤ max", s.Network.Latency.Min, s.Network.Latency.Max, s.Step)
 	case s.Network.Local < s.Step:

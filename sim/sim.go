@@ -46,9 +46,10 @@ type sim struct {
 	// len(regions) for globalsync).
 	places  []*place
 	placeOf []int
-	// lookahead is how far a place may run ahead of the others: the
-	// fastest link between places, in whole steps.
-	lookahead time.Duration
+	// lookahead is how far a place may run ahead of each other, by
+	// sending place then receiving place: the fastest link from the
+	// one's endpoints to the other's, in whole steps.
+	lookahead [][]time.Duration
 	globals   eventQueue // events that may touch anything
 	workPool  *pool      // s.workers goroutines, while the run lasts
 	gseq      uint64
@@ -225,14 +226,6 @@ func (s *sim) every(target int, start, period time.Duration, fn func()) {
 	p.push(p, &event{at: start, fn: fn, target: target, period: period})
 }
 
-// observeEvery runs fn, which only reads the places (a sample), at start
-// and every period after, while the run lasts: between steps, when every
-// place has run up to it (see observe).
-func (s *sim) observeEvery(start, period time.Duration, fn func()) {
-	s.gseq++
-	heap.Push(&s.globals, &event{at: start, src: global, seq: s.gseq, fn: fn, target: global, period: period, observe: true})
-}
-
 // run advances virtual time: the places run in parallel up to the next
 // event that may touch anything (see runPlaces), whose step then runs
 // alone.
@@ -256,25 +249,8 @@ func (s *sim) run() {
 			s.now = until
 			continue
 		}
-		if e := s.globals[0]; e.observe && e.at == s.now {
-			s.observe()
-			continue
-		}
 		s.globalStep()
 	}
-}
-
-// observe runs an event that only reads the places, due at the start of
-// the step: first of the step, as globalStep would run it, but without
-// running the step's other events alone.
-func (s *sim) observe() {
-	for _, p := range s.places {
-		p.now = s.now
-		for _, r := range p.regions {
-			r.now = s.now
-		}
-	}
-	s.pop(&s.globals).fn()
 }
 
 // globalStep runs one step in order, serially: the events due, global or
@@ -287,6 +263,7 @@ func (s *sim) globalStep() {
 		for _, r := range p.regions {
 			r.now = s.now
 		}
+		s.rec.sample(p)
 	}
 	var due []*event
 	for {
@@ -326,7 +303,7 @@ func (s *sim) globalStep() {
 func (s *sim) pop(q *eventQueue) *event {
 	e := heap.Pop(q).(*event)
 	if e.period > 0 && e.at+e.period <= s.duration {
-		next := &event{at: e.at + e.period, fn: e.fn, target: e.target, period: e.period, observe: e.observe}
+		next := &event{at: e.at + e.period, fn: e.fn, target: e.target, period: e.period}
 		if e.target == global {
 			s.gseq++
 			next.src, next.seq = global, s.gseq
@@ -434,10 +411,6 @@ type event struct {
 	fn     func()
 	target int           // global, or the one endpoint fn touches
 	period time.Duration // > 0: runs again every period
-	// observe marks a global event that changes nothing the places
-	// touch: due at a step's start, it runs between the places' parallel
-	// stretches, with no step run alone for it.
-	observe bool
 }
 
 type eventQueue []*event

@@ -388,6 +388,7 @@ traffic: [{ region: a, kind: steady, rate: 1 }]
 		{"bad mode", base + "modes: [lenient]\n", "modes[0]"},
 		{"skew of an unknown region", base + "clock_skew: { z: 1s }\n", "clock_skew"},
 		{"latency below the step", base + "network: { latency: { min: 500us, max: 1ms } }\n", "network.latency"},
+		{"step not dividing 100ms", base + "step: 30ms\n", "step"},
 		{"loss of 1", base + "network: { loss: 1 }\n", "network.loss"},
 		{"reserve above 1", base + "budget: { reserve: 1.5 }\n", "budget.reserve"},
 		{"fault after the end", base + "faults: [{ at: 2m, kind: heal }]\n", "faults[0].at"},

@@ -1,14 +1,26 @@
 package sim
 
+import (
+	"sync"
+	"sync/atomic"
+)
+
 // truth is what really happened: every request, by the window its region
 // counted it in. Regions record their own requests in parallel, into
-// their own records; between steps their requests join the per-counter
-// counts (fold).
+// their own records; from time to time their requests join the
+// per-counter counts (fold), each region's as its place runs, in
+// parallel with the others' (the counts are added atomically, and sums
+// do not depend on the order).
 type truth struct {
 	nkeys   int
+	mu      sync.Mutex               // guards global's map, not the counts
 	global  map[int64]*counterCounts // window epoch → per counter, every region
 	regions []*regionTruth
 }
+
+// foldAt is how many pending requests a region keeps before its place
+// folds them into the counts.
+const foldAt = 1 << 16
 
 // counterCounts is every counter's requests in one window.
 type counterCounts struct {
@@ -79,32 +91,57 @@ func (t *truth) record(region int, epoch int64, key int, allowed bool) {
 	rt.pend = append(rt.pend, pendKey(key, allowed))
 }
 
-// fold adds the regions' requests of the step to the per-counter counts.
+// fold adds every region's pending requests to the per-counter counts.
 func (t *truth) fold() {
-	for i, rt := range t.regions {
-		for j, run := range rt.runs {
-			end := len(rt.pend)
-			if j+1 < len(rt.runs) {
-				end = rt.runs[j+1].start
-			}
-			g := t.global[run.epoch]
-			if g == nil {
-				g = &counterCounts{admitted: make([]int32, t.nkeys), denied: make([]int32, t.nkeys), deniedIn: make([][]int32, len(t.regions))}
-				t.global[run.epoch] = g
-			}
-			for _, p := range rt.pend[run.start:end] {
-				key := p >> 1
-				if p&1 != 0 {
-					g.admitted[key]++
-					continue
-				}
-				g.denied[key]++
-				if g.deniedIn[i] == nil {
-					g.deniedIn[i] = make([]int32, t.nkeys)
-				}
-				g.deniedIn[i][key]++
-			}
-		}
-		rt.pend, rt.runs = rt.pend[:0], rt.runs[:0]
+	for i := range t.regions {
+		t.foldRegion(i)
 	}
+}
+
+// foldSome folds a region's pending requests if it has many: called by
+// the region's place alone.
+func (t *truth) foldSome(i int) {
+	if len(t.regions[i].pend) >= foldAt {
+		t.foldRegion(i)
+	}
+}
+
+// foldRegion adds a region's pending requests to the per-counter counts;
+// it writes the region's own records, and the counts atomically.
+func (t *truth) foldRegion(i int) {
+	rt := t.regions[i]
+	for j, run := range rt.runs {
+		end := len(rt.pend)
+		if j+1 < len(rt.runs) {
+			end = rt.runs[j+1].start
+		}
+		g := t.window(run.epoch)
+		denied := g.deniedIn[i] // the region's own: no other writes it
+		for _, p := range rt.pend[run.start:end] {
+			key := p >> 1
+			if p&1 != 0 {
+				atomic.AddInt32(&g.admitted[key], 1)
+				continue
+			}
+			atomic.AddInt32(&g.denied[key], 1)
+			if denied == nil {
+				denied = make([]int32, t.nkeys)
+				g.deniedIn[i] = denied
+			}
+			denied[key]++
+		}
+	}
+	rt.pend, rt.runs = rt.pend[:0], rt.runs[:0]
+}
+
+// window is the counts of window epoch, made if new.
+func (t *truth) window(epoch int64) *counterCounts {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	g := t.global[epoch]
+	if g == nil {
+		g = &counterCounts{admitted: make([]int32, t.nkeys), denied: make([]int32, t.nkeys), deniedIn: make([][]int32, len(t.regions))}
+		t.global[epoch] = g
+	}
+	return g
 }
