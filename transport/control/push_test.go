@@ -1,7 +1,6 @@
 package control
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -47,7 +45,7 @@ func TestPushedRulesAndBudgets(t *testing.T) {
 	e := regional.New(regional.Config{Region: "eu", Logger: discardLogger(), Global: regional.GlobalConfig{Regions: []string{"eu", "us"}}}, rs)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}, 2)
-	var logs lockedBuffer
+	var logs harness.LogBuffer
 	go func() {
 		WatchRules(ctx, js, subjects, e, slog.New(slog.NewTextHandler(&logs, nil)), nil)
 		done <- struct{}{}
@@ -119,7 +117,7 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 	e := regional.New(regional.Config{Region: "eu", Logger: discardLogger()}, rs)
 	wctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	var logs lockedBuffer
+	var logs harness.LogBuffer
 	resync := new(Resync)
 	go func() {
 		WatchRules(wctx, js, subjects, e, slog.New(slog.NewTextHandler(&logs, nil)), resync)
@@ -180,21 +178,3 @@ func TestRulesRevisionsApplyOnce(t *testing.T) {
 var subjects namespace.Names
 
 func itoa(n int) string { return strconv.Itoa(n) }
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use, for logs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}

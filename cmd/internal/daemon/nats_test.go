@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"flag"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -151,7 +149,7 @@ geoquota_insecure{link="nats"} 1
 func TestNATSErrorsAreLoggedOnce(t *testing.T) {
 	url := startNATS(t, natsserver.Options{Users: []*natsserver.User{{Username: "r", Password: "p",
 		Permissions: &natsserver.Permissions{Publish: &natsserver.SubjectPermission{Allow: []string{"mine"}}}}}})
-	var logged lockedBuffer // the handler logs from NATS's callback goroutine
+	var logged harness.LogBuffer // the handler logs from NATS's callback goroutine
 	reg := prometheus.NewRegistry()
 	h := NewNATSErrors(slog.New(slog.NewTextHandler(&logged, nil)), reg)
 	nc, err := nats.Connect(url, nats.UserInfo("r", "p"), h.Option())
@@ -177,23 +175,4 @@ func TestNATSErrorsAreLoggedOnce(t *testing.T) {
 	if n := testutil.ToFloat64(h.refused); n < 1 {
 		t.Fatalf("geoquota_nats_refused_total %v, want every refusal counted", n)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer and a reader on two
-// goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -1,7 +1,9 @@
 package harness
 
 import (
+	"bytes"
 	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -81,4 +83,24 @@ func WaitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(10 * time.Millisecond) // polling the condition, with a deadline
 	}
+}
+
+// LogBuffer is a bytes.Buffer safe for a writer and a reader on two
+// goroutines: a test's log, written by a logger called from a server's
+// callback goroutine and read by the test.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
