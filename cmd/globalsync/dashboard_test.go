@@ -332,7 +332,7 @@ func TestDashboardAxisReachesTheLimit(t *testing.T) {
 	// own limit, so none gets a budget of its own).
 	for range 12 {
 		checks(t, eu, 64, 8)
-		w.step(250 * time.Millisecond)
+		w.lockstep(250 * time.Millisecond)
 	}
 	p := load(t, browser(t), web.URL+"/")
 	most, top := p.axis("g", "admitting")
@@ -393,7 +393,7 @@ func TestDashboardFollowerAndPartition(t *testing.T) {
 	// Traffic in eu from now on, 13.3% of the limit.
 	for range 10 {
 		checks(t, eu, 10, 1)
-		w.step(250 * time.Millisecond)
+		w.lockstep(250 * time.Millisecond)
 	}
 
 	ctx := browser(t)
