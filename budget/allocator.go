@@ -656,9 +656,18 @@ func (a *Allocator) Snapshot(rule string) Snapshot {
 		out.Marks[e] = maps.Clone(hw)
 	}
 	if len(s.counters) > 0 {
+		// Each counter's snapshot reads its own state: many are made in
+		// parallel (inChunks).
+		keys := slices.Collect(maps.Keys(s.counters))
+		snaps := make([]CounterSnapshot, len(keys))
+		inChunks(len(keys), func(_, lo, hi int) {
+			for i := lo; i < hi; i++ {
+				snaps[i] = s.counters[keys[i]].counterSnapshot()
+			}
+		})
 		out.Counters = make(map[string]CounterSnapshot, len(s.counters))
-		for k, c := range s.counters {
-			out.Counters[k] = c.counterSnapshot()
+		for i, k := range keys {
+			out.Counters[k] = snaps[i]
 		}
 	}
 	return out

@@ -418,19 +418,48 @@ func (c *ruleState) mayUseRule(r string) bool { return c.acked[r] < c.counter.si
 // rebalanceCounters computes the leases of every counter of a rule with a
 // budget of its own, after the rule's (p): same Seq, same expiry. It
 // appends them to out, and returns it.
+//
+// Each counter's rebalance reads the rule's state and writes its own:
+// many counters are rebalanced in chunks in parallel (inChunks), each
+// chunk's leases in its own part of out, which are then joined in key
+// order, so that the leases are the same as one by one.
 func (a *Allocator) rebalanceCounters(out []Lease, now time.Time, rule Rule, p *ruleState, regions []string, first, last int64, rb ruleBefore) []Lease {
+	keys := slices.Sorted(maps.Keys(p.counters))
+	// At most a lease a region per counter: each chunk appends in its
+	// own stretch of out's room.
+	per := len(regions)
+	base := len(out)
+	out = slices.Grow(out, len(keys)*per)[:base+len(keys)*per]
+	type part struct {
+		leases   []Lease
+		done     []string // fallen idle: back to the rule
+		released int
+	}
+	parts := make([]part, max(1, len(keys)/minChunk))
+	n := inChunks(len(keys), func(i, lo, hi int) {
+		pt := &parts[i]
+		pt.leases = out[base+lo*per : base+lo*per : base+hi*per]
+		for _, key := range keys[lo:hi] {
+			c := p.counters[key]
+			var done bool
+			pt.leases, done = a.rebalanceCounter(pt.leases, now, rule, key, c, p, regions, first, last, rb)
+			if done {
+				pt.done = append(pt.done, key)
+				continue
+			}
+			if !c.counter.released.IsZero() || c.counter.evicted {
+				pt.released++
+			}
+		}
+	})
+	out = out[:base]
 	p.releasedN = 0
-	for _, key := range slices.Sorted(maps.Keys(p.counters)) {
-		c := p.counters[key]
-		var done bool
-		out, done = a.rebalanceCounter(out, now, rule, key, c, p, regions, first, last, rb)
-		if done {
+	for i := range parts[:n] {
+		out = append(out, parts[i].leases...) // within its own stretch or before it: copy moves it down
+		for _, key := range parts[i].done {
 			delete(p.counters, key)
-			continue
 		}
-		if !c.counter.released.IsZero() || c.counter.evicted {
-			p.releasedN++
-		}
+		p.releasedN += parts[i].released
 	}
 	return out
 }

@@ -1,7 +1,10 @@
 package budget
 
 import (
+	"reflect"
+	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -633,5 +636,70 @@ func TestWeakestNotNew(t *testing.T) {
 	}
 	if w := a.WeakestN(rule.ID, 5); len(w) != 1 || w[0].Key != "b" {
 		t.Fatalf("weakest %v, want b alone (a released, d new)", w)
+	}
+}
+
+// TestManyCountersRebalanceAsOneByOne: a rule's counters rebalanced in
+// parallel chunks (thousands of them) get the same leases, in the same
+// order, and leave the same snapshot, as one by one on one goroutine;
+// counters falling idle go back to the rule from any chunk. (With -race,
+// it also shows the chunks touch nothing in common.)
+func TestManyCountersRebalanceAsOneByOne(t *testing.T) {
+	rule := Rule{ID: "tenant-global", Window: 10 * time.Second}
+	regions := []string{"ap-south", "eu-west", "sa-east", "us-east", "us-west"}
+	keys := make([]string, 5*minChunk)
+	for i := range keys {
+		keys[i] = "tenant-" + strconv.Itoa(i)
+	}
+	play := func(procs int) (rounds [][]Lease, snaps []Snapshot, left int) {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+		cfg := DefaultConfig()
+		cfg.Counters = len(keys)
+		a, err := NewAllocator(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := t0
+		var seq uint64
+		for round := range 8 {
+			for i, r := range regions {
+				a.Report(rule.ID, Report{Region: r, Demand: float64(i+1) / 5, Acked: seq})
+				for k, key := range keys {
+					if round >= 2 && k%7 == 0 {
+						continue // idle from the third round on: released, then back to the rule
+					}
+					d := 0.05 * float64(1+k%3)
+					if k%len(regions) == i {
+						d = 1.5 // its home
+					}
+					a.ReportCounter(rule.ID, key, Report{Region: r, Demand: d, Acked: seq, HasUsed: seq > 0, UsedEpoch: epochOf(now, rule.Window)})
+				}
+			}
+			ls, err := a.Rebalance(now, rule, regions)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq = ls[0].Seq
+			rounds = append(rounds, ls)
+			snaps = append(snaps, a.Snapshot(rule.ID))
+			now = now.Add(7 * time.Second)
+		}
+		return rounds, snaps, len(a.Counters(rule.ID))
+	}
+	oneRounds, oneSnaps, oneLeft := play(1)
+	manyRounds, manySnaps, manyLeft := play(4)
+	if oneLeft != manyLeft || oneLeft >= len(keys) || oneLeft < len(keys)/2 {
+		t.Fatalf("%d and %d counters left with budgets of their own, want the same, fewer than %d (the idle ones back to the rule)", oneLeft, manyLeft, len(keys))
+	}
+	for i := range oneRounds {
+		if len(oneRounds[i]) < len(keys) {
+			t.Fatalf("round %d: %d leases, want one a region for each counter", i, len(oneRounds[i]))
+		}
+		if !reflect.DeepEqual(oneRounds[i], manyRounds[i]) {
+			t.Fatalf("round %d: the leases differ in parallel (%d against %d)", i, len(manyRounds[i]), len(oneRounds[i]))
+		}
+		if !reflect.DeepEqual(oneSnaps[i], manySnaps[i]) {
+			t.Fatalf("round %d: the snapshots differ in parallel", i)
+		}
 	}
 }
