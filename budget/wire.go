@@ -191,80 +191,96 @@ func appendCounterBlob(b []byte, d *Document) []byte {
 		b = appendString(b, r)
 	}
 	b = binary.AppendUvarint(b, uint64(len(keys)))
-	for _, k := range keys {
-		b = appendString(b, k)
-		byRegion := d.Counters[k]
-		b = binary.AppendUvarint(b, maskOf(index, byRegion))
-		for _, r := range regions {
-			l, ok := byRegion[r]
-			if !ok {
-				continue
-			}
-			var flags byte
-			if !l.Released.IsZero() {
-				flags |= 1
-			}
-			b = append(b, flags)
-			b = binary.AppendUvarint(b, toMicro(l.Floor, false))
-			b = binary.AppendUvarint(b, toMicro(l.Share, false))
-			if flags&1 != 0 {
-				b = binary.AppendVarint(b, microsUp(l.Released)-issued)
-			}
+	// Each counter's record reads the document alone: thousands are
+	// encoded in chunks in parallel (inChunks), joined in key order.
+	parts := make([][]byte, max(1, len(keys)/minChunk))
+	n := inChunks(len(keys), func(i, lo, hi int) {
+		var part []byte
+		for _, k := range keys[lo:hi] {
+			part = appendCounterRecord(part, d, k, regions, index, issued)
 		}
-		s, ok := d.CounterSnapshots[k]
+		parts[i] = part
+	})
+	for _, part := range parts[:n] {
+		b = append(b, part...)
+	}
+	return b
+}
+
+// appendCounterRecord appends counter k's record: its leases by region,
+// and its snapshot if the document has one.
+func appendCounterRecord(b []byte, d *Document, k string, regions []string, index map[string]int, issued int64) []byte {
+	b = appendString(b, k)
+	byRegion := d.Counters[k]
+	b = binary.AppendUvarint(b, maskOf(index, byRegion))
+	for _, r := range regions {
+		l, ok := byRegion[r]
 		if !ok {
-			b = append(b, 0)
 			continue
 		}
-		b = append(b, 1)
-		b = binary.AppendUvarint(b, s.Since)
-		epochs := make([]int64, 0, len(s.Marks))
-		for e := range s.Marks {
-			epochs = append(epochs, e)
+		var flags byte
+		if !l.Released.IsZero() {
+			flags |= 1
 		}
-		slices.Sort(epochs)
-		b = binary.AppendUvarint(b, uint64(len(epochs)))
-		for _, e := range epochs {
-			b = binary.AppendVarint(b, e)
-			b = binary.AppendUvarint(b, maskOf(index, s.Marks[e]))
-			for _, r := range regions {
-				if f, ok := s.Marks[e][r]; ok {
-					b = binary.AppendUvarint(b, toMicro(f, true))
-				}
-			}
+		b = append(b, flags)
+		b = binary.AppendUvarint(b, toMicro(l.Floor, false))
+		b = binary.AppendUvarint(b, toMicro(l.Share, false))
+		if flags&1 != 0 {
+			b = binary.AppendVarint(b, microsUp(l.Released)-issued)
 		}
-		b = binary.AppendUvarint(b, maskOf(index, s.Acked))
+	}
+	s, ok := d.CounterSnapshots[k]
+	if !ok {
+		return append(b, 0)
+	}
+	b = append(b, 1)
+	b = binary.AppendUvarint(b, s.Since)
+	epochs := make([]int64, 0, len(s.Marks))
+	for e := range s.Marks {
+		epochs = append(epochs, e)
+	}
+	slices.Sort(epochs)
+	b = binary.AppendUvarint(b, uint64(len(epochs)))
+	for _, e := range epochs {
+		b = binary.AppendVarint(b, e)
+		b = binary.AppendUvarint(b, maskOf(index, s.Marks[e]))
 		for _, r := range regions {
-			if n, ok := s.Acked[r]; ok {
-				b = binary.AppendUvarint(b, n)
-			}
-		}
-		b = binary.AppendUvarint(b, maskOf(index, s.AckedExp))
-		for _, r := range regions {
-			if t, ok := s.AckedExp[r]; ok {
-				b = binary.AppendVarint(b, microsUp(t)-issued)
-			}
-		}
-		b = binary.AppendUvarint(b, maskOf(index, s.Floors))
-		for _, r := range regions {
-			if f, ok := s.Floors[r]; ok {
+			if f, ok := s.Marks[e][r]; ok {
 				b = binary.AppendUvarint(b, toMicro(f, true))
 			}
 		}
-		var flags byte
-		if !s.LastDemand.IsZero() {
-			flags |= 1
+	}
+	b = binary.AppendUvarint(b, maskOf(index, s.Acked))
+	for _, r := range regions {
+		if n, ok := s.Acked[r]; ok {
+			b = binary.AppendUvarint(b, n)
 		}
-		if !s.Released.IsZero() {
-			flags |= 2
+	}
+	b = binary.AppendUvarint(b, maskOf(index, s.AckedExp))
+	for _, r := range regions {
+		if t, ok := s.AckedExp[r]; ok {
+			b = binary.AppendVarint(b, microsUp(t)-issued)
 		}
-		b = append(b, flags)
-		if flags&1 != 0 {
-			b = binary.AppendVarint(b, microsUp(s.LastDemand)-issued)
+	}
+	b = binary.AppendUvarint(b, maskOf(index, s.Floors))
+	for _, r := range regions {
+		if f, ok := s.Floors[r]; ok {
+			b = binary.AppendUvarint(b, toMicro(f, true))
 		}
-		if flags&2 != 0 {
-			b = binary.AppendVarint(b, microsUp(s.Released)-issued)
-		}
+	}
+	var flags byte
+	if !s.LastDemand.IsZero() {
+		flags |= 1
+	}
+	if !s.Released.IsZero() {
+		flags |= 2
+	}
+	b = append(b, flags)
+	if flags&1 != 0 {
+		b = binary.AppendVarint(b, microsUp(s.LastDemand)-issued)
+	}
+	if flags&2 != 0 {
+		b = binary.AppendVarint(b, microsUp(s.Released)-issued)
 	}
 	return b
 }

@@ -1,10 +1,12 @@
 package budget
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -255,4 +257,21 @@ func TestDocumentFitsANATSMessage(t *testing.T) {
 		t.Errorf("a document of %d counters: %d bytes, over 1 MB", counters, len(b))
 	}
 	t.Logf("a document of %d counters, random: %d bytes (%d a counter)", counters, len(b), len(b)/counters)
+	// Its counters are encoded in chunks in parallel: the same bytes as
+	// on one goroutine, and every counter read back.
+	on := func(procs int) []byte {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+		b, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if one, many := on(1), on(4); !bytes.Equal(one, many) {
+		t.Errorf("the document encoded on 4 procs differs from on 1 (%d bytes against %d)", len(many), len(one))
+	}
+	var back Document
+	if err := json.Unmarshal(b, &back); err != nil || len(back.Counters) != counters || len(back.CounterSnapshots) != counters {
+		t.Errorf("read back: %d counters, %d snapshots, %v; want %d of each", len(back.Counters), len(back.CounterSnapshots), err, counters)
+	}
 }
