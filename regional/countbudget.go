@@ -23,9 +23,15 @@ import (
 // counterBudgets are the counter leases a region holds, and what it was
 // asked of each counter it reports on its own.
 type counterBudgets struct {
-	mu     sync.Mutex                              // serializes SetBudget
-	held   atomic.Pointer[map[string]*heldCounter] // by counter key (CounterKey)
-	docSeq map[string]uint64                       // leaseKey → the newest document taken
+	mu   sync.Mutex                              // serializes SetBudget
+	held atomic.Pointer[map[string]*heldCounter] // by counter key (CounterKey)
+	// heldGen counts the budgets put in force: it grows after each is
+	// stored, so that a reader that loads it, then held, knows the
+	// budgets it read are in force while heldGen is the same (a denial
+	// keeps a counter's budget by it, not by the map, which it would
+	// keep alive).
+	heldGen atomic.Uint64
+	docSeq  map[string]uint64 // leaseKey → the newest document taken
 	// docUntil is, by leaseKey, until when the newest document taken holds
 	// off older ones: while its leases may hold, and no longer than a
 	// lease's time after it was taken.
@@ -104,8 +110,8 @@ func liveAt(h *heldCounter, now time.Time) *heldCounter {
 // looked up once for the check.
 func (e *Engine) heldFor(it *item, now int64) *heldCounter {
 	if !it.heldKnown {
-		m := e.global.budgets.held.Load()
-		it.heldIn, it.heldEntry = m, heldIn(m, it.key)
+		it.heldGen = e.global.budgets.heldGen.Load()
+		it.heldEntry = heldIn(e.global.budgets.held.Load(), it.key)
 		it.held, it.heldKnown = liveAt(it.heldEntry, time.UnixMicro(now)), true
 	}
 	return it.held
@@ -220,6 +226,7 @@ func (e *Engine) SetBudget(d budget.Document) bool {
 	}
 	// Counters the document does not name have gone back to the rule.
 	g.budgets.held.Store(&next)
+	g.budgets.heldGen.Add(1)
 	g.budgets.mu.Unlock()
 	for _, l := range d.All() {
 		e.SetLease(l)

@@ -314,11 +314,12 @@ type item struct {
 	degradedTaken bool
 	// held is a global limit's budget of its own at the check's time,
 	// once heldKnown: looked up once a check (heldFor), in the region's
-	// budgets heldIn, where it is heldEntry (which may have gone back to
-	// the rule by now: then held is nil).
+	// budgets of generation heldGen (counterBudgets), where it is
+	// heldEntry (which may have gone back to the rule by now: then held
+	// is nil).
 	held      *heldCounter
 	heldKnown bool
-	heldIn    *map[string]*heldCounter
+	heldGen   uint64
 	heldEntry *heldCounter
 	// demand is what the region counts of a global limit's counter on its
 	// own, once looked up (trackCounter); dn, the denial the cache denied

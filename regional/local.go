@@ -37,13 +37,15 @@ type denial struct {
 	retryAt int64
 	// What the check that left it looked up of its counter, which the
 	// checks it denies would look up again: its budget of its own in the
-	// region's budgets heldIn (while those are in force), what the region
-	// counts of it on its own (while not gone), and its violation of
-	// this flush (guarded by the violations' lock).
-	heldIn *map[string]*heldCounter
-	held   *heldCounter
-	demand *counterDemand
-	viol   violationRef
+	// region's budgets of generation heldGen (while those are in force;
+	// if heldKnown), what the region counts of it on its own (while not
+	// gone), and its violation of this flush (guarded by the violations'
+	// lock).
+	heldKnown bool
+	heldGen   uint64
+	held      *heldCounter
+	demand    *counterDemand
+	viol      violationRef
 }
 
 // fromCache denies the request from this replica's memory if it can: a
@@ -92,8 +94,8 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 			it.decided, it.cached, denied = true, true, true
 			it.result = Result{Remaining: 0, ResetAt: max(dn.resetAt, dn.until), RetryAfter: max(dn.until, dn.retryAt) - now}
 			it.dn = dn
-			if dn.heldIn != nil && dn.heldIn == e.global.budgets.held.Load() {
-				it.heldIn, it.heldEntry, it.heldKnown = dn.heldIn, dn.held, true
+			if dn.heldKnown && dn.heldGen == e.global.budgets.heldGen.Load() {
+				it.heldGen, it.heldEntry, it.heldKnown = dn.heldGen, dn.held, true
 				it.held = liveAt(dn.held, time.UnixMicro(now))
 			}
 			if d := dn.demand; d != nil && !d.gone.Load() {
@@ -119,7 +121,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 // could be allowed again, and tells the siblings.
 func (e *Engine) rememberDenial(it *item, now int64) {
 	dn := denial{until: now + it.result.RetryAfter, cost: it.cost, resetAt: now + (it.result.ResetAt - it.storeNow),
-		heldIn: it.heldIn, held: it.heldEntry, demand: it.demand}
+		heldKnown: it.heldKnown, heldGen: it.heldGen, held: it.heldEntry, demand: it.demand}
 	dn.retryAt = dn.until
 	if it.rule.Scope == ScopeGlobal {
 		dn.until = min(dn.until, now+globalDenialHold)
