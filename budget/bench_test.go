@@ -45,16 +45,7 @@ func BenchmarkRebalanceCounters(b *testing.B) {
 	var seq uint64
 	b.ReportAllocs()
 	for b.Loop() {
-		for i, r := range regions {
-			a.Report(rule.ID, Report{Region: r, Demand: float64(i+1) / 5, Acked: seq})
-			for k, key := range keys {
-				d := 0.05
-				if k%len(regions) == i {
-					d = 1.5 // its home
-				}
-				a.ReportCounter(rule.ID, key, Report{Region: r, Demand: d, Acked: seq, HasUsed: seq > 0, UsedEpoch: epochOf(now, rule.Window)})
-			}
-		}
+		reportTenants(a, rule, regions, keys, seq, now, func(int) (float64, bool) { return 0.05, true })
 		ls, err := a.Rebalance(now, rule, regions)
 		if err != nil {
 			b.Fatal(err)
@@ -64,5 +55,25 @@ func BenchmarkRebalanceCounters(b *testing.B) {
 	}
 	if got := len(a.Counters(rule.ID)); got != len(keys) {
 		b.Fatalf("%d counters with budgets of their own, want %d", got, len(keys))
+	}
+}
+
+// reportTenants has every region report the rule and every tenant's
+// counter, acknowledging seq: a tenant asks most of its home region (the
+// one of its index modulo the regions', 1.5 of its limit a window) and
+// away what away says, if it asks at all.
+func reportTenants(a *Allocator, rule Rule, regions, keys []string, seq uint64, now time.Time, away func(k int) (float64, bool)) {
+	for i, r := range regions {
+		a.Report(rule.ID, Report{Region: r, Demand: float64(i+1) / 5, Acked: seq})
+		for k, key := range keys {
+			d, ok := away(k)
+			if !ok {
+				continue
+			}
+			if k%len(regions) == i {
+				d = 1.5 // its home
+			}
+			a.ReportCounter(rule.ID, key, Report{Region: r, Demand: d, Acked: seq, HasUsed: seq > 0, UsedEpoch: epochOf(now, rule.Window)})
+		}
 	}
 }

@@ -435,8 +435,8 @@ func (a *Allocator) rebalanceCounters(out []Lease, now time.Time, rule Rule, p *
 		done     []string // fallen idle: back to the rule
 		released int
 	}
-	parts := make([]part, max(1, len(keys)/minChunk))
-	n := inChunks(len(keys), func(i, lo, hi int) {
+	parts := make([]part, chunksOf(len(keys)))
+	inChunks(len(keys), func(i, lo, hi int) {
 		pt := &parts[i]
 		pt.leases = out[base+lo*per : base+lo*per : base+hi*per]
 		for _, key := range keys[lo:hi] {
@@ -454,7 +454,7 @@ func (a *Allocator) rebalanceCounters(out []Lease, now time.Time, rule Rule, p *
 	})
 	out = out[:base]
 	p.releasedN = 0
-	for i := range parts[:n] {
+	for i := range parts {
 		out = append(out, parts[i].leases...) // within its own stretch or before it: copy moves it down
 		for _, key := range parts[i].done {
 			delete(p.counters, key)

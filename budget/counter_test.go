@@ -662,19 +662,11 @@ func TestManyCountersRebalanceAsOneByOne(t *testing.T) {
 		now := t0
 		var seq uint64
 		for round := range 8 {
-			for i, r := range regions {
-				a.Report(rule.ID, Report{Region: r, Demand: float64(i+1) / 5, Acked: seq})
-				for k, key := range keys {
-					if round >= 2 && k%7 == 0 {
-						continue // idle from the third round on: released, then back to the rule
-					}
-					d := 0.05 * float64(1+k%3)
-					if k%len(regions) == i {
-						d = 1.5 // its home
-					}
-					a.ReportCounter(rule.ID, key, Report{Region: r, Demand: d, Acked: seq, HasUsed: seq > 0, UsedEpoch: epochOf(now, rule.Window)})
-				}
-			}
+			reportTenants(a, rule, regions, keys, seq, now, func(k int) (float64, bool) {
+				// Idle from the third round on, one in seven: released,
+				// then back to the rule.
+				return 0.05 * float64(1+k%3), round < 2 || k%7 != 0
+			})
 			ls, err := a.Rebalance(now, rule, regions)
 			if err != nil {
 				t.Fatal(err)

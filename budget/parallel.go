@@ -10,16 +10,19 @@ import (
 // goroutine alone.
 const minChunk = 512
 
-// inChunks calls fn for consecutive chunks [lo, hi) covering [0, n), in
-// parallel on up to GOMAXPROCS goroutines when n is large, and returns
-// once every call has. The chunks depend on n and GOMAXPROCS alone, and
-// fn for one chunk must touch nothing another's touches: the outcome is
-// the same however the calls run.
-func inChunks(n int, fn func(chunk, lo, hi int)) int {
-	chunks := max(1, min(runtime.GOMAXPROCS(0), n/minChunk))
+// chunksOf is how many chunks inChunks cuts n into: one a goroutine, up
+// to GOMAXPROCS, none smaller than minChunk.
+func chunksOf(n int) int { return max(1, min(runtime.GOMAXPROCS(0), n/minChunk)) }
+
+// inChunks calls fn for consecutive chunks [lo, hi) covering [0, n),
+// numbered 0 to chunksOf(n) - 1, in parallel when there are several, and
+// returns once every call has. fn for one chunk must touch nothing
+// another's touches: the outcome is the same however the calls run.
+func inChunks(n int, fn func(chunk, lo, hi int)) {
+	chunks := chunksOf(n)
 	if chunks == 1 {
 		fn(0, 0, n)
-		return 1
+		return
 	}
 	var wg sync.WaitGroup
 	for i := range chunks {
@@ -27,5 +30,4 @@ func inChunks(n int, fn func(chunk, lo, hi int)) int {
 		wg.Go(func() { fn(i, lo, hi) })
 	}
 	wg.Wait()
-	return chunks
 }

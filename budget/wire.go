@@ -193,15 +193,15 @@ func appendCounterBlob(b []byte, d *Document) []byte {
 	b = binary.AppendUvarint(b, uint64(len(keys)))
 	// Each counter's record reads the document alone: thousands are
 	// encoded in chunks in parallel (inChunks), joined in key order.
-	parts := make([][]byte, max(1, len(keys)/minChunk))
-	n := inChunks(len(keys), func(i, lo, hi int) {
+	parts := make([][]byte, chunksOf(len(keys)))
+	inChunks(len(keys), func(i, lo, hi int) {
 		var part []byte
 		for _, k := range keys[lo:hi] {
 			part = appendCounterRecord(part, d, k, regions, index, issued)
 		}
 		parts[i] = part
 	})
-	for _, part := range parts[:n] {
+	for _, part := range parts {
 		b = append(b, part...)
 	}
 	return b

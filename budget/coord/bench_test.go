@@ -2,7 +2,6 @@ package coord_test
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"slices"
 	"strconv"
@@ -79,24 +78,12 @@ func benchLeader(b *testing.B, load leaderLoad) {
 		window = time.Minute
 	)
 	tenants, busy, regions := load.tenants, load.busy, load.regions
-	rs, err := regional.Parse("rules.yaml", []byte(fmt.Sprintf(
-		"rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: %d, window: 1m }\n", load.limit)))
-	if err != nil {
-		b.Fatal(err)
-	}
 	keys := make([]string, tenants)
 	for i := range keys {
 		keys[i] = "tenant-" + strconv.Itoa(i)
 	}
-	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	c, err := coord.New(coord.Config{ID: "gs1", Regions: regions, Shards: load.shards})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := c.Restore(nil); err != nil {
-		b.Fatal(err)
-	}
-	c.SetRules(start, rs)
+	start := tenantStart
+	c := newTenantLeader(b, coord.Config{ID: "gs1", Regions: regions, Shards: load.shards}, load.limit)
 
 	slices.Sort(keys) // a delta's entries go in key order
 	type region struct {

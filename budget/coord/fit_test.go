@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/geoquota/geoquota/budget/coord"
-	"github.com/geoquota/geoquota/regional"
 	"github.com/geoquota/geoquota/transport/gossip"
 )
 
@@ -21,20 +20,8 @@ func TestDocumentsFitAMessage(t *testing.T) {
 		window  = time.Minute
 	)
 	regions := []string{"eu", "us"}
-	rs, err := regional.Parse("rules.yaml", []byte(
-		"rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 1000, window: 1m }\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	c, err := coord.New(coord.Config{ID: "gs1", Regions: regions})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Restore(nil); err != nil {
-		t.Fatal(err)
-	}
-	c.SetRules(start, rs)
+	start := tenantStart
+	c := newTenantLeader(t, coord.Config{ID: "gs1", Regions: regions}, 1000)
 	// Tenant i asks for 0.5 to 0.9 of its limit a window, most of it at eu.
 	key := func(i int) string { return fmt.Sprintf("tenant-%04d", i) }
 	rate := func(i int) float64 { return (0.5 + 0.4*float64(i)/tenants) / window.Seconds() }

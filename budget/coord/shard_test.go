@@ -27,22 +27,9 @@ func TestShardsServeTheirSlices(t *testing.T) {
 		window  = time.Minute
 	)
 	regions := []string{"eu", "us"}
-	rs, err := regional.Parse("rules.yaml", []byte(
-		"rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 1000, window: 1m }\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	start := tenantStart
 	newCoord := func(shard, shards int) *coord.Coordinator {
-		c, err := coord.New(coord.Config{ID: fmt.Sprintf("gs%d", shard), Regions: regions, Shard: shard, Shards: shards})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Restore(nil); err != nil {
-			t.Fatal(err)
-		}
-		c.SetRules(start, rs)
-		return c
+		return newTenantLeader(t, coord.Config{ID: fmt.Sprintf("gs%d", shard), Regions: regions, Shard: shard, Shards: shards}, 1000)
 	}
 	whole, shards := newCoord(0, 0), []*coord.Coordinator{newCoord(0, 2), newCoord(1, 2)}
 	all := append([]*coord.Coordinator{whole}, shards...)
@@ -140,22 +127,9 @@ func TestShardsServeTheirSlices(t *testing.T) {
 func TestSliceCountsItsOwnAcknowledgements(t *testing.T) {
 	const window = time.Minute
 	regions := []string{"eu", "us"}
-	rs, err := regional.Parse("rules.yaml", []byte(
-		"rules:\n  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 1000, window: 1m }\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	start := tenantStart
 	newCoord := func(shard, shards int) *coord.Coordinator {
-		c, err := coord.New(coord.Config{ID: fmt.Sprintf("gs%d", shard), Regions: regions, Shard: shard, Shards: shards})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Restore(nil); err != nil {
-			t.Fatal(err)
-		}
-		c.SetRules(start, rs)
-		return c
+		return newTenantLeader(t, coord.Config{ID: fmt.Sprintf("gs%d", shard), Regions: regions, Shard: shard, Shards: shards}, 1000)
 	}
 	whole, s0, s1 := newCoord(0, 0), newCoord(0, 2), newCoord(1, 2)
 	all := []*coord.Coordinator{whole, s0, s1}
