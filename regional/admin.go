@@ -53,7 +53,7 @@ func (e *Engine) counter(id string, req *Request) (*Rule, counterKey, Params, er
 type counterKey struct{ store, values []byte }
 
 func status(r *Rule, p Params, res Result) LimitStatus {
-	return LimitStatus{Rule: r, Allowed: res.Allowed, Shadow: r.Shadow, Limit: p.Limit, Remaining: res.Remaining,
+	return LimitStatus{Rule: r, Allowed: res.Allowed, Shadow: r.Shadow, Limit: p.Limit, Remaining: max(0, res.Remaining), Debt: max(0, -res.Remaining),
 		Window: time.Duration(p.WindowMicros()) * time.Microsecond, ResetAt: time.UnixMicro(res.ResetAt)}
 }
 

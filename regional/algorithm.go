@@ -78,6 +78,53 @@ func decide(p *Params, s *State, now, cost int64, r *Result) {
 	}
 }
 
+// chargeDebt counts a denied request's cost all the same (a rule's
+// count_over_limit: the cost was spent before it was reported): a token
+// bucket goes below zero and refills from there, GCRA's meter past its
+// burst, a window's count past its limit. s is the state decide left (it
+// changes nothing it denies); r becomes a denial as the counter stands
+// after: its Remaining below zero by the debt, RetryAfter until the debt
+// is paid (a check that counts nothing is allowed again), Taken the cost.
+// The sliding window log takes no debt (Rule.CountOverLimit).
+func chargeDebt(p *Params, s *State, now, cost int64, r *Result) {
+	t, c := float64(now), float64(cost)
+	limit, window := float64(p.Limit), float64(p.Window)
+	*r = Result{Taken: cost, ResetAt: now}
+	switch p.Algorithm {
+	case TokenBucket:
+		tokens := tbTokens(p, s, t) - c
+		*s = State{Exists: true, A: tokens, B: t}
+		r.Remaining = int64(math.Floor(tokens))
+		r.RetryAfter = exactWait(t, -tokens*1e6/p.Rate, func(u float64) bool { return tbTokens(p, s, u) >= 0 })
+		r.ResetAt += exactWait(t, (limit-tokens)*1e6/p.Rate, func(u float64) bool { return tbTokens(p, s, u) >= limit })
+	case GCRA:
+		debt := gcraDebt(p, s, t) + c
+		*s = State{Exists: true, A: debt, B: t}
+		r.Remaining = gcraFits(debt, limit)
+		r.RetryAfter = exactWait(t, (debt-limit)*1e6/p.Rate, func(u float64) bool { return gcraDebt(p, s, u) <= limit })
+		r.ResetAt += exactWait(t, debt*1e6/p.Rate, func(u float64) bool { return gcraDebt(p, s, u) <= 0 })
+	case FixedWindow:
+		start, n := fwCount(p, s, t)
+		n += c
+		*s = State{Exists: true, A: start, B: n}
+		r.Remaining = int64(limit - n)
+		r.RetryAfter = int64(start + window - t)
+		r.ResetAt = int64(start + window)
+	case SlidingWindowCounter:
+		start, cur, prev := swcCounts(p, s, t)
+		cur += c
+		*s = State{Exists: true, A: start, B: cur, C: prev}
+		r.Remaining = int64(math.Floor(limit - swcEstimate(window, start, cur, prev, t)))
+		r.RetryAfter = exactWait(t, start+window-t, func(u float64) bool {
+			start, cur, prev := swcCounts(p, s, u)
+			return swcEstimate(window, start, cur, prev, u) <= limit
+		})
+		r.ResetAt = int64(start + 2*window)
+	default:
+		panic("regional: no debt for algorithm " + p.Algorithm.String())
+	}
+}
+
 // Allows reports whether a request of the given cost would be allowed at
 // now (µs) against state s.
 func Allows(p Params, s State, now, cost int64) bool {

@@ -240,3 +240,35 @@ func TestDecideDoesNotChangeADeniedState(t *testing.T) {
 		}
 	})
 }
+
+// A hit past the limit of a rule that counts every hit (count_over_limit)
+// is counted as debt: the key is denied, even a check that counts nothing,
+// until the debt is paid, and RetryAfter says exactly when that is.
+func TestDebtIsPaidBackExactly(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		p := genParams().Filter(func(p Params) bool { return p.Algorithm != SlidingWindowLog }).Draw(t, "params")
+		s, now := genHistory(t, p)
+		before := inspect(p, s, now)
+		cost := rapid.Int64Range(1, 3*p.Limit+3).Draw(t, "reported")
+		op := Op{Params: p, Cost: cost, Debt: true}
+		var r Result
+		decideOp(&op, &s, now, &r)
+		if r.Taken != cost {
+			t.Fatalf("a report of %d took %d: %+v", cost, r.Taken, r)
+		}
+		if r.Allowed {
+			return
+		}
+		if r.Remaining >= before.Remaining {
+			t.Fatalf("a report of %d past the limit left %d remaining, %d before", cost, r.Remaining, before.Remaining)
+		}
+		probe := func(at int64) bool { return Allows(p, s, at, 0) }
+		if r.Remaining < 0 && probe(now) {
+			t.Fatalf("in debt by %d, a check counting nothing is allowed", -r.Remaining)
+		}
+		if r.RetryAfter <= 0 || !probe(now+r.RetryAfter) || (r.RetryAfter > 1 && probe(now+r.RetryAfter-1)) {
+			t.Fatalf("retry after %dµs is not when the debt is paid: allowed then %v, a µs before %v",
+				r.RetryAfter, probe(now+r.RetryAfter), probe(now+r.RetryAfter-1))
+		}
+	})
+}

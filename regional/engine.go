@@ -257,6 +257,11 @@ type LimitStatus struct {
 	Window     time.Duration
 	ResetAt    time.Time
 	RetryAfter time.Duration // when denied
+	// Charged is what the limit counted of the request: its cost when it
+	// goes ahead; when it does not, nothing, unless the rule counts every
+	// hit (Rule.CountOverLimit). Debt is how far past its limit the
+	// limit's counter is (Remaining is then 0).
+	Charged, Debt int64
 }
 
 // Stats are the engine's counters since it started. Safe to read at any time.
@@ -404,8 +409,11 @@ func (e *Engine) Validate(req *Request) error {
 		if !r.matches(req, tier, addr) {
 			continue
 		}
+		if req.CountNothing || r.Shadow || r.CountOverLimit { // nothing to take; never denies; counted as debt
+			continue
+		}
 		p := r.params(r.appendKey(buf[:0], req, tier), tier)
-		if err := costError(r, p, req.Cost); err != nil && !r.Shadow { // a shadow rule never denies
+		if err := costError(r, p, req.Cost); err != nil {
 			return err
 		}
 	}
@@ -437,10 +445,13 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 		sc.keys = r.appendKey(sc.keys, req, tier)
 		it.params = r.params(sc.keys[ks:], tier)
 		it.cost = req.Cost
-		if it.cost == 0 {
+		switch {
+		case req.CountNothing:
+			it.cost = 0
+		case it.cost == 0:
 			it.cost = r.Cost
 		}
-		if r.denyAll || it.cost > it.params.Limit { // before the key cap: a bad request tracks no key
+		if r.denyAll || it.cost > it.params.Limit && !r.CountOverLimit { // before the key cap: a bad request tracks no key
 			if !r.denyAll && !r.Shadow {
 				return costError(r, it.params, req.Cost)
 			}
@@ -473,7 +484,7 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 			sc.keys = append(sc.keys, keyClose)
 		}
 		it.end = len(sc.keys)
-		if it.cost > it.params.Limit && !r.Shadow { // folded into a smaller limit
+		if it.cost > it.params.Limit && !r.Shadow && !r.CountOverLimit { // folded into a smaller limit
 			return costError(r, it.params, req.Cost)
 		}
 	}
@@ -493,7 +504,7 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 		if it.decided {
 			continue
 		}
-		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Batch: it.rule.Batch})
+		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Debt: it.rule.CountOverLimit, Batch: it.rule.Batch})
 		if it.rule.Scope == ScopeGlobal {
 			op := &sc.ops[len(sc.ops)-1]
 			e.globalOp(op, it.rule, e.heldFor(it, now), time.UnixMicro(now))
@@ -659,7 +670,9 @@ func (e *Engine) record(sc *scratch, req *Request, now int64) {
 			e.noteGlobal(it, allowed, now)
 		}
 		if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
-			e.rememberDenial(it, now)
+			if !it.rule.CountOverLimit { // the next hit is counted in the store, denied or not
+				e.rememberDenial(it, now)
+			}
 			e.violation(it, req, now)
 		}
 	}
@@ -691,7 +704,7 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 			continue
 		}
 		r := it.result
-		st := LimitStatus{Rule: it.rule, Allowed: r.Allowed, Shadow: it.rule.Shadow,
+		st := LimitStatus{Rule: it.rule, Allowed: r.Allowed, Shadow: it.rule.Shadow, Debt: max(0, -r.Remaining), Charged: r.Taken,
 			Degraded: it.degraded, Cached: it.cached, Batched: it.batched, KeyRefused: it.refused,
 			Limit: it.params.Limit, Remaining: max(0, r.Remaining),
 			Window: time.Duration(it.params.WindowMicros()) * time.Microsecond,
@@ -722,8 +735,8 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 		// A denied request takes nothing: the limits that would have
 		// allowed it keep what they had.
 		for i := range d.Limits {
-			if l := &d.Limits[i]; l.Allowed && !l.Shadow && !l.Degraded {
-				l.Remaining = min(l.Limit, l.Remaining+sc.items[i].cost)
+			if l := &d.Limits[i]; l.Allowed && !l.Shadow && !l.Degraded && !l.Rule.CountOverLimit {
+				l.Remaining, l.Charged = min(l.Limit, l.Remaining+sc.items[i].cost), 0
 			}
 		}
 	}

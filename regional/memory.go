@@ -333,7 +333,7 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 		sh.mu.Lock()
 		e, s := m.get(sh, op.Key, op.Params.Algorithm, now)
 		decideOp(op, &s, now, &results[0])
-		if results[0].Allowed {
+		if writes(op, &results[0], true) {
 			m.put(sh, e, op.Key, &op.Params, &s, now)
 		}
 		m.sweep(sh, now)
@@ -382,18 +382,22 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 		next, entries, globals = append(next, cur), append(entries, e), append(globals, nil)
 		decideOp(op, &next[i], now, &results[i])
 	}
-	if commits(ops, results) {
+	commit := commits(ops, results)
+	for i := range ops {
+		if !ops[i].Global && writes(&ops[i], &results[i], commit) {
+			m.put(&m.shards[shards[i]], entries[i], ops[i].Key, &ops[i].Params, &next[i], now)
+		}
+	}
+	if commit {
 		for i := range ops {
 			switch r := &results[i]; {
-			case !r.Allowed:
+			case !r.Allowed, !ops[i].Global:
 			case ops[i].Global && inCopy:
 				r.OwnP, r.OwnN = countInCopy(m.copy.c, &ops[i], now)
 			case ops[i].Global:
 				if ops[i].Cost > 0 {
 					r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], globals[i], ops[i].Key, &ops[i].Params, now, false, uint64(ops[i].Cost))
 				}
-			default:
-				m.put(&m.shards[shards[i]], entries[i], ops[i].Key, &ops[i].Params, &next[i], now)
 			}
 		}
 	}

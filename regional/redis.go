@@ -305,7 +305,7 @@ type redisLimit struct {
 	key                string
 	params             Params
 	cost               int64
-	shadow             bool
+	shadow, debt       bool
 	batch              int64
 	global             bool
 	allowance, ceiling int64
@@ -340,7 +340,7 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.state.Store(callPending)
 	plain := plainCheck(mode, ops)
 	for i, op := range ops {
-		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, batch: op.Batch,
+		c.limits = append(c.limits, redisLimit{key: string(op.Key), params: op.Params, cost: op.Cost, shadow: op.Shadow, debt: op.Debt, batch: op.Batch,
 			global: op.Global, allowance: op.Allowance, ceiling: op.Ceiling,
 			known: [3]int64{op.KnownStart, int64(op.KnownP), int64(op.KnownN)}})
 		var slot uint16 // one group on a single server
@@ -379,7 +379,7 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 // plainCheck is whether checks.lua decides a call's ops: a check of one
 // limit, not global, a token bucket or a fixed window.
 func plainCheck(mode string, ops []Op) bool {
-	if mode != "check" || len(ops) != 1 || ops[0].Global {
+	if mode != "check" || len(ops) != 1 || ops[0].Global || ops[0].Debt {
 		return false
 	}
 	a := ops[0].Params.Algorithm
@@ -495,16 +495,21 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 	if l.params.Algorithm == SlidingWindowLog {
 		keys = append(keys, l.key+":log")
 	}
-	shadow := "0"
-	if l.shadow {
-		shadow = "1"
+	flags := "0" // lua/limits.lua's: 1 shadow, 2 debt
+	switch {
+	case l.shadow && l.debt:
+		flags = "3"
+	case l.debt:
+		flags = "2"
+	case l.shadow:
+		flags = "1"
 	}
 	if l.global {
 		return keys, append(args, globalAlgorithm+int(l.params.Algorithm), l.params.Limit,
-			l.allowance, l.params.Window, l.cost, shadow, l.ceiling, l.known[0], l.known[1], l.known[2])
+			l.allowance, l.params.Window, l.cost, flags, l.ceiling, l.known[0], l.known[1], l.known[2])
 	}
 	return keys, append(args, int(l.params.Algorithm), l.params.Limit,
-		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, shadow, l.batch)
+		strconv.FormatFloat(l.params.Rate, 'g', 17, 64), l.params.Window, l.cost, flags, l.batch)
 }
 
 // do runs a call and waits for it, until ctx ends or the deadline passes;
@@ -949,7 +954,7 @@ func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 	for gi := range c.groups {
 		if g := &c.groups[gi]; ok[gi] && !denied(g.limits) {
 			for _, i := range g.limits {
-				if r := c.results[i]; r.Allowed {
+				if r := c.results[i]; r.Allowed && !c.limits[i].debt {
 					dst = append(dst, refund{limit: c.limits[i], n: r.Taken, at: c.now})
 				}
 			}
@@ -958,9 +963,6 @@ func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 	return dst
 }
 
-// refund gives back what split requests took, on a deadline of its own:
-// the batch's may be spent. Best effort: a lost refund leaves a limit
-// stricter, never looser.
 // commitsResults reports whether a call's script went ahead: every
 // enforced limit allowed.
 func commitsResults(c *redisCall) bool {
@@ -975,13 +977,16 @@ func commitsResults(c *redisCall) bool {
 // takenBack appends the refunds of everything a call took.
 func (c *redisCall) takenBack(dst []refund) []refund {
 	for i := range c.limits {
-		if r := c.results[i]; r.Allowed && r.Taken > 0 {
+		if r := c.results[i]; r.Allowed && r.Taken > 0 && !c.limits[i].debt {
 			dst = append(dst, refund{limit: c.limits[i], n: r.Taken, at: c.now})
 		}
 	}
 	return dst
 }
 
+// refund gives back what split requests took, on a deadline of its own:
+// the batch's may be spent. Best effort: a lost refund leaves a limit
+// stricter, never looser.
 func (s *RedisStore) refund(refunds []refund, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

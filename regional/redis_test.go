@@ -82,6 +82,12 @@ func TestStoresDecideAlike(t *testing.T) {
 	againstMemory(t, func(t *rapid.T, rs *RedisStore, mem *MemoryStore, clock *virtualClock, run int) {
 		limits := rapid.SliceOfN(genParams(), 1, 3).Draw(t, "limits")
 		shadow := rapid.SliceOfN(rapid.Bool(), len(limits), len(limits)).Draw(t, "shadow")
+		// Some limits count every hit, past the limit as debt
+		// (count_over_limit), where the algorithm takes debt.
+		debt := rapid.SliceOfN(rapid.Bool(), len(limits), len(limits)).Draw(t, "debt")
+		for i, p := range limits {
+			debt[i] = debt[i] && p.Algorithm != SlidingWindowLog
+		}
 		for range rapid.IntRange(1, 40).Draw(t, "steps") {
 			clock.Advance(rapid.SampledFrom([]int64{0, 1, 7, 999, 1000, 33_333, 1e6, 61e6}).Draw(t, "advance"))
 			// A request touches some of the limits.
@@ -90,9 +96,17 @@ func TestStoresDecideAlike(t *testing.T) {
 				if rapid.IntRange(0, 3).Draw(t, "use") > 0 {
 					op := Op{
 						Key:    []byte(fmt.Sprintf("gq:{diff%d:%d}", run, i)),
-						Params: p, Cost: genCost(t, p), Shadow: shadow[i],
+						Params: p, Cost: genCost(t, p), Shadow: shadow[i], Debt: debt[i],
 					}
-					if p.Algorithm != SlidingWindowLog && rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
+					switch rapid.IntRange(0, 5).Draw(t, "cost kind") {
+					case 0: // a check that counts nothing
+						op.Cost = 0
+					case 1: // usage reported past the limit
+						if debt[i] {
+							op.Cost = p.Limit + rapid.Int64Range(1, 3*p.Limit).Draw(t, "report")
+						}
+					}
+					if !debt[i] && op.Cost > 0 && p.Algorithm != SlidingWindowLog && rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
 						op.Batch = rapid.Int64Range(1, p.Limit).Draw(t, "lease")
 					}
 					ops = append(ops, op)
@@ -136,7 +150,7 @@ func TestStoresDecideAlike(t *testing.T) {
 			}
 			for i := range ops {
 				if mres[i] != rres[i] {
-					t.Fatalf("limit %d (%v, cost %d, shadow %v): memory %+v, redis %+v", i, ops[i].Params, ops[i].Cost, ops[i].Shadow, mres[i], rres[i])
+					t.Fatalf("limit %d (%v, cost %d, shadow %v, debt %v): memory %+v, redis %+v", i, ops[i].Params, ops[i].Cost, ops[i].Shadow, ops[i].Debt, mres[i], rres[i])
 				}
 			}
 			for i := range ops {

@@ -128,6 +128,10 @@ type Rule struct {
 	CarryDebt bool
 	Cost      int64 // cost of a request that names none
 	Shadow    bool
+	// CountOverLimit counts every hit sent to the rule, whatever the
+	// decision: past the limit as debt, which the key pays back before it
+	// is allowed again (usage known after the response, such as tokens).
+	CountOverLimit bool
 	// Batch is the batch of tokens a replica takes from the store at once
 	// for a hot key (the rule's batch: N, or lease: N), served from memory.
 	Batch    int64

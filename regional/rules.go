@@ -83,6 +83,7 @@ type ruleSpec struct {
 	CarryDebt       bool             `yaml:"carry_debt"`
 	Cost            *int64           `yaml:"cost"`
 	Shadow          bool             `yaml:"shadow"`
+	CountOverLimit  bool             `yaml:"count_over_limit"`
 	Batch           int64            `yaml:"batch"`
 	Lease           int64            `yaml:"lease"` // batch's older name
 	Fallback        string           `yaml:"fallback"`
@@ -330,7 +331,7 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 		// The id begins every counter's key, ended by a colon.
 		return nil, fail("id", "must be at most 128 characters, without spaces, braces, colons, | or \\")
 	}
-	r := &Rule{ID: s.ID, Domain: s.Domain, By: s.By, Shadow: s.Shadow, CarryDebt: s.CarryDebt, Cost: 1}
+	r := &Rule{ID: s.ID, Domain: s.Domain, By: s.By, Shadow: s.Shadow, CarryDebt: s.CarryDebt, CountOverLimit: s.CountOverLimit, Cost: 1}
 	r.self = []*Rule{r}
 	if err := r.compileMatch(s.Match); err != nil {
 		return nil, err
@@ -413,6 +414,16 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 			return nil, fail(field, "global rules are counted in their region's budget and cannot take batches")
 		}
 		r.Batch = batch
+	}
+	if r.CountOverLimit {
+		switch {
+		case r.Scope == ScopeGlobal:
+			return nil, fail("count_over_limit", "applies to regional rules only, as yet: a global rule's regions admit within their budgets")
+		case r.Base.Algorithm == SlidingWindowLog:
+			return nil, fail("count_over_limit", "sliding_window_log keeps each admitted request and takes no debt: use sliding_window_counter")
+		case r.Batch != 0:
+			return nil, fail(field, "a rule with count_over_limit counts every hit in the store and cannot take batches")
+		}
 	}
 	if s.Penalty != nil {
 		p := *s.Penalty

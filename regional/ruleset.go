@@ -174,6 +174,10 @@ type Request struct {
 	// Cost is the request's weight; 0 means each rule's own cost (1 unless
 	// the rule says otherwise).
 	Cost int64
+	// CountNothing makes the request a check that counts nothing, whatever
+	// its Cost: is the key past its limit already? (Envoy's descriptor
+	// hits_addend of 0.) A limit past its limit by a debt denies it.
+	CountNothing bool
 
 	// placed is the rule RuleSet.Place found for the request in placedIn.
 	placed   *Rule

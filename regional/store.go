@@ -48,6 +48,11 @@ type Op struct {
 	Params Params
 	Cost   int64
 	Shadow bool // counted when it allows, never denies
+	// Debt counts the cost whatever the decision (Rule.CountOverLimit):
+	// past the limit, as debt (chargeDebt), and whether or not the
+	// request goes ahead. Not for sliding_window_log, batches or global
+	// limits.
+	Debt bool
 	// Batch, if positive, asks the limit to take up to Batch at once (at
 	// least Cost, as much as it has up to Batch); Result.Taken says how
 	// much it took. Not for sliding_window_log.
@@ -81,9 +86,19 @@ func decideOp(op *Op, s *State, now int64, r *Result) {
 	}
 	*r = Result{}
 	decide(&op.Params, s, now, cost, r)
-	if r.Allowed {
+	switch {
+	case r.Allowed:
 		r.Taken = cost
+	case op.Debt && cost > 0:
+		chargeDebt(&op.Params, s, now, cost, r)
 	}
+}
+
+// writes reports whether a store keeps the state decideOp left for op:
+// that of a limit that took something, if the request goes ahead (commit)
+// or the limit counts debt. A check of cost 0 writes nothing.
+func writes(op *Op, r *Result, commit bool) bool {
+	return r.Taken > 0 && (commit || op.Debt)
 }
 
 // commits reports whether a request goes ahead: every enforced limit allows.

@@ -21,6 +21,7 @@
 // # HTTP
 //
 //	POST /v1/check            {"descriptors": {...}, "cost": n} → 200, 429, 403, 503
+//	POST /v1/report           {"descriptors": {...}, "cost": n} → 200 (charged, debt), 429, 403, 503
 //	GET  /v1/usage?rule=R&<descriptor>=V…
 //	POST /v1/admin/reset      {"rule", "descriptors"}
 //	POST /v1/admin/grant      {"rule", "descriptors", "amount"}

@@ -72,6 +72,16 @@ type rateLimiter struct {
 }
 
 func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return s.check(ctx, in, false)
+}
+
+// Report is Check of usage known after the response: every request names
+// its cost.
+func (s rateLimiter) Report(ctx context.Context, in *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return s.check(ctx, in, true)
+}
+
+func (s rateLimiter) check(ctx context.Context, in *pb.CheckRequest, report bool) (*pb.CheckResponse, error) {
 	if len(in.Requests) == 0 || len(in.Requests) > maxBatch {
 		return nil, grpcError(&FieldError{Field: "requests", Msg: fmt.Sprintf("want 1 to %d requests, not %d", maxBatch, len(in.Requests))})
 	}
@@ -79,6 +89,10 @@ func (s rateLimiter) Check(ctx context.Context, in *pb.CheckRequest) (*pb.CheckR
 	reqs := make([]regional.Request, len(in.Requests))
 	for i, r := range in.Requests {
 		req, err := requestFrom(r.Domain, r.Descriptors, r.Cost, "descriptors")
+		req.CountNothing = r.CountNothing
+		if err == nil && report && (r.Cost == 0 || r.CountNothing) {
+			err = &FieldError{Field: "cost", Msg: "required: what the request cost once done (tokens, bytes)"}
+		}
 		if err == nil {
 			err = s.engine.Validate(&req)
 		}
@@ -131,7 +145,7 @@ func decisionProto(d *regional.Decision) *pb.Decision {
 func limitProto(l *regional.LimitStatus) *pb.LimitStatus {
 	return &pb.LimitStatus{Rule: l.Rule.ID, Allowed: l.Allowed, Shadow: l.Shadow, Limit: l.Limit, Remaining: l.Remaining,
 		WindowMs: l.Window.Milliseconds(), ResetAtUnixMs: l.ResetAt.UnixMilli(), RetryAfterMs: ceilMillis(l.RetryAfter),
-		Degraded: l.Degraded}
+		Degraded: l.Degraded, Charged: l.Charged, Debt: l.Debt}
 }
 
 func ceilMillis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }

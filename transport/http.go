@@ -47,6 +47,7 @@ func (s *Server) Handler() http.Handler {
 		})
 	}
 	route("/v1/check", map[string]http.HandlerFunc{"POST": s.handleCheck})
+	route("/v1/report", map[string]http.HandlerFunc{"POST": s.handleReport})
 	route("/v1/usage", map[string]http.HandlerFunc{"GET": s.handleUsage})
 	route("/v1/admin/reset", map[string]http.HandlerFunc{"POST": s.admin(s.handleReset)})
 	route("/v1/admin/grant", map[string]http.HandlerFunc{"POST": s.admin(s.handleGrant)})
@@ -302,28 +303,83 @@ func rfc3339(t time.Time) string {
 }
 
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	var d regional.Decision
+	if s.decide(w, r, &d, false) {
+		writeDecision(w, &d, time.Now())
+	}
+}
+
+// decide reads a /v1/check body (or /v1/report's, whose cost is required)
+// and decides it into d; it reports false when it answered an error.
+func (s *Server) decide(w http.ResponseWriter, r *http.Request, d *regional.Decision, report bool) bool {
 	if err := jsonBody(r); err != nil {
 		s.writeInputError(w, err)
-		return
+		return false
 	}
 	body, err := readBody(w, r)
 	if err != nil {
 		s.writeInputError(w, err)
-		return
+		return false
 	}
 	req, err := parseCheck(body)
+	if err == nil && report && req.Cost == 0 {
+		err = &FieldError{Field: "cost", Msg: "required: what the request cost once done (tokens, bytes)"}
+	}
 	if err != nil {
 		s.writeInputError(w, err)
-		return
+		return false
 	}
 	start := time.Now()
-	var d regional.Decision
-	if err := s.engine.Check(r.Context(), &req, &d); err != nil {
+	if err := s.engine.Check(r.Context(), &req, d); err != nil {
 		s.writeInputError(w, err)
+		return false
+	}
+	s.metrics.http.observe(d, time.Since(start))
+	return true
+}
+
+// reportBody is the 200 answer of /v1/report: what the limit that speaks
+// for the report counted of it (a rule with count_over_limit first), and
+// where that limit stands after.
+type reportBody struct {
+	Charged   int64  `json:"charged"`
+	Allowed   bool   `json:"allowed"`
+	Rule      string `json:"rule,omitempty"`
+	Limit     *int64 `json:"limit,omitempty"`
+	Remaining *int64 `json:"remaining,omitempty"`
+	Debt      *int64 `json:"debt,omitempty"`
+	ResetAt   string `json:"reset_at,omitempty"`
+}
+
+// handleReport is POST /v1/report: usage known after the response (a
+// cost such as tokens), counted as a check of that cost is, and by a rule
+// with count_over_limit past its limit, as debt. Its answer is 200
+// whether the report went past the limit or not (the rate-limit headers
+// say where the key stands); 403, 429 and 503 as a check's for a blocked
+// key, a key over its rule's cap and a store that cannot answer.
+func (s *Server) handleReport(w http.ResponseWriter, r *http.Request) {
+	var d regional.Decision
+	if !s.decide(w, r, &d, true) {
 		return
 	}
-	s.metrics.http.observe(&d, time.Since(start))
-	writeDecision(w, &d, time.Now())
+	if !d.Allowed && d.Code != regional.CodeOverLimit {
+		writeDecision(w, &d, time.Now())
+		return
+	}
+	setHeaders(w.Header(), rateLimitHeaders(&d, time.Now()))
+	b := reportBody{Allowed: d.Allowed}
+	l := speaking(&d)
+	for i := range d.Limits {
+		if x := &d.Limits[i]; x.Rule.CountOverLimit && !x.Shadow {
+			l = x
+			break
+		}
+	}
+	if l != nil {
+		b.Charged, b.Rule, b.Limit, b.Remaining, b.Debt = l.Charged, l.Rule.ID, &l.Limit, &l.Remaining, &l.Debt
+		b.ResetAt = rfc3339(l.ResetAt)
+	}
+	writeJSON(w, http.StatusOK, b)
 }
 
 // writeDecision answers with a decision: 200 and its body when allowed;
@@ -392,6 +448,7 @@ type usageBody struct {
 	Limit         int64        `json:"limit"`
 	Remaining     int64        `json:"remaining"`
 	Used          int64        `json:"used"`
+	Debt          int64        `json:"debt,omitempty"`
 	ResetAt       string       `json:"reset_at"`
 	GlobalUsed    int64        `json:"global_used"`
 	Regions       []regionBody `json:"regions"`
@@ -455,9 +512,9 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) usageBody(rule string, u regional.Usage) usageBody {
-	used := u.Limit - u.Remaining
+	used := u.Limit - u.Remaining + u.Debt
 	b := usageBody{Rule: rule, Key: u.Key, Algorithm: u.Algorithm.String(), WindowSeconds: ceilSeconds(u.Window),
-		Limit: u.Limit, Remaining: u.Remaining, Used: used, ResetAt: rfc3339(u.ResetAt), GlobalUsed: used,
+		Limit: u.Limit, Remaining: u.Remaining, Used: used, Debt: u.Debt, ResetAt: rfc3339(u.ResetAt), GlobalUsed: used,
 		Regions: []regionBody{{Region: s.opts.Region, Used: used, Share: proto.Float64(1), LastHeardMS: proto.Int64(0)}}}
 	if !u.WindowStart.IsZero() {
 		// A window's start exactly (whole seconds for windows of whole

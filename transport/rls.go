@@ -24,7 +24,8 @@ import (
 // its entries are the descriptors (remote_address, which Envoy's
 // remote_address action sends, is the ip), the request's domain is the
 // domain, and hits_addend — the descriptor's own, else the request's — is
-// the cost, 0 meaning the rule's (1 by default). The response has one
+// the cost, the request's 0 meaning the rule's (1 by default) and the
+// descriptor's own 0 a check that counts nothing. The response has one
 // status per descriptor, in order, and the rate-limit headers of all of
 // them. A fail_closed rule without its store answers OVER_LIMIT: the
 // protocol has no way to say 503. As in Envoy's reference service, a
@@ -231,14 +232,17 @@ func descriptorRequest(in *rlsv3.RateLimitRequest, desc *ratelimitv3.RateLimitDe
 	if len(entries) == 0 {
 		return regional.Request{}, &FieldError{Field: prefix() + ".entries", Msg: "required"}
 	}
-	cost := uint64(in.HitsAddend)
+	cost, nothing := uint64(in.HitsAddend), false
 	if h := desc.GetHitsAddend(); h != nil {
-		cost = h.GetValue()
+		// A descriptor's own 0 is a check that counts nothing, as
+		// envoyproxy/ratelimit reads it; the request's 0 is a cost of 1.
+		cost, nothing = h.GetValue(), h.GetValue() == 0
 	}
 	if cost > math.MaxInt32 {
 		return regional.Request{}, &FieldError{Field: prefix() + ".hits_addend", Msg: "too large"}
 	}
 	req, err := requestFrom(in.Domain, entries, int64(cost), "entries")
+	req.CountNothing = nothing
 	if err == nil && placed != nil {
 		placed[i], _ = rs.Place(&req, keys, values)
 	}

@@ -39,8 +39,9 @@ for k = 1, #KEYS do
     local ex, a, b = read_state(key, TOKEN_BUCKET)
     local ok, got, tokens, wait, at, na, nb = tb_decide(limit, rate, ex, a, b, cost, batch > 0, batch)
     if ok then
-      write_state(key, TOKEN_BUCKET, na, nb, 0, tb_until(limit, rate, na))
       allowed, taken = 1, got
+      -- A check of cost 0 (counting nothing) writes nothing.
+      if got > 0 then write_state(key, TOKEN_BUCKET, na, nb, 0, tb_until(limit, rate, na)) end
     end
     remaining, reset, retry = floor(tokens), at, wait
   else -- FIXED
@@ -53,7 +54,7 @@ for k = 1, #KEYS do
     if n + cost <= limit then
       allowed, taken = 1, cost
       n = n + cost
-      write_state(key, FIXED, start, n, 0, start + window)
+      if cost > 0 then write_state(key, FIXED, start, n, 0, start + window) end
     else
       -- The count is this window's, over the limit: the next window takes
       -- the cost (exactWait in limits.lua finds the same, the cost being

@@ -14,7 +14,9 @@
 --          and answers the error "LATE <now>" (its caller has given up
 --          and decided without the store), or ''
 -- ARGV[8...]: per limit 7 values: algorithm, limit, rate, window, cost,
---            shadow, batch (0: none; else take up to batch, at least cost).
+--            flags (1: shadow; 2: debt, the cost counted whatever the
+--            decision: Op.Debt), batch (0: none; else take up to batch,
+--            at least cost).
 --            A global limit (global.go) has algorithm 10 + its own, its
 --            allowance in place of the rate, its ceiling (-1: strict) in
 --            place of the batch, and 3 more: the window (ms) the engine
@@ -289,13 +291,39 @@ local function gdecide(key, alg, limit, window, cost, allowance, ceiling)
   return allowed, floor(max(0, rem)), start + window, retry, p, n
 end
 
+-- charge mirrors chargeDebt() in algorithm.go: a denied request's cost
+-- counted all the same, past the limit. It returns remaining, reset_at,
+-- retry_after and the state to store.
+local function charge(alg, limit, rate, window, ex, a, b, c, cost)
+  if alg == TOKEN_BUCKET then
+    local tokens = tb_tokens(limit, rate, ex, a, b, now) - cost
+    return floor(tokens), now + exactWait(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, true, tokens, now, limit),
+      exactWait(now, -tokens * 1e6 / rate, tb_has, limit, rate, true, tokens, now, 0), tokens, now, 0
+  elseif alg == GCRA then
+    local debt = gcra_debt(rate, ex, a, b, now) + cost
+    return gcra_fits(debt, limit), now + exactWait(now, debt * 1e6 / rate, gcra_within, rate, true, debt, now, 0, 0),
+      exactWait(now, (debt - limit) * 1e6 / rate, gcra_within, rate, true, debt, now, 0, limit), debt, now, 0
+  elseif alg == FIXED then
+    local start = floor(now / window) * window
+    local n = cost
+    if ex and a == start then n = b + cost end
+    return limit - n, start + window, start + window - now, start, n, 0
+  end
+  local start, cur, prev = swc_counts(window, ex, a, b, c, now)
+  cur = cur + cost
+  return floor(limit - swc_estimate(window, start, cur, prev, now)), start + 2 * window,
+    exactWait(now, start + window - now, swc_fits, window, true, start, cur, prev, 0, limit), start, cur, prev
+end
+
 -- Decide every limit, changing nothing yet; pending lists, flattened ten
--- values a limit, what to store if the request goes ahead.
-local out, commit, pending, np = {now}, true, {}, 0
+-- values a limit, what to store if the request goes ahead; owed, seven
+-- values a limit, what limits that count debt store whatever happens.
+local out, commit, pending, np, owed, no = {now}, true, {}, 0, {}, 0
 local k, i = 1, 8
 while i + 6 <= #ARGV do
   local alg, limit, rate, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-  local cost, shadow, batch = tonumber(ARGV[i + 4]), ARGV[i + 5] == '1', tonumber(ARGV[i + 6])
+  local cost, flags, batch = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
+  local shadow, owes = flags % 2 == 1, flags >= 2
   local key, logkey = KEYS[k], nil
   k = k + 1
   if alg > GLOBAL then
@@ -435,14 +463,23 @@ while i + 6 <= #ARGV do
       end
 
       if not allowed and not shadow then commit = false end
-      if allowed and mode == 'check' and (alg ~= LOG or cost > 0) then
+      local taken = allowed and cost or 0
+      if owes and mode == 'check' and cost > 0 then
+        if not allowed then
+          remaining, reset, retry, na, nb, nc = charge(alg, limit, rate, window, ex, a, b, c, cost)
+          taken = cost
+        end
+        owed[no + 1], owed[no + 2], owed[no + 3], owed[no + 4], owed[no + 5], owed[no + 6], owed[no + 7] = key, alg, limit, rate, window, na, nb
+        owed[no + 8] = nc
+        no = no + 8
+      elseif allowed and mode == 'check' and cost > 0 then
         pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
         pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
         np = np + 10
       end
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry
-      out[o + 5] = allowed and cost or 0
+      out[o + 5] = taken
     end
     i = i + 7
   end
@@ -465,5 +502,8 @@ if commit then
       end
     end
   end
+end
+for j = 1, no, 8 do
+  store(owed[j], owed[j + 1], owed[j + 2], owed[j + 3], owed[j + 4], owed[j + 5], owed[j + 6], owed[j + 7], now)
 end
 return out

@@ -93,7 +93,10 @@ type Request struct {
 	Domain      string            `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
 	Descriptors map[string]string `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The request's weight; 0 means each rule's own cost (1 by default).
-	Cost          int64 `protobuf:"varint,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	Cost int64 `protobuf:"varint,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	// A check that counts nothing, whatever the cost: is the key past its
+	// limit already (in debt)? Envoy's descriptor hits_addend of 0.
+	CountNothing  bool `protobuf:"varint,4,opt,name=count_nothing,json=countNothing,proto3" json:"count_nothing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,6 +150,13 @@ func (x *Request) GetCost() int64 {
 		return x.Cost
 	}
 	return 0
+}
+
+func (x *Request) GetCountNothing() bool {
+	if x != nil {
+		return x.CountNothing
+	}
+	return false
 }
 
 type CheckRequest struct {
@@ -339,6 +349,11 @@ type LimitStatus struct {
 	ResetAtUnixMs int64                  `protobuf:"varint,7,opt,name=reset_at_unix_ms,json=resetAtUnixMs,proto3" json:"reset_at_unix_ms,omitempty"`
 	RetryAfterMs  int64                  `protobuf:"varint,8,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	Degraded      bool                   `protobuf:"varint,9,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// What the limit counted of the request: its cost when the request goes
+	// ahead; else nothing, unless its rule has count_over_limit.
+	Charged int64 `protobuf:"varint,10,opt,name=charged,proto3" json:"charged,omitempty"`
+	// How far past its limit the counter is (remaining is then 0).
+	Debt          int64 `protobuf:"varint,11,opt,name=debt,proto3" json:"debt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -434,6 +449,20 @@ func (x *LimitStatus) GetDegraded() bool {
 		return x.Degraded
 	}
 	return false
+}
+
+func (x *LimitStatus) GetCharged() int64 {
+	if x != nil {
+		return x.Charged
+	}
+	return 0
+}
+
+func (x *LimitStatus) GetDebt() int64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
 }
 
 type GetUsageRequest struct {
@@ -2157,11 +2186,12 @@ var File_transport_geoquotav1_geoquota_proto protoreflect.FileDescriptor
 
 const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\n" +
-	"#transport/geoquotav1/geoquota.proto\x12\vgeoquota.v1\"\xbe\x01\n" +
+	"#transport/geoquotav1/geoquota.proto\x12\vgeoquota.v1\"\xe3\x01\n" +
 	"\aRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12G\n" +
 	"\vdescriptors\x18\x02 \x03(\v2%.geoquota.v1.Request.DescriptorsEntryR\vdescriptors\x12\x12\n" +
-	"\x04cost\x18\x03 \x01(\x03R\x04cost\x1a>\n" +
+	"\x04cost\x18\x03 \x01(\x03R\x04cost\x12#\n" +
+	"\rcount_nothing\x18\x04 \x01(\bR\fcountNothing\x1a>\n" +
 	"\x10DescriptorsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
@@ -2176,7 +2206,7 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\bbypassed\x18\x04 \x01(\bR\bbypassed\x120\n" +
 	"\x06limits\x18\x05 \x03(\v2\x18.geoquota.v1.LimitStatusR\x06limits\x12\x1f\n" +
 	"\vnot_counted\x18\x06 \x01(\bR\n" +
-	"notCounted\"\x8f\x02\n" +
+	"notCounted\"\xbd\x02\n" +
 	"\vLimitStatus\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x18\n" +
 	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x16\n" +
@@ -2186,7 +2216,10 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\twindow_ms\x18\x06 \x01(\x03R\bwindowMs\x12'\n" +
 	"\x10reset_at_unix_ms\x18\a \x01(\x03R\rresetAtUnixMs\x12$\n" +
 	"\x0eretry_after_ms\x18\b \x01(\x03R\fretryAfterMs\x12\x1a\n" +
-	"\bdegraded\x18\t \x01(\bR\bdegraded\"\x86\x01\n" +
+	"\bdegraded\x18\t \x01(\bR\bdegraded\x12\x18\n" +
+	"\acharged\x18\n" +
+	" \x01(\x03R\acharged\x12\x12\n" +
+	"\x04debt\x18\v \x01(\x03R\x04debt\"\x86\x01\n" +
 	"\x0fGetUsageRequest\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12.\n" +
 	"\arequest\x18\x02 \x01(\v2\x14.geoquota.v1.RequestR\arequest\x12/\n" +
@@ -2313,9 +2346,10 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\x13RATE_LIMIT_EXCEEDED\x10\x02\x12\x0f\n" +
 	"\vKEY_BLOCKED\x10\x03\x12\x1c\n" +
 	"\x18RATE_LIMITER_UNAVAILABLE\x10\x04\x12\r\n" +
-	"\tKEY_LIMIT\x10\x052\xe8\x01\n" +
+	"\tKEY_LIMIT\x10\x052\xa9\x02\n" +
 	"\vRateLimiter\x12>\n" +
-	"\x05Check\x12\x19.geoquota.v1.CheckRequest\x1a\x1a.geoquota.v1.CheckResponse\x12G\n" +
+	"\x05Check\x12\x19.geoquota.v1.CheckRequest\x1a\x1a.geoquota.v1.CheckResponse\x12?\n" +
+	"\x06Report\x12\x19.geoquota.v1.CheckRequest\x1a\x1a.geoquota.v1.CheckResponse\x12G\n" +
 	"\bGetUsage\x12\x1c.geoquota.v1.GetUsageRequest\x1a\x1d.geoquota.v1.GetUsageResponse\x12P\n" +
 	"\vListRegions\x12\x1f.geoquota.v1.ListRegionsRequest\x1a .geoquota.v1.ListRegionsResponse2\x88\x02\n" +
 	"\n" +
@@ -2406,35 +2440,37 @@ var file_transport_geoquotav1_geoquota_proto_depIdxs = []int32{
 	34, // 15: geoquota.v1.GetBudgetsResponse.budgets:type_name -> geoquota.v1.Budget
 	29, // 16: geoquota.v1.Budget.leases:type_name -> geoquota.v1.Lease
 	2,  // 17: geoquota.v1.RateLimiter.Check:input_type -> geoquota.v1.CheckRequest
-	6,  // 18: geoquota.v1.RateLimiter.GetUsage:input_type -> geoquota.v1.GetUsageRequest
-	26, // 19: geoquota.v1.RateLimiter.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
-	30, // 20: geoquota.v1.GlobalSync.GetGlobalUsage:input_type -> geoquota.v1.GetGlobalUsageRequest
-	32, // 21: geoquota.v1.GlobalSync.GetBudgets:input_type -> geoquota.v1.GetBudgetsRequest
-	26, // 22: geoquota.v1.GlobalSync.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
-	9,  // 23: geoquota.v1.Admin.ResetKey:input_type -> geoquota.v1.ResetKeyRequest
-	11, // 24: geoquota.v1.Admin.Grant:input_type -> geoquota.v1.GrantRequest
-	13, // 25: geoquota.v1.Admin.Block:input_type -> geoquota.v1.BlockRequest
-	15, // 26: geoquota.v1.Admin.Unblock:input_type -> geoquota.v1.UnblockRequest
-	17, // 27: geoquota.v1.Admin.ListBlocks:input_type -> geoquota.v1.ListBlocksRequest
-	19, // 28: geoquota.v1.Admin.PutRules:input_type -> geoquota.v1.PutRulesRequest
-	21, // 29: geoquota.v1.Admin.GetRules:input_type -> geoquota.v1.GetRulesRequest
-	23, // 30: geoquota.v1.Admin.ListViolations:input_type -> geoquota.v1.ListViolationsRequest
-	3,  // 31: geoquota.v1.RateLimiter.Check:output_type -> geoquota.v1.CheckResponse
-	7,  // 32: geoquota.v1.RateLimiter.GetUsage:output_type -> geoquota.v1.GetUsageResponse
-	27, // 33: geoquota.v1.RateLimiter.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
-	31, // 34: geoquota.v1.GlobalSync.GetGlobalUsage:output_type -> geoquota.v1.GetGlobalUsageResponse
-	33, // 35: geoquota.v1.GlobalSync.GetBudgets:output_type -> geoquota.v1.GetBudgetsResponse
-	27, // 36: geoquota.v1.GlobalSync.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
-	10, // 37: geoquota.v1.Admin.ResetKey:output_type -> geoquota.v1.ResetKeyResponse
-	12, // 38: geoquota.v1.Admin.Grant:output_type -> geoquota.v1.GrantResponse
-	14, // 39: geoquota.v1.Admin.Block:output_type -> geoquota.v1.BlockResponse
-	16, // 40: geoquota.v1.Admin.Unblock:output_type -> geoquota.v1.UnblockResponse
-	18, // 41: geoquota.v1.Admin.ListBlocks:output_type -> geoquota.v1.ListBlocksResponse
-	20, // 42: geoquota.v1.Admin.PutRules:output_type -> geoquota.v1.PutRulesResponse
-	22, // 43: geoquota.v1.Admin.GetRules:output_type -> geoquota.v1.GetRulesResponse
-	24, // 44: geoquota.v1.Admin.ListViolations:output_type -> geoquota.v1.ListViolationsResponse
-	31, // [31:45] is the sub-list for method output_type
-	17, // [17:31] is the sub-list for method input_type
+	2,  // 18: geoquota.v1.RateLimiter.Report:input_type -> geoquota.v1.CheckRequest
+	6,  // 19: geoquota.v1.RateLimiter.GetUsage:input_type -> geoquota.v1.GetUsageRequest
+	26, // 20: geoquota.v1.RateLimiter.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
+	30, // 21: geoquota.v1.GlobalSync.GetGlobalUsage:input_type -> geoquota.v1.GetGlobalUsageRequest
+	32, // 22: geoquota.v1.GlobalSync.GetBudgets:input_type -> geoquota.v1.GetBudgetsRequest
+	26, // 23: geoquota.v1.GlobalSync.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
+	9,  // 24: geoquota.v1.Admin.ResetKey:input_type -> geoquota.v1.ResetKeyRequest
+	11, // 25: geoquota.v1.Admin.Grant:input_type -> geoquota.v1.GrantRequest
+	13, // 26: geoquota.v1.Admin.Block:input_type -> geoquota.v1.BlockRequest
+	15, // 27: geoquota.v1.Admin.Unblock:input_type -> geoquota.v1.UnblockRequest
+	17, // 28: geoquota.v1.Admin.ListBlocks:input_type -> geoquota.v1.ListBlocksRequest
+	19, // 29: geoquota.v1.Admin.PutRules:input_type -> geoquota.v1.PutRulesRequest
+	21, // 30: geoquota.v1.Admin.GetRules:input_type -> geoquota.v1.GetRulesRequest
+	23, // 31: geoquota.v1.Admin.ListViolations:input_type -> geoquota.v1.ListViolationsRequest
+	3,  // 32: geoquota.v1.RateLimiter.Check:output_type -> geoquota.v1.CheckResponse
+	3,  // 33: geoquota.v1.RateLimiter.Report:output_type -> geoquota.v1.CheckResponse
+	7,  // 34: geoquota.v1.RateLimiter.GetUsage:output_type -> geoquota.v1.GetUsageResponse
+	27, // 35: geoquota.v1.RateLimiter.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
+	31, // 36: geoquota.v1.GlobalSync.GetGlobalUsage:output_type -> geoquota.v1.GetGlobalUsageResponse
+	33, // 37: geoquota.v1.GlobalSync.GetBudgets:output_type -> geoquota.v1.GetBudgetsResponse
+	27, // 38: geoquota.v1.GlobalSync.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
+	10, // 39: geoquota.v1.Admin.ResetKey:output_type -> geoquota.v1.ResetKeyResponse
+	12, // 40: geoquota.v1.Admin.Grant:output_type -> geoquota.v1.GrantResponse
+	14, // 41: geoquota.v1.Admin.Block:output_type -> geoquota.v1.BlockResponse
+	16, // 42: geoquota.v1.Admin.Unblock:output_type -> geoquota.v1.UnblockResponse
+	18, // 43: geoquota.v1.Admin.ListBlocks:output_type -> geoquota.v1.ListBlocksResponse
+	20, // 44: geoquota.v1.Admin.PutRules:output_type -> geoquota.v1.PutRulesResponse
+	22, // 45: geoquota.v1.Admin.GetRules:output_type -> geoquota.v1.GetRulesResponse
+	24, // 46: geoquota.v1.Admin.ListViolations:output_type -> geoquota.v1.ListViolationsResponse
+	32, // [32:47] is the sub-list for method output_type
+	17, // [17:32] is the sub-list for method input_type
 	17, // [17:17] is the sub-list for extension type_name
 	17, // [17:17] is the sub-list for extension extendee
 	0,  // [0:17] is the sub-list for field type_name

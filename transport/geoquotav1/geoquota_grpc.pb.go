@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	RateLimiter_Check_FullMethodName       = "/geoquota.v1.RateLimiter/Check"
+	RateLimiter_Report_FullMethodName      = "/geoquota.v1.RateLimiter/Report"
 	RateLimiter_GetUsage_FullMethodName    = "/geoquota.v1.RateLimiter/GetUsage"
 	RateLimiter_ListRegions_FullMethodName = "/geoquota.v1.RateLimiter/ListRegions"
 )
@@ -38,6 +39,11 @@ type RateLimiterClient interface {
 	// Check decides a batch of requests, in order. A malformed request fails
 	// the whole call with InvalidArgument naming it, and nothing is counted.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Report counts usage known after the response (tokens, bytes), each
+	// request's cost required: as Check counts it, and by a rule with
+	// count_over_limit whatever the decision, past the limit as debt (each
+	// limit's charged and debt say how much).
+	Report(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
 	// GetUsage reports a counter: its limit and use, here and, for a global
 	// rule, in every region.
 	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
@@ -58,6 +64,16 @@ func (c *rateLimiterClient) Check(ctx context.Context, in *CheckRequest, opts ..
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckResponse)
 	err := c.cc.Invoke(ctx, RateLimiter_Check_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Report(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Report_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -93,6 +109,11 @@ type RateLimiterServer interface {
 	// Check decides a batch of requests, in order. A malformed request fails
 	// the whole call with InvalidArgument naming it, and nothing is counted.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
+	// Report counts usage known after the response (tokens, bytes), each
+	// request's cost required: as Check counts it, and by a rule with
+	// count_over_limit whatever the decision, past the limit as debt (each
+	// limit's charged and debt say how much).
+	Report(context.Context, *CheckRequest) (*CheckResponse, error)
 	// GetUsage reports a counter: its limit and use, here and, for a global
 	// rule, in every region.
 	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
@@ -111,6 +132,9 @@ type UnimplementedRateLimiterServer struct{}
 
 func (UnimplementedRateLimiterServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
+}
+func (UnimplementedRateLimiterServer) Report(context.Context, *CheckRequest) (*CheckResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Report not implemented")
 }
 func (UnimplementedRateLimiterServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetUsage not implemented")
@@ -153,6 +177,24 @@ func _RateLimiter_Check_Handler(srv interface{}, ctx context.Context, dec func(i
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RateLimiterServer).Check(ctx, req.(*CheckRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Report_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Report(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Report_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Report(ctx, req.(*CheckRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -203,6 +245,10 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Check",
 			Handler:    _RateLimiter_Check_Handler,
+		},
+		{
+			MethodName: "Report",
+			Handler:    _RateLimiter_Report_Handler,
 		},
 		{
 			MethodName: "GetUsage",
