@@ -222,10 +222,14 @@ func (e *Engine) degradedGlobal(it *item, allowance int64, now int64) {
 	part := (float64(allowance) - counted) / float64(replicas)
 	cost := float64(it.cost)
 	allowed := admitted+cost <= part
-	if allowed {
+	owes := it.rule.CountOverLimit && it.cost > 0 // counted whatever the decision
+	if allowed || owes {
 		e.countDegradedLocked(it, start)
 	}
 	it.result = Result{Allowed: allowed, ResetAt: end}
+	if allowed || owes {
+		it.result.Taken = it.cost
+	}
 	rem := part - admitted
 	if allowed {
 		rem -= cost
@@ -237,7 +241,7 @@ func (e *Engine) degradedGlobal(it *item, allowance int64, now int64) {
 	// may have, with every sibling's part spent. globalsync must not hand
 	// room the region used in memory to another region.
 	used := float64(cur.P) - float64(cur.N) - float64(curW.written) + float64(curW.admitted) + float64(replicas-1)*max(0, part)
-	if allowed {
+	if allowed || owes {
 		used += cost
 	}
 	it.result.OwnP = uint64(max(1, used))

@@ -203,3 +203,47 @@ rules:
 	}
 	t.Logf("admitted %d of %d, %d of them without the store", admitted.Load(), allowance, degraded.Load())
 }
+
+// A report to a global rule with count_over_limit while the store cannot
+// answer is counted in memory, past the region's allowance, and written
+// to the region's slot once the store is back: usage reported after the
+// response is not lost to a store's fault.
+func TestGlobalReportsSurviveAStalledStore(t *testing.T) {
+	ctx := t.Context()
+	store, srv := newTestRedisStore(t, RedisOptions{Region: "us", Timeout: 50 * time.Millisecond})
+	rules := mustParse(t, `
+rules:
+  - { id: tokens, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h, count_over_limit: true }
+`)
+	// Three regions: before any lease, the region keeps to its floor of 100.
+	e := New(Config{Region: "us", Replica: "us-1", Store: store, Timeout: 50 * time.Millisecond,
+		Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, rules)
+	report := func(cost int64) LimitStatus {
+		t.Helper()
+		var d Decision
+		if err := e.Check(ctx, &Request{APIKey: "tenant", Cost: cost}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.Limits[0]
+	}
+	if l := report(10); !l.Allowed || l.Degraded || l.Charged != 10 {
+		t.Fatalf("with the store up: %+v", l)
+	}
+	stallRedis(t, srv.Addr(), 700*time.Millisecond)
+	if l := report(200); l.Allowed || !l.Degraded || l.Charged != 200 {
+		t.Fatalf("200 past the floor, the store stalled: %+v, want denied in memory and charged 200", l)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := e.Maintain(ctx); err == nil {
+			slots, err := store.ReadGlobal(ctx, []byte("gq:{tokens:tenant}"), time.Now().Truncate(time.Hour).UnixMilli())
+			if err == nil && len(slots) == 1 && slots[0].P == 210 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the region's slot in the store: %v (%v), want 210 written back", slots, err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // the store's recovery is real time
+	}
+}

@@ -661,7 +661,7 @@ func (e *Engine) record(sc *scratch, req *Request, now int64) {
 			e.unconsumeBatch(it)
 		case it.result.Taken > it.cost && allowed:
 			e.keepBatch(it, now)
-		case it.degradedTaken && !allowed:
+		case it.degradedTaken && !allowed && !it.rule.CountOverLimit:
 			e.uncountDegraded(it)
 		case it.degradedTaken:
 			e.stats.GlobalDegraded.Add(it.cost)

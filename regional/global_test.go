@@ -57,7 +57,8 @@ func TestGlobalStoresDecideAlike(t *testing.T) {
 			if rapid.Bool().Draw(t, "elastic") {
 				ceiling = rapid.Int64Range(0, p.Limit).Draw(t, "ceiling")
 			}
-			ops := []Op{{Key: key, Params: p, Cost: rapid.Int64Range(0, 5).Draw(t, "cost"), Global: true, Allowance: allowance, Ceiling: ceiling}}
+			ops := []Op{{Key: key, Params: p, Cost: rapid.Int64Range(0, 5).Draw(t, "cost"), Global: true, Allowance: allowance, Ceiling: ceiling,
+				Debt: rapid.IntRange(0, 2).Draw(t, "debt") == 0}} // count_over_limit: counted denied or not
 			if rapid.IntRange(0, 3).Draw(t, "known") == 0 {
 				// The engine remembers more than the store holds (or
 				// less, or of another window).
@@ -66,7 +67,8 @@ func TestGlobalStoresDecideAlike(t *testing.T) {
 				ops[0].KnownP, ops[0].KnownN = rapid.Uint64Range(0, 40).Draw(t, "known p"), rapid.Uint64Range(0, 3).Draw(t, "known n")
 			}
 			if rapid.Bool().Draw(t, "with a regional limit") {
-				ops = append(ops, Op{Key: []byte(fmt.Sprintf("gq:{r%d}", run)), Params: Params{Algorithm: FixedWindow, Limit: 3, Window: 1e6}, Cost: 1})
+				ops = append(ops, Op{Key: []byte(fmt.Sprintf("gq:{r%d}", run)), Params: Params{Algorithm: FixedWindow, Limit: 3, Window: 1e6}, Cost: 1,
+					Debt: rapid.Bool().Draw(t, "regional debt")})
 			}
 			mres, rres := make([]Result, len(ops)), make([]Result, len(ops))
 			if _, err := mem.Apply(ctx, ops, mres); err != nil {
@@ -625,5 +627,72 @@ rules:
 	}
 	if rules.OfGlobalRules("gq:{g:x}:overflow") || rules.OfGlobalRules("gq:{h}:overflow") {
 		t.Fatal("a key that is no overflow counter of a global rule passes for one")
+	}
+}
+
+// A global rule with count_over_limit counts every report in the region's
+// slot, past its share as debt: the region denies the tenant's checks
+// while its slot is past its allowance, a check that counts nothing
+// counts nothing, and what it counted reaches the other regions (their
+// view of the tenant's global use) as any admitted cost does.
+func TestGlobalReportsPastTheShareAreCounted(t *testing.T) {
+	const rules = `
+rules:
+  - { id: tokens, by: [api_key], scope: global, algorithm: fixed_window, limit: 1000, window: 1h, count_over_limit: true }
+`
+	for _, kind := range []string{"memory", "redis", "own"} {
+		t.Run(kind, func(t *testing.T) {
+			clock := newVirtualClock()
+			regions := []string{"eu", "us"}
+			cfg := Config{Region: "eu", Clock: clock.Now, Timeout: slowOK, Global: GlobalConfig{Regions: regions, Lag: noLag}}
+			switch kind {
+			case "redis":
+				rs, _ := newTestRedisStore(t, RedisOptions{Region: "eu", Timeout: slowOK})
+				rs.testNow = clock.micros
+				cfg.Store = rs
+			case "memory":
+				m := NewMemoryStore(clock.Now)
+				m.SetRegion("eu")
+				cfg.Store = m
+			}
+			eu := New(cfg, mustParse(t, rules))
+			check := func(cost int64, nothing bool) LimitStatus {
+				t.Helper()
+				d := mustCheck(t, eu, Request{APIKey: "sk_1", Cost: cost, CountNothing: nothing})
+				if len(d.Limits) != 1 {
+					t.Fatalf("limits %+v", d.Limits)
+				}
+				return d.Limits[0]
+			}
+			used := func() int64 {
+				t.Helper()
+				u, err := eu.Usage(t.Context(), "tokens", &Request{APIKey: "sk_1"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return u.GlobalUsed
+			}
+			// Before a lease eu holds its floor: 5% of 1000.
+			if l := check(30, false); !l.Allowed || l.Charged != 30 {
+				t.Fatalf("30 of a floor of 50: %+v", l)
+			}
+			if l := check(40, false); l.Allowed || l.Charged != 40 {
+				t.Fatalf("40 more, past the floor: %+v, want denied and charged 40", l)
+			}
+			if l := check(0, true); l.Allowed || l.Charged != 0 {
+				t.Fatalf("a check counting nothing past the share: %+v", l)
+			}
+			if l := check(1, false); l.Allowed || l.Charged != 1 {
+				t.Fatalf("a check past the share: %+v, want denied and counted", l)
+			}
+			if got := used(); got != 71 {
+				t.Fatalf("eu's use of the tenant: %d, want 71 (30 + 40 + 1)", got)
+			}
+			var d crdt.Delta
+			eu.global.usage.with(func(c *crdt.Counters) { d = c.OwnDeltaSince(0) })
+			if len(d.Entries) != 1 || len(d.Entries[0].Slots) != 1 || d.Entries[0].Slots[0].P != 71 {
+				t.Fatalf("what eu gossips: %+v, want its slot at 71", d)
+			}
+		})
 	}
 }

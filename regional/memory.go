@@ -244,8 +244,8 @@ func decideGlobalOp(op *Op, cur, prev *globalView, now int64, r *Result) {
 	*r = Result{}
 	decideGlobal(&op.Params, cur, prev, float64(now), float64(op.Cost), float64(op.Allowance), float64(op.Ceiling), r)
 	r.OwnP, r.OwnN = uint64(cur.p), uint64(cur.n)
-	if r.Allowed {
-		r.Taken = op.Cost
+	if r.Allowed || op.Debt {
+		r.Taken = op.Cost // counted whatever the decision with Debt: in the region's slot, past its share
 	}
 }
 
@@ -344,7 +344,7 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 		op, r := &ops[0], &results[0]
 		m.copy.mu.Lock()
 		decideInCopy(m.copy.c, op, now, r)
-		if r.Allowed {
+		if writes(op, r, true) {
 			r.OwnP, r.OwnN = countInCopy(m.copy.c, op, now)
 		}
 		m.copy.mu.Unlock()
@@ -384,21 +384,14 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 	}
 	commit := commits(ops, results)
 	for i := range ops {
-		if !ops[i].Global && writes(&ops[i], &results[i], commit) {
-			m.put(&m.shards[shards[i]], entries[i], ops[i].Key, &ops[i].Params, &next[i], now)
-		}
-	}
-	if commit {
-		for i := range ops {
-			switch r := &results[i]; {
-			case !r.Allowed, !ops[i].Global:
-			case ops[i].Global && inCopy:
-				r.OwnP, r.OwnN = countInCopy(m.copy.c, &ops[i], now)
-			case ops[i].Global:
-				if ops[i].Cost > 0 {
-					r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], globals[i], ops[i].Key, &ops[i].Params, now, false, uint64(ops[i].Cost))
-				}
-			}
+		switch op, r := &ops[i], &results[i]; {
+		case !writes(op, r, commit):
+		case !op.Global:
+			m.put(&m.shards[shards[i]], entries[i], op.Key, &op.Params, &next[i], now)
+		case inCopy:
+			r.OwnP, r.OwnN = countInCopy(m.copy.c, op, now)
+		default:
+			r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], globals[i], op.Key, &op.Params, now, false, uint64(op.Cost))
 		}
 	}
 	for _, s := range idx {

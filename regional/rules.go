@@ -417,8 +417,6 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 	}
 	if r.CountOverLimit {
 		switch {
-		case r.Scope == ScopeGlobal:
-			return nil, fail("count_over_limit", "applies to regional rules only, as yet: a global rule's regions admit within their budgets")
 		case r.Base.Algorithm == SlidingWindowLog:
 			return nil, fail("count_over_limit", "sliding_window_log keeps each admitted request and takes no debt: use sliding_window_counter")
 		case r.Batch != 0:

@@ -49,9 +49,9 @@ type Op struct {
 	Cost   int64
 	Shadow bool // counted when it allows, never denies
 	// Debt counts the cost whatever the decision (Rule.CountOverLimit):
-	// past the limit, as debt (chargeDebt), and whether or not the
-	// request goes ahead. Not for sliding_window_log, batches or global
-	// limits.
+	// past the limit, as debt (chargeDebt; a global limit's in the
+	// region's slot, past its allowance), and whether or not the request
+	// goes ahead. Not for sliding_window_log or batches.
 	Debt bool
 	// Batch, if positive, asks the limit to take up to Batch at once (at
 	// least Cost, as much as it has up to Batch); Result.Taken says how

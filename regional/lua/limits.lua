@@ -316,9 +316,10 @@ local function charge(alg, limit, rate, window, ex, a, b, c, cost)
 end
 
 -- Decide every limit, changing nothing yet; pending lists, flattened ten
--- values a limit, what to store if the request goes ahead; owed, seven
--- values a limit, what limits that count debt store whatever happens.
-local out, commit, pending, np, owed, no = {now}, true, {}, 0, {}, 0
+-- values a limit, what to store if the request goes ahead; owed (eight
+-- values a limit) and owedg (five, a global limit's), what limits that
+-- count debt store whatever happens.
+local out, commit, pending, np, owed, no, owedg, ng = {now}, true, {}, 0, {}, 0, {}, 0
 local k, i = 1, 8
 while i + 6 <= #ARGV do
   local alg, limit, rate, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
@@ -349,14 +350,20 @@ while i + 6 <= #ARGV do
       graise(key, alg, window, tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9]))
       local allowed, rem, reset, retry, p, n = gdecide(key, alg, limit, window, cost, rate, batch)
       if not allowed and not shadow then commit = false end
-      if allowed and mode == 'check' and cost > 0 then
+      local taken = allowed and cost or 0
+      if owes and mode == 'check' and cost > 0 then
+        -- Counted whatever the decision, in the region's slot.
+        owedg[ng + 1], owedg[ng + 2], owedg[ng + 3], owedg[ng + 4], owedg[ng + 5] = key, alg, window, cost, #out + 6
+        ng = ng + 5
+        taken = cost
+      elseif allowed and mode == 'check' and cost > 0 then
         pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg + GLOBAL, 0, 0, window
         pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, #out + 6, 0, 0, ''
         np = np + 10
       end
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, rem, reset, retry
-      out[o + 5], out[o + 6], out[o + 7] = allowed and cost or 0, p, n
+      out[o + 5], out[o + 6], out[o + 7] = taken, p, n
     end
     i = i + 10
   else
@@ -505,5 +512,9 @@ if commit then
 end
 for j = 1, no, 8 do
   store(owed[j], owed[j + 1], owed[j + 2], owed[j + 3], owed[j + 4], owed[j + 5], owed[j + 6], owed[j + 7], now)
+end
+for j = 1, ng, 5 do
+  local a = owedg[j + 4] -- where the region's P and N go in the reply
+  out[a], out[a + 1] = gadd(owedg[j], owedg[j + 1], owedg[j + 2], region, owedg[j + 3])
 end
 return out
