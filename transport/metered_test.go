@@ -54,6 +54,9 @@ func TestReportsPastTheLimitAreDebt(t *testing.T) {
 		t.Fatalf("a report past a plain rule's limit: %v", b)
 	}
 
+	if m := readAll(t, v.get("/metrics")); !strings.Contains(m, `geoquota_denied_charged_total{rule="tokens"} 732`) {
+		t.Fatalf("metrics: want 732 charged of denied hits of rule tokens (730, 1 and 1), have\n%s", grepLines(m, "denied_charged"))
+	}
 	if b := decodeBody(t, v.get("/v1/usage?rule=tokens&api_key=sk_1")); b["used"] != 1432.0 || b["remaining"] != 0.0 || b["debt"] != 432.0 {
 		t.Fatalf("usage in debt: %v, want used 1432, remaining 0, debt 432", b)
 	}
@@ -156,4 +159,15 @@ func TestGRPCReports(t *testing.T) {
 	if err != nil || check.Decisions[0].Limits[0].Debt != 200 {
 		t.Fatalf("a refused batch counted: %v, %v", check, err)
 	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

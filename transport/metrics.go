@@ -23,6 +23,7 @@ type Metrics struct {
 	redisChecks   prometheus.Histogram
 	redisErrors   prometheus.Counter
 	uncountedReqs prometheus.Counter
+	deniedCharged *prometheus.CounterVec
 
 	mu       sync.RWMutex
 	children map[string]*[decisionKinds]prometheus.Counter // by rule id
@@ -69,7 +70,10 @@ func NewMetrics(e *regional.Engine) *Metrics {
 	m.uncountedReqs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "geoquota_batch_uncounted_total", Help: "Requests of gRPC Check batches left unchecked, counting nothing, because too little of the batch's deadline was left.",
 	})
-	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisChecks, m.redisErrors, m.uncountedReqs,
+	m.deniedCharged = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "geoquota_denied_charged_total", Help: "Cost counted of hits their limit denied, by rule: usage reported past the limit of a rule with count_over_limit, counted as debt.",
+	}, []string{"rule"})
+	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisChecks, m.redisErrors, m.uncountedReqs, m.deniedCharged,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if e != nil {
 		m.Attach(e)
@@ -188,6 +192,9 @@ func (m apiMetrics) observe(d *regional.Decision, took time.Duration) {
 			m.count(l.Rule.ID, decKeyLimit)
 		default:
 			m.count(l.Rule.ID, decOverLimit)
+		}
+		if !l.Allowed && l.Charged > 0 {
+			m.deniedCharged.WithLabelValues(l.Rule.ID).Add(float64(l.Charged))
 		}
 	}
 }
