@@ -112,8 +112,65 @@ func BenchmarkRedis(b *testing.B) {
 	b.Logf("rounds: engine %.0f, redis-benchmark %.0f, ratio %.2f, allocations per check %.1f", engine, ref, ratio, allocs)
 }
 
+// BenchmarkReport is usage reported past a count_over_limit rule's limit
+// (every call counted as debt, through limits.lua) beside a plain check of
+// a token bucket (checks.lua), on one redis-server, in interleaved
+// rounds: calls a second and Redis's CPU a call, each, and their ratios.
+func BenchmarkReport(b *testing.B) {
+	store, _ := newTestRedisStore(b, RedisOptions{})
+	e := New(Config{Store: store, Timeout: time.Second}, mustParse(b, `
+rules:
+  - { id: bench, match: { endpoint: /check }, by: [api_key], capacity: 1000000000, refill_per_second: 1000000 }
+  - { id: tokens, match: { endpoint: /report }, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h, count_over_limit: true }
+`))
+	keys := benchKeys(10_000)
+	cpu := func() float64 {
+		info, err := store.Client().Info(context.Background(), "cpu").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var total float64
+		for _, line := range strings.Split(info, "\r\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+				f, _ := strconv.ParseFloat(v, 64)
+				total += f
+			}
+		}
+		return total
+	}
+	round := func(endpoint string, cost int64, want bool) (rate, usPerCall float64) {
+		c0 := cpu()
+		rate, err := load(e, keys, 50, 2*time.Second, func(key string) Request {
+			return Request{APIKey: key, Endpoint: endpoint, Cost: cost}
+		}, func(d *Decision) bool { return d.Allowed == want && !d.Degraded })
+		if err != nil {
+			b.Fatal(err)
+		}
+		return rate, (cpu() - c0) * 1e6 / (rate * 2)
+	}
+	var checks, reports, rateRatio, cpuRatio []float64
+	for range 4 {
+		cr, ccpu := round("/check", 1, true)
+		rr, rcpu := round("/report", 730, false)
+		checks, reports = append(checks, cr), append(reports, rr)
+		rateRatio, cpuRatio = append(rateRatio, rr/cr), append(cpuRatio, rcpu/ccpu)
+		b.Logf("round: checks %.0f/s, Redis %.1f µs each; reports past the limit %.0f/s, Redis %.1f µs each", cr, ccpu, rr, rcpu)
+	}
+	b.ReportMetric(median(checks), "checks/s")
+	b.ReportMetric(median(reports), "reports/s")
+	b.ReportMetric(median(rateRatio), "rate-ratio")
+	b.ReportMetric(median(cpuRatio), "redis-cpu-ratio")
+}
+
 // engineLoad runs callers goroutines checking for d, and returns checks/s.
 func engineLoad(e *Engine, keys []string, callers int, d time.Duration) (float64, error) {
+	return load(e, keys, callers, d, func(key string) Request { return Request{APIKey: key} },
+		func(d *Decision) bool { return d.Allowed && !d.Degraded })
+}
+
+// load runs callers goroutines sending the requests of req for d, each
+// decision as ok wants, and returns calls/s.
+func load(e *Engine, keys []string, callers int, d time.Duration, req func(key string) Request, ok func(*Decision) bool) (float64, error) {
 	var n, bad atomic.Int64
 	stop := time.Now().Add(d)
 	var wg sync.WaitGroup
@@ -123,8 +180,8 @@ func engineLoad(e *Engine, keys []string, callers int, d time.Duration) (float64
 			defer wg.Done()
 			var dec Decision
 			for i := g; time.Now().Before(stop); i += callers {
-				req := Request{APIKey: keys[i%len(keys)]}
-				if err := e.Check(context.Background(), &req, &dec); err != nil || dec.Degraded || !dec.Allowed {
+				r := req(keys[i%len(keys)])
+				if err := e.Check(context.Background(), &r, &dec); err != nil || !ok(&dec) {
 					bad.Add(1)
 				}
 				n.Add(1)
@@ -133,7 +190,7 @@ func engineLoad(e *Engine, keys []string, callers int, d time.Duration) (float64
 	}
 	wg.Wait()
 	if bad.Load() > 0 {
-		return 0, fmt.Errorf("%d of %d checks failed, degraded or denied", bad.Load(), n.Load())
+		return 0, fmt.Errorf("%d of %d calls failed, or were decided not as wanted", bad.Load(), n.Load())
 	}
 	return float64(n.Load()) / d.Seconds(), nil
 }

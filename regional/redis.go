@@ -367,6 +367,9 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 		grp.limits = append(grp.limits, i)
 		if plain {
 			l := &c.limits[i]
+			if l.debt {
+				l.batch = plainDebt // a rule with debt takes no batches
+			}
 			grp.key, grp.args = &l.key, append(grp.args, s.checkArgsOf(l.params)[:]...)
 			grp.args = append(grp.args, &l.cost, &l.batch)
 			continue
@@ -376,10 +379,14 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	return c
 }
 
+// plainDebt is checks.lua's batch argument of a limit that counts debt
+// (Op.Debt).
+const plainDebt = -1
+
 // plainCheck is whether checks.lua decides a call's ops: a check of one
 // limit, not global, a token bucket or a fixed window.
 func plainCheck(mode string, ops []Op) bool {
-	if mode != "check" || len(ops) != 1 || ops[0].Global || ops[0].Debt {
+	if mode != "check" || len(ops) != 1 || ops[0].Global {
 		return false
 	}
 	a := ops[0].Params.Algorithm

@@ -11,7 +11,9 @@
 -- ARGV: now in µs (tests only) or '', minimum TTL in ms (tests only) or '',
 --       then per check 5 values: algorithm (1 token bucket, 4 fixed
 --       window), limit, refill per second (%.17g) or window (µs), cost,
---       batch (0: none; else take up to batch, at least cost).
+--       batch (0: none; -1: debt, the cost counted whatever the decision,
+--       as limits.lua's charge counts it; else take up to batch, at least
+--       cost).
 -- Returns {now, then per check: allowed (0/1), remaining, reset_at,
 -- retry_after, taken}.
 
@@ -40,9 +42,15 @@ for k = 1, #KEYS do
     local ok, got, tokens, wait, at, na, nb = tb_decide(limit, rate, ex, a, b, cost, batch > 0, batch)
     if ok then
       allowed, taken = 1, got
-      -- A check of cost 0 (counting nothing) writes nothing.
-      if got > 0 then write_state(key, TOKEN_BUCKET, na, nb, 0, tb_until(limit, rate, na)) end
+    elseif batch < 0 and cost > 0 then
+      -- Debt: the bucket below zero, refilling from there (chargeDebt).
+      tokens = tokens - cost
+      na, nb, got, taken = tokens, now, cost, cost
+      wait = exactWait(now, -tokens * 1e6 / rate, tb_has, limit, rate, true, tokens, now, 0)
+      at = now + exactWait(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, true, tokens, now, limit)
     end
+    -- A check of cost 0 (counting nothing) writes nothing.
+    if taken > 0 then write_state(key, TOKEN_BUCKET, na, nb, 0, tb_until(limit, rate, na)) end
     remaining, reset, retry = floor(tokens), at, wait
   else -- FIXED
     local window = tonumber(ARGV[j + 2])
@@ -51,8 +59,10 @@ for k = 1, #KEYS do
     local n = 0
     if ex and a == start then n = b end
     if batch > 0 then cost = max(cost, min(batch, limit - n)) end
-    if n + cost <= limit then
-      allowed, taken = 1, cost
+    if n + cost <= limit or (batch < 0 and cost > 0) then
+      -- Allowed, or debt: the window past its limit (chargeDebt).
+      if n + cost <= limit then allowed = 1 else retry = start + window - now end
+      taken = cost
       n = n + cost
       if cost > 0 then write_state(key, FIXED, start, n, 0, start + window) end
     else
