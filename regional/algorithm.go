@@ -85,6 +85,7 @@ func decide(p *Params, s *State, now, cost int64, r *Result) {
 // changes nothing it denies); r becomes a denial as the counter stands
 // after: its Remaining below zero by the debt, RetryAfter until the debt
 // is paid (a check that counts nothing is allowed again), Taken the cost.
+// The sliding window log takes no debt (Rule.CountOverLimit).
 func chargeDebt(p *Params, s *State, now, cost int64, r *Result) {
 	t, c := float64(now), float64(cost)
 	limit, window := float64(p.Limit), float64(p.Window)
@@ -119,21 +120,8 @@ func chargeDebt(p *Params, s *State, now, cost int64, r *Result) {
 			return swcEstimate(window, start, cur, prev, u) <= limit
 		})
 		r.ResetAt = int64(start + 2*window)
-	case SlidingWindowLog:
-		sum, log := trimLog(p, s, t)
-		log = append(log, LogEntry{At: t, Cost: c})
-		sum += c
-		*s = State{Exists: true, A: sum, B: s.B + 1, Log: log}
-		r.Remaining = int64(limit - sum)
-		r.ResetAt = now + p.Window
-		freed := 0.0
-		for _, e := range log {
-			freed += e.Cost
-			if sum-freed <= limit {
-				r.RetryAfter = int64(e.At + window - t)
-				break
-			}
-		}
+	default:
+		panic("regional: no debt for algorithm " + p.Algorithm.String())
 	}
 }
 

@@ -246,7 +246,7 @@ func TestDecideDoesNotChangeADeniedState(t *testing.T) {
 // until the debt is paid, and RetryAfter says exactly when that is.
 func TestDebtIsPaidBackExactly(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		p := genParams().Draw(t, "params")
+		p := genParams().Filter(func(p Params) bool { return p.Algorithm != SlidingWindowLog }).Draw(t, "params")
 		s, now := genHistory(t, p)
 		before := inspect(p, s, now)
 		cost := rapid.Int64Range(1, 3*p.Limit+3).Draw(t, "reported")

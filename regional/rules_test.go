@@ -195,6 +195,7 @@ func TestRuleErrorsNameFileRuleAndField(t *testing.T) {
 		{"batch above the limit", "rules:\n  - id: b\n    algorithm: fixed_window\n    limit: 5\n    window: 1m\n    batch: 6\n", []string{`rule "b"`, "batch"}},
 		{"batch and lease", "rules:\n  - id: b\n    algorithm: fixed_window\n    limit: 5\n    window: 1m\n    batch: 2\n    lease: 2\n", []string{`rule "b"`, "lease", "batch"}},
 		{"cost above the limit", "rules:\n  - id: c\n    capacity: 5\n    refill_per_second: 1\n    cost: 6\n", []string{`rule "c"`, "cost"}},
+		{"count_over_limit on a log", "rules:\n  - id: l\n    algorithm: sliding_window_log\n    limit: 5\n    window: 1m\n    count_over_limit: true\n", []string{`rule "l"`, "count_over_limit", "sliding_window_counter"}},
 		{"count_over_limit with batches", "rules:\n  - id: b\n    algorithm: fixed_window\n    limit: 5\n    window: 1m\n    batch: 2\n    count_over_limit: true\n", []string{`rule "b"`, "batch", "count_over_limit"}},
 		{"bad fallback", "rules:\n  - id: f\n    capacity: 5\n    refill_per_second: 1\n    fallback: maybe\n", []string{`rule "f"`, "fallback", "maybe"}},
 		{"sub-microsecond window", "rules:\n  - id: w\n    algorithm: fixed_window\n    limit: 5\n    window: 1500ns\n", []string{`rule "w"`, "window"}},

@@ -51,7 +51,7 @@ type Op struct {
 	// Debt counts the cost whatever the decision (Rule.CountOverLimit):
 	// past the limit, as debt (chargeDebt; a global limit's in the
 	// region's slot, past its allowance), and whether or not the request
-	// goes ahead. Not with batches.
+	// goes ahead. Not for sliding_window_log or batches.
 	Debt bool
 	// Batch, if positive, asks the limit to take up to Batch at once (at
 	// least Cost, as much as it has up to Batch); Result.Taken says how

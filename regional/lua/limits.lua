@@ -179,28 +179,7 @@ local function logs()
     end
     return sum - given, given
   end
-  -- charge: a denied request's cost logged all the same (chargeDebt() in
-  -- algorithm.go): remaining, reset_at, retry_after, sum, seq.
-  local function charge(limit, window, ex, a, b, logkey, cost)
-    local cut = now - window
-    local sum, seq = 0, 0
-    if ex then sum, seq = a, b end
-    local expired = call('ZRANGEBYSCORE', logkey, '-inf', format('%.17g', cut))
-    for i = 1, #expired do sum = sum - member_cost(expired[i]) end
-    sum = sum + cost
-    local retry = window -- the new entry's own: the report alone is past the limit
-    local live = call('ZRANGEBYSCORE', logkey, '(' .. format('%.17g', cut), '+inf', 'WITHSCORES')
-    local freed = 0
-    for i = 1, #live, 2 do
-      freed = freed + member_cost(live[i])
-      if sum - freed <= limit then
-        retry = tonumber(live[i + 1]) + window - now
-        break
-      end
-    end
-    return limit - sum, now + window, retry, sum, seq + 1
-  end
-  log_helpers = {decide = decide, forget = forget, charge = charge}
+  log_helpers = {decide = decide, forget = forget}
   return log_helpers
 end
 
@@ -337,7 +316,7 @@ local function charge(alg, limit, rate, window, ex, a, b, c, cost)
 end
 
 -- Decide every limit, changing nothing yet; pending lists, flattened ten
--- values a limit, what to store if the request goes ahead; owed (ten
+-- values a limit, what to store if the request goes ahead; owed (eight
 -- values a limit) and owedg (five, a global limit's), what limits that
 -- count debt store whatever happens.
 local out, commit, pending, np, owed, no, owedg, ng = {now}, true, {}, 0, {}, 0, {}, 0
@@ -493,15 +472,13 @@ while i + 6 <= #ARGV do
       if not allowed and not shadow then commit = false end
       local taken = allowed and cost or 0
       if owes and mode == 'check' and cost > 0 then
-        if not allowed and alg == LOG then
-          remaining, reset, retry, na, nb = logs().charge(limit, window, ex, a, b, logkey, cost)
-        elseif not allowed then
+        if not allowed then
           remaining, reset, retry, na, nb, nc = charge(alg, limit, rate, window, ex, a, b, c, cost)
+          taken = cost
         end
-        taken = cost
         owed[no + 1], owed[no + 2], owed[no + 3], owed[no + 4], owed[no + 5], owed[no + 6], owed[no + 7] = key, alg, limit, rate, window, na, nb
-        owed[no + 8], owed[no + 9], owed[no + 10] = nc, logkey or '', cost
-        no = no + 10
+        owed[no + 8] = nc
+        no = no + 8
       elseif allowed and mode == 'check' and cost > 0 then
         pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
         pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
@@ -515,16 +492,6 @@ while i + 6 <= #ARGV do
   end
 end
 
--- take stores a limit's state after it took cost (a log, its entry too).
-local function take(key, alg, limit, rate, window, a, b, c, logkey, cost)
-  store(key, alg, limit, rate, window, a, b, c, now)
-  if alg == LOG then
-    call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
-    call('ZADD', logkey, format('%.17g', now), format('%d:%d', b, cost))
-    call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
-  end
-end
-
 -- Then, if the request goes ahead, take its cost from every limit that allowed.
 if commit then
   for j = 1, np, 10 do
@@ -534,12 +501,17 @@ if commit then
       -- a is where the region's P and N go in the reply.
       out[a], out[a + 1] = gadd(key, alg - GLOBAL, window, region, cost)
     else
-      take(key, alg, limit, rate, window, a, b, c, logkey, cost)
+      store(key, alg, limit, rate, window, a, b, c, now)
+      if alg == LOG then
+        call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
+        call('ZADD', logkey, format('%.17g', now), format('%d:%d', b, cost))
+        call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
+      end
     end
   end
 end
-for j = 1, no, 10 do
-  take(owed[j], owed[j + 1], owed[j + 2], owed[j + 3], owed[j + 4], owed[j + 5], owed[j + 6], owed[j + 7], owed[j + 8], owed[j + 9])
+for j = 1, no, 8 do
+  store(owed[j], owed[j + 1], owed[j + 2], owed[j + 3], owed[j + 4], owed[j + 5], owed[j + 6], owed[j + 7], now)
 end
 for j = 1, ng, 5 do
   local a = owedg[j + 4] -- where the region's P and N go in the reply
