@@ -448,7 +448,7 @@ func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Par
 		}
 		u.Regions = append(u.Regions, ru)
 	}
-	u.LimitStatus = LimitStatus{Rule: r, Allowed: u.GlobalUsed < p.Limit, Limit: p.Limit, Remaining: max(0, p.Limit-u.GlobalUsed),
+	u.LimitStatus = LimitStatus{Rule: r, Allowed: u.GlobalUsed < p.Limit, Limit: p.Limit, Remaining: max(0, p.Limit-u.GlobalUsed), Debt: max(0, u.GlobalUsed-p.Limit),
 		Window: time.Duration(p.Window) * time.Microsecond, ResetAt: time.UnixMicro(start + p.Window)}
 	return u, nil
 }

@@ -85,34 +85,35 @@ func decide(p *Params, s *State, now, cost int64, r *Result) {
 // changes nothing it denies); r becomes a denial as the counter stands
 // after: its Remaining below zero by the debt, RetryAfter until the debt
 // is paid (a check that counts nothing is allowed again), Taken the cost.
-// The sliding window log takes no debt (Rule.CountOverLimit).
+// A counter keeps at most debtCap past its limit. The sliding window log
+// takes no debt (Rule.CountOverLimit).
 func chargeDebt(p *Params, s *State, now, cost int64, r *Result) {
 	t, c := float64(now), float64(cost)
 	limit, window := float64(p.Limit), float64(p.Window)
 	*r = Result{Taken: cost, ResetAt: now}
 	switch p.Algorithm {
 	case TokenBucket:
-		tokens := tbTokens(p, s, t) - c
+		tokens := fmax(tbTokens(p, s, t)-c, -debtCap(p))
 		*s = State{Exists: true, A: tokens, B: t}
 		r.Remaining = int64(math.Floor(tokens))
 		r.RetryAfter = exactWait(t, -tokens*1e6/p.Rate, func(u float64) bool { return tbTokens(p, s, u) >= 0 })
 		r.ResetAt += exactWait(t, (limit-tokens)*1e6/p.Rate, func(u float64) bool { return tbTokens(p, s, u) >= limit })
 	case GCRA:
-		debt := gcraDebt(p, s, t) + c
+		debt := fmin(gcraDebt(p, s, t)+c, limit+debtCap(p))
 		*s = State{Exists: true, A: debt, B: t}
 		r.Remaining = gcraFits(debt, limit)
 		r.RetryAfter = exactWait(t, (debt-limit)*1e6/p.Rate, func(u float64) bool { return gcraDebt(p, s, u) <= limit })
 		r.ResetAt += exactWait(t, debt*1e6/p.Rate, func(u float64) bool { return gcraDebt(p, s, u) <= 0 })
 	case FixedWindow:
 		start, n := fwCount(p, s, t)
-		n += c
+		n = fmin(n+c, limit+debtCap(p))
 		*s = State{Exists: true, A: start, B: n}
 		r.Remaining = int64(limit - n)
 		r.RetryAfter = int64(start + window - t)
 		r.ResetAt = int64(start + window)
 	case SlidingWindowCounter:
 		start, cur, prev := swcCounts(p, s, t)
-		cur += c
+		cur = fmin(cur+c, limit+debtCap(p))
 		*s = State{Exists: true, A: start, B: cur, C: prev}
 		r.Remaining = int64(math.Floor(limit - swcEstimate(window, start, cur, prev, t)))
 		r.RetryAfter = exactWait(t, start+window-t, func(u float64) bool {
@@ -123,6 +124,24 @@ func chargeDebt(p *Params, s *State, now, cost int64, r *Result) {
 	default:
 		panic("regional: no debt for algorithm " + p.Algorithm.String())
 	}
+}
+
+// maxDebt and maxDebtWait bound what a counter keeps past its limit
+// (debtCap): counts stay exact in float64, and a key pays any debt within
+// the longest period a rule may have.
+const (
+	maxDebt     = 1 << 40
+	maxDebtWait = 366 * 86400e6 // µs
+)
+
+// debtCap is the most a counter keeps past its limit: 2^40, and for a
+// bucket or GCRA no more than refills in maxDebtWait. More reported is
+// counted as charged, and forgotten.
+func debtCap(p *Params) float64 {
+	if p.Rate > 0 {
+		return fmin(maxDebt, p.Rate*maxDebtWait/1e6)
+	}
+	return maxDebt
 }
 
 // Allows reports whether a request of the given cost would be allowed at

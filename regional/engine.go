@@ -372,20 +372,29 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	// took its last tokens in a batch.
 	e.takeBatches(sc, us)
 	if e.fromCache(sc, us) {
+		// Denied without the store, but for the limits that count every
+		// hit (count_over_limit): they count it even so.
+		e.decide(ctx, sc, us, true)
 		for i := range sc.items {
 			it := &sc.items[i]
 			if it.batched {
 				e.unconsumeBatch(it)
 			}
-			if it.decided {
+			if !it.decided {
+				continue
+			}
+			if !it.result.Allowed {
 				e.violation(it, req, us)
-				if it.rule.Scope == ScopeGlobal {
-					e.noteGlobal(it, false, us) // demand denied for want of budget
-				}
+			}
+			if it.degradedTaken {
+				e.stats.GlobalDegraded.Add(it.cost)
+			}
+			if it.rule.Scope == ScopeGlobal {
+				e.noteGlobal(it, false, us) // demand denied for want of budget
 			}
 		}
 	} else {
-		e.decide(ctx, sc, us)
+		e.decide(ctx, sc, us, false)
 		e.record(sc, req, us)
 	}
 	e.fill(d, sc)
@@ -409,7 +418,7 @@ func (e *Engine) Validate(req *Request) error {
 		if !r.matches(req, tier, addr) {
 			continue
 		}
-		if req.CountNothing || r.Shadow || r.CountOverLimit { // nothing to take; never denies; counted as debt
+		if req.CountNothing || r.Shadow { // nothing to take; never denies
 			continue
 		}
 		p := r.params(r.appendKey(buf[:0], req, tier), tier)
@@ -420,10 +429,18 @@ func (e *Engine) Validate(req *Request) error {
 	return nil
 }
 
-// costError says why a request's cost is wrong for rule r, or nil.
+// costError says why a request's cost is wrong for rule r, or nil: more
+// than its limit, or for a rule that counts it past its limit
+// (CountOverLimit), more than it counts at once.
 func costError(r *Rule, p Params, cost int64) error {
 	if cost == 0 {
 		cost = r.Cost
+	}
+	if r.CountOverLimit {
+		if cost > maxLimit {
+			return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than rule %q counts at once (2^40)", cost, r.ID), Kind: ErrCostAboveLimit}
+		}
+		return nil
 	}
 	if cost > p.Limit {
 		return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than rule %q can ever allow (%d)", cost, r.ID, p.Limit), Kind: ErrCostAboveLimit}
@@ -450,6 +467,9 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 			it.cost = 0
 		case it.cost == 0:
 			it.cost = r.Cost
+		}
+		if r.CountOverLimit && it.cost > maxLimit {
+			return costError(r, it.params, req.Cost)
 		}
 		if r.denyAll || it.cost > it.params.Limit && !r.CountOverLimit { // before the key cap: a bad request tracks no key
 			if !r.denyAll && !r.Shadow {
@@ -495,13 +515,15 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 }
 
 // decide asks the store about every limit not served by a batch, and
-// applies fallbacks when it cannot answer.
-func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
+// applies fallbacks when it cannot answer; onlyDebt, about the limits
+// that count every hit (Rule.CountOverLimit) alone, of a request already
+// denied.
+func (e *Engine) decide(ctx context.Context, sc *scratch, now int64, onlyDebt bool) {
 	sc.ops, sc.opItem = sc.ops[:0], sc.opItem[:0]
 	inMemory := false // a global limit this replica admitted without the store has not been written yet
 	for i := range sc.items {
 		it := &sc.items[i]
-		if it.decided {
+		if it.decided || onlyDebt && !it.rule.CountOverLimit {
 			continue
 		}
 		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Debt: it.rule.CountOverLimit, Batch: it.rule.Batch})
@@ -520,11 +542,17 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64) {
 	}
 	if inMemory && !commitsItems(sc.items) {
 		// Denied in memory: the store is not asked (it would take what
-		// the other limits allow), and only the limits that denied speak.
-		for _, i := range sc.opItem {
+		// the other limits allow), and only the limits that denied speak;
+		// but those that count every hit count it.
+		ops, at := sc.ops[:0], sc.opItem[:0]
+		for j, i := range sc.opItem {
+			if sc.ops[j].Debt {
+				ops, at = append(ops, sc.ops[j]), append(at, i)
+				continue
+			}
 			sc.items[i].decided = false
 		}
-		return
+		sc.ops, sc.opItem = ops, at
 	}
 	if len(sc.ops) == 0 {
 		return

@@ -52,11 +52,6 @@ type denial struct {
 // limit recently found over, or a key over its rule's cap. It reports
 // whether it did; only the limits that denied are then decided.
 func (e *Engine) fromCache(sc *scratch, now int64) bool {
-	for i := range sc.items {
-		if sc.items[i].rule.CountOverLimit { // its hit is counted in the store, denied or not
-			return false
-		}
-	}
 	denied := false
 	cached := e.denialCount.Load() > 0
 	for i := range sc.items {
@@ -69,7 +64,7 @@ func (e *Engine) fromCache(sc *scratch, now int64) bool {
 			denied = denied || !it.rule.Shadow
 			continue
 		}
-		if it.rule.Shadow || it.batched || !cached {
+		if it.rule.Shadow || it.batched || !cached || it.rule.CountOverLimit { // its hit goes to the store, denied or not
 			continue
 		}
 		e.denials.with(it.key, func(m map[string]*denial) {

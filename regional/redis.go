@@ -743,8 +743,8 @@ func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 			if len(c.groups) > 1 {
 				refunds = c.refunds(refunds, ok)
 			}
-		case c.err == nil && commitsResults(c):
-			refunds = c.takenBack(refunds) // its caller decided without it
+		case c.err == nil:
+			refunds = c.takenBack(refunds, commitsResults(c)) // its caller decided without it
 		case len(c.groups) > 1:
 			refunds = c.refunds(refunds, ok)
 		}
@@ -939,7 +939,9 @@ type refund struct {
 
 // refunds lists what to give back when the limits of one request were split
 // over slots and the request did not go ahead (a slot denied, or failed)
-// while another slot took its cost. ok[g] says group g answered.
+// while another slot took its cost. ok[g] says group g answered. A limit
+// that counts debt keeps it, unless it is a global limit and a slot
+// failed: its caller then counts it in memory (degraded.go).
 func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 	denied := func(limits []int) bool {
 		for _, i := range limits {
@@ -949,21 +951,28 @@ func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 		}
 		return false
 	}
-	failed := false
+	failed, errored := false, false
 	for gi := range c.groups {
 		if !ok[gi] || denied(c.groups[gi].limits) {
 			failed = true
 		}
+		errored = errored || !ok[gi]
 	}
 	if !failed {
 		return dst
 	}
 	for gi := range c.groups {
-		if g := &c.groups[gi]; ok[gi] && !denied(g.limits) {
-			for _, i := range g.limits {
-				if r := c.results[i]; r.Allowed && !c.limits[i].debt {
-					dst = append(dst, refund{limit: c.limits[i], n: r.Taken, at: c.now})
-				}
+		g := &c.groups[gi]
+		if !ok[gi] {
+			continue
+		}
+		for _, i := range g.limits {
+			l, r := &c.limits[i], c.results[i]
+			switch {
+			case r.Taken <= 0:
+			case l.debt && !(l.global && errored):
+			case l.debt || !denied(g.limits):
+				dst = append(dst, refund{limit: *l, n: r.Taken, at: c.now})
 			}
 		}
 	}
@@ -981,11 +990,16 @@ func commitsResults(c *redisCall) bool {
 	return true
 }
 
-// takenBack appends the refunds of everything a call took.
-func (c *redisCall) takenBack(dst []refund) []refund {
+// takenBack appends the refunds of everything a call took that its caller,
+// having given up on it, counts itself: what the limits that allowed took
+// if the script went ahead (committed), and what global limits took as
+// debt (their caller counts it in memory, degraded.go). A regional limit
+// keeps its debt: no fallback counts it again.
+func (c *redisCall) takenBack(dst []refund, committed bool) []refund {
 	for i := range c.limits {
-		if r := c.results[i]; r.Allowed && r.Taken > 0 && !c.limits[i].debt {
-			dst = append(dst, refund{limit: c.limits[i], n: r.Taken, at: c.now})
+		l, r := &c.limits[i], c.results[i]
+		if r.Taken > 0 && (l.debt && l.global || !l.debt && committed) {
+			dst = append(dst, refund{limit: *l, n: r.Taken, at: c.now})
 		}
 	}
 	return dst

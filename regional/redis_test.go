@@ -105,6 +105,10 @@ func TestStoresDecideAlike(t *testing.T) {
 						if debt[i] {
 							op.Cost = p.Limit + rapid.Int64Range(1, 3*p.Limit).Draw(t, "report")
 						}
+					case 2: // far past it: the debt kept is capped (debtCap)
+						if debt[i] {
+							op.Cost = rapid.SampledFrom([]int64{1 << 40, 1<<40 + 7, 1 << 53, 1 << 62}).Draw(t, "huge report")
+						}
 					}
 					if !debt[i] && op.Cost > 0 && p.Algorithm != SlidingWindowLog && rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
 						op.Batch = rapid.Int64Range(1, p.Limit).Draw(t, "lease")

@@ -418,7 +418,7 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 	if r.CountOverLimit {
 		switch {
 		case r.Base.Algorithm == SlidingWindowLog:
-			return nil, fail("count_over_limit", "sliding_window_log keeps each admitted request and takes no debt: use sliding_window_counter")
+			return nil, fail("count_over_limit", "sliding_window_log would keep an entry for every hit, past its limit without bound: use sliding_window_counter")
 		case r.Batch != 0:
 			return nil, fail(field, "a rule with count_over_limit counts every hit in the store and cannot take batches")
 		}

@@ -90,7 +90,11 @@ func (s rateLimiter) check(ctx context.Context, in *pb.CheckRequest, report bool
 	for i, r := range in.Requests {
 		req, err := requestFrom(r.Domain, r.Descriptors, r.Cost, "descriptors")
 		req.CountNothing = r.CountNothing
-		if err == nil && report && (r.Cost == 0 || r.CountNothing) {
+		switch {
+		case err != nil:
+		case report && r.CountNothing:
+			err = &FieldError{Field: "count_nothing", Msg: "a report counts its cost"}
+		case report && r.Cost == 0:
 			err = &FieldError{Field: "cost", Msg: "required: what the request cost once done (tokens, bytes)"}
 		}
 		if err == nil {

@@ -44,7 +44,7 @@ for k = 1, #KEYS do
       allowed, taken = 1, got
     elseif batch < 0 and cost > 0 then
       -- Debt: the bucket below zero, refilling from there (chargeDebt).
-      tokens = tokens - cost
+      tokens = max(tokens - cost, -debt_cap(rate))
       na, nb, got, taken = tokens, now, cost, cost
       wait = exactWait(now, -tokens * 1e6 / rate, tb_has, limit, rate, true, tokens, now, 0)
       at = now + exactWait(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, true, tokens, now, limit)
@@ -63,7 +63,7 @@ for k = 1, #KEYS do
       -- Allowed, or debt: the window past its limit (chargeDebt).
       if n + cost <= limit then allowed = 1 else retry = start + window - now end
       taken = cost
-      n = n + cost
+      n = min(n + cost, limit + debt_cap(0))
       if cost > 0 then write_state(key, FIXED, start, n, 0, start + window) end
     else
       -- The count is this window's, over the limit: the next window takes

@@ -296,21 +296,22 @@ end
 -- retry_after and the state to store.
 local function charge(alg, limit, rate, window, ex, a, b, c, cost)
   if alg == TOKEN_BUCKET then
-    local tokens = tb_tokens(limit, rate, ex, a, b, now) - cost
+    local tokens = max(tb_tokens(limit, rate, ex, a, b, now) - cost, -debt_cap(rate))
     return floor(tokens), now + exactWait(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, true, tokens, now, limit),
       exactWait(now, -tokens * 1e6 / rate, tb_has, limit, rate, true, tokens, now, 0), tokens, now, 0
   elseif alg == GCRA then
-    local debt = gcra_debt(rate, ex, a, b, now) + cost
+    local debt = min(gcra_debt(rate, ex, a, b, now) + cost, limit + debt_cap(rate))
     return gcra_fits(debt, limit), now + exactWait(now, debt * 1e6 / rate, gcra_within, rate, true, debt, now, 0, 0),
       exactWait(now, (debt - limit) * 1e6 / rate, gcra_within, rate, true, debt, now, 0, limit), debt, now, 0
   elseif alg == FIXED then
     local start = floor(now / window) * window
-    local n = cost
-    if ex and a == start then n = b + cost end
+    local n = 0
+    if ex and a == start then n = b end
+    n = min(n + cost, limit + debt_cap(rate))
     return limit - n, start + window, start + window - now, start, n, 0
   end
   local start, cur, prev = swc_counts(window, ex, a, b, c, now)
-  cur = cur + cost
+  cur = min(cur + cost, limit + debt_cap(rate))
   return floor(limit - swc_estimate(window, start, cur, prev, now)), start + 2 * window,
     exactWait(now, start + window - now, swc_fits, window, true, start, cur, prev, 0, limit), start, cur, prev
 end

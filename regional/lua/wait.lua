@@ -2,6 +2,12 @@
 -- before each, after head.lua): exactWait and the token bucket.
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local TB_EXPIRY_MARGIN = 1000
+-- debtCap() in algorithm.go: the most a counter keeps past its limit.
+local MAX_DEBT, MAX_DEBT_WAIT = 1099511627776, 31622400000000
+local function debt_cap(rate)
+  if rate > 0 then return min(MAX_DEBT, rate * MAX_DEBT_WAIT / 1e6) end
+  return MAX_DEBT
+end
 
 -- exactWait is exactWait() in algorithm.go: the shortest whole wait after which
 -- allows(t, ...) holds, found exactly however far off the estimate is. The

@@ -1,0 +1,167 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/geoquota/geoquota/crdt"
+	"github.com/redis/go-redis/v9"
+)
+
+// A report far past a slowly refilling bucket's limit is answered at once,
+// by both stores, and the debt the bucket keeps is capped (debtCap): what
+// a year of refill pays back. An unbounded debt's wait would go past what
+// float64 counts in whole microseconds.
+func TestHugeReportsAreAnsweredAndCapped(t *testing.T) {
+	rules := mustParse(t, "rules:\n  - { id: bytes, by: [api_key], capacity: 1000, refill_per_second: 0.0116, count_over_limit: true }\n")
+	rs, srv := newTestRedisStore(t, RedisOptions{Timeout: 5 * time.Second})
+	for name, e := range map[string]*Engine{
+		"memory": New(Config{}, rules),
+		"redis":  New(Config{Store: rs, Timeout: 5 * time.Second}, rules),
+	} {
+		done := make(chan Decision, 1)
+		go func() {
+			var d Decision
+			e.Check(context.Background(), &Request{APIKey: "k", Cost: 200_000_000}, &d)
+			done <- d
+		}()
+		select {
+		case d := <-done:
+			l := d.Limit()
+			if d.Allowed || d.Degraded || l.Charged != 200_000_000 {
+				t.Fatalf("%s: %+v, want denied by the store and charged 2e8", name, l)
+			}
+			// 0.0116 a second for 366 days: 366,825 tokens of debt at most.
+			if l.Debt < 366_000 || l.Debt > 367_000 || l.RetryAfter < 365*24*time.Hour || l.RetryAfter > 367*24*time.Hour {
+				t.Fatalf("%s: debt %d, retry after %v: want the debt capped at a year's refill", name, l.Debt, l.RetryAfter)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: a report of 2e8 has not been answered in 20 s", name)
+		}
+	}
+	if err := redis.NewClient(&redis.Options{Addr: srv.Addr()}).Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("redis after the report: %v", err)
+	}
+	// More than 2^40 at once is bad input.
+	var d Decision
+	err := New(Config{}, rules).Check(t.Context(), &Request{APIKey: "k", Cost: 1<<40 + 1}, &d)
+	if re := (*RequestError)(nil); !errors.As(err, &re) || re.Field != "cost" {
+		t.Fatalf("a report of 2^40+1: %v, want an error naming cost", err)
+	}
+}
+
+// A key beyond its rule's max_keys is refused, and a client sent away is
+// penalised, when the request also meets a rule that counts every hit.
+func TestKeyCapsAndPenaltiesHoldBesideDebt(t *testing.T) {
+	clock := newVirtualClock()
+	e := New(Config{Clock: clock.Now}, mustParse(t, `
+rules:
+  - { id: capped, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h, max_keys: 1, count_over_limit: true }
+`))
+	mustCheck(t, e, Request{APIKey: "k1", Cost: 5})
+	if d := mustCheck(t, e, Request{APIKey: "k2", Cost: 5}); d.Allowed || d.Code != CodeKeyLimit {
+		t.Fatalf("a second key past max_keys 1: %+v, want KEY_LIMIT", d)
+	}
+	if u, err := e.Usage(t.Context(), "capped", &Request{APIKey: "k2"}); err != nil || u.Remaining != 1000 {
+		t.Fatalf("the refused key's counter: %+v (%v), want nothing counted", u, err)
+	}
+
+	e = New(Config{Clock: clock.Now}, mustParse(t, `
+rules:
+  - { id: p, by: [api_key], capacity: 1, refill_per_second: 1, penalty: { base: 8s, max: 8s } }
+  - { id: tokens, by: [api_key], algorithm: fixed_window, limit: 100000, window: 1h, count_over_limit: true }
+`))
+	mustCheck(t, e, Request{APIKey: "k"})
+	mustCheck(t, e, Request{APIKey: "k"}) // denied, and remembered
+	clock.AdvanceBy(100 * time.Millisecond)
+	mustCheck(t, e, Request{APIKey: "k"}) // sent while told to wait: penalised
+	clock.AdvanceBy(2 * time.Second)      // the bucket is full again; the penalty runs 8 s
+	if d := mustCheck(t, e, Request{APIKey: "k"}); d.Allowed {
+		t.Fatal("allowed 2 s into an 8 s penalty")
+	}
+	// Every hit counted by the rule that counts them, the denied ones too.
+	if u, err := e.Usage(t.Context(), "tokens", &Request{APIKey: "k"}); err != nil || u.Remaining != 100000-4 {
+		t.Fatalf("tokens: %+v (%v), want 4 hits counted", u, err)
+	}
+}
+
+// A request a global limit denies in memory, while the region's store is
+// being recovered from, still counts its hit in a regional rule that
+// counts every hit.
+func TestDebtCountedWhenAGlobalLimitDeniesInMemory(t *testing.T) {
+	ctx := t.Context()
+	store, srv := newTestRedisStore(t, RedisOptions{Region: "us", Timeout: 50 * time.Millisecond})
+	e := New(Config{Region: "us", Replica: "us-1", Store: store, Timeout: 50 * time.Millisecond,
+		Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, mustParse(t, `
+rules:
+  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h }
+  - { id: tokens, by: [api_key], algorithm: fixed_window, limit: 100000, window: 1h, count_over_limit: true }
+`))
+	check := func(cost int64) Decision {
+		t.Helper()
+		var d Decision
+		if err := e.Check(ctx, &Request{APIKey: "t", Cost: cost}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	check(1)
+	stallRedis(t, srv.Addr(), 300*time.Millisecond)
+	if d := check(1); !d.Degraded {
+		t.Fatalf("during the stall: %+v, want a degraded decision", d)
+	}
+	probe := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer probe.Close()
+	for deadline := time.Now().Add(10 * time.Second); probe.Ping(ctx).Err() != nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("redis did not come back")
+		}
+	}
+	// The global limit, still decided in memory (the episode lasts until
+	// its write-back), has no room for 500; the regional rule counts it.
+	if d := check(500); d.Allowed {
+		t.Fatalf("500 past the region's part of the global limit: %+v", d)
+	}
+	if u, err := e.Usage(ctx, "tokens", &Request{APIKey: "t"}); err != nil || u.Remaining != 100000-501 {
+		t.Fatalf("tokens: remaining %d (%v), want 501 counted (1 and 500; the stalled 1 fell open)", u.Remaining, err)
+	}
+}
+
+// A call its caller gave up on, and decided without (a global limit then
+// counts in memory and writes back), gives back what the store took of a
+// global limit, as debt or not: counted once. A regional limit's debt
+// stays: no fallback counts it again.
+func TestAbandonedCallsGiveBackGlobalDebt(t *testing.T) {
+	ctx := t.Context()
+	rs, _ := newTestRedisStore(t, RedisOptions{Region: "us"})
+	p := Params{Algorithm: FixedWindow, Limit: 3000, Window: 3600e6}
+	for i, debt := range []bool{false, true} {
+		for _, cost := range []int64{50, 150} { // within the allowance of 100, and past it
+			key := []byte(fmt.Sprintf("gq:{ab%d-%d}", i, cost))
+			op := Op{Key: key, Params: p, Cost: cost, Global: true, Allowance: 100, Ceiling: -1, Debt: debt}
+			c := rs.newCall([]Op{op}, "check", 0, -1)
+			c.state.Store(callAbandoned)
+			runBatch(t, rs, []*redisCall{c})
+			slots, err := rs.ReadGlobal(ctx, key, time.Now().UnixMicro()/p.Window*p.Window/1000)
+			var want []crdt.Slot
+			if cost <= 100 || debt {
+				want = []crdt.Slot{{Region: "us", P: uint64(cost), N: uint64(cost)}}
+			}
+			if err != nil || fmt.Sprint(slots) != fmt.Sprint(want) {
+				t.Fatalf("debt %v, cost %d: the region's slot after an abandoned call %v (%v), want %v", debt, cost, slots, err, want)
+			}
+		}
+	}
+	// Regional debt stays.
+	key := []byte("gq:{ab-regional}")
+	fw := Params{Algorithm: FixedWindow, Limit: 10, Window: 3600e6}
+	c := rs.newCall([]Op{{Key: key, Params: fw, Cost: 30, Debt: true}}, "check", 0, -1)
+	c.state.Store(callAbandoned)
+	runBatch(t, rs, []*redisCall{c})
+	if r, err := rs.Inspect(ctx, key, fw); err != nil || r.Remaining != -20 {
+		t.Fatalf("a regional limit's debt after an abandoned call: remaining %d (%v), want -20", r.Remaining, err)
+	}
+}
