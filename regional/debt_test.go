@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -163,5 +164,95 @@ func TestAbandonedCallsGiveBackGlobalDebt(t *testing.T) {
 	runBatch(t, rs, []*redisCall{c})
 	if r, err := rs.Inspect(ctx, key, fw); err != nil || r.Remaining != -20 {
 		t.Fatalf("a regional limit's debt after an abandoned call: remaining %d (%v), want -20", r.Remaining, err)
+	}
+}
+
+// An abandoned call split over two slots, one allowing and one denying,
+// gives back what the allowing slot took: its caller decided without the
+// store.
+func TestAbandonedSplitCallsGiveBack(t *testing.T) {
+	ctx := t.Context()
+	rs, _ := newTestRedisStore(t, RedisOptions{Region: "us"})
+	rs.cluster = true // a script per slot, on one server
+	p := Params{Algorithm: FixedWindow, Limit: 10, Window: 3600e6}
+	full := Params{Algorithm: FixedWindow, Limit: 1, Window: 3600e6}
+	ka, kb := []byte("gq:{ra}x"), []byte("gq:{rb}y")
+	if keySlot(ka) == keySlot(kb) {
+		t.Fatal("the keys share a slot")
+	}
+	runBatch(t, rs, []*redisCall{rs.newCall([]Op{{Key: kb, Params: full, Cost: 1}}, "check", 0, -1)})
+	c := rs.newCall([]Op{{Key: ka, Params: p, Cost: 3}, {Key: kb, Params: full, Cost: 1}}, "check", 0, -1)
+	c.state.Store(callAbandoned)
+	runBatch(t, rs, []*redisCall{c})
+	if r, err := rs.Inspect(ctx, ka, p); err != nil || r.Remaining != 10 {
+		t.Fatalf("the allowing slot after an abandoned split call: remaining %d (%v), want 10", r.Remaining, err)
+	}
+}
+
+// A shadow rule that counts every hit is not audited when the request
+// beside it is denied from the denial cache, as it is not otherwise; and a
+// request denied from the cache allocates nothing even so.
+func TestCachedDenialsBesideDebt(t *testing.T) {
+	vlog := NewMemoryViolations(10)
+	e := New(Config{Region: "us", Violations: vlog}, mustParse(t, `
+rules:
+  - { id: a, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h }
+  - { id: s, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h, shadow: true, count_over_limit: true }
+`))
+	mustCheck(t, e, Request{APIKey: "k"})
+	mustCheck(t, e, Request{APIKey: "k"}) // a denied by the store, and remembered
+	d := mustCheck(t, e, Request{APIKey: "k"})
+	if d.Allowed || !slices.ContainsFunc(d.Limits, func(l LimitStatus) bool { return l.Cached }) {
+		t.Fatalf("want a denial from the cache: %+v", d.Limits)
+	}
+	if err := e.Maintain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	vs, _ := vlog.Recent(t.Context(), 10)
+	for _, v := range vs {
+		if v.Rule == "s" {
+			t.Fatalf("the shadow rule was audited: %+v", vs)
+		}
+	}
+	if u, err := e.Usage(t.Context(), "s", &Request{APIKey: "k"}); err != nil || u.Debt != 2 {
+		t.Fatalf("the shadow rule's counter: %+v (%v), want every hit counted (debt 2)", u, err)
+	}
+	req := Request{APIKey: "k"}
+	if n := testing.AllocsPerRun(200, func() { e.Check(t.Context(), &req, &d) }); n != 0 {
+		t.Fatalf("a cached denial beside a rule that counts every hit: %v allocations", n)
+	}
+}
+
+// A global rule that counts every hit and fails closed counts a report
+// made while its store cannot answer, in memory, to be written back: the
+// store gives back what it took of a call its caller gave up on.
+func TestFailClosedGlobalDebtIsCountedInMemory(t *testing.T) {
+	ctx := t.Context()
+	store, srv := newTestRedisStore(t, RedisOptions{Region: "us", Timeout: 50 * time.Millisecond})
+	e := New(Config{Region: "us", Replica: "us-1", Store: store, Timeout: 50 * time.Millisecond,
+		Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, mustParse(t, `
+rules:
+  - { id: tokens, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h, count_over_limit: true, fallback: fail_closed }
+`))
+	var d Decision
+	if err := e.Check(ctx, &Request{APIKey: "t", Cost: 10}, &d); err != nil || !d.Allowed {
+		t.Fatalf("with the store up: %+v (%v)", d, err)
+	}
+	stallRedis(t, srv.Addr(), 500*time.Millisecond)
+	if err := e.Check(ctx, &Request{APIKey: "t", Cost: 40}, &d); err != nil || d.Allowed || d.Code != CodeUnavailable || d.Limits[0].Charged != 40 {
+		t.Fatalf("the store stalled, fail_closed: %+v (%v), want unavailable and 40 charged", d, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := e.Maintain(ctx); err == nil {
+			slots, err := store.ReadGlobal(ctx, []byte("gq:{tokens:t}"), time.Now().Truncate(time.Hour).UnixMilli())
+			if err == nil && len(slots) == 1 && slots[0].P-slots[0].N == 50 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the region's slot: %v (%v), want 50 counted once (10, and 40 written back)", slots, err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // the store's recovery is real time
 	}
 }

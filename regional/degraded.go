@@ -168,17 +168,29 @@ func (e *Engine) degradedGlobal(it *item, allowance int64, now int64) {
 	start := now / p.Window * p.Window
 	end := start + p.Window
 	d := &e.global.degraded
+	// A rule that counts every hit counts it in memory whatever this
+	// decides: the store gives back what it took of a call given up on.
+	owes := it.rule.CountOverLimit && it.cost > 0
+	countOwed := func() {
+		if owes {
+			d.mu.Lock()
+			e.countDegradedLocked(it, start)
+			d.mu.Unlock()
+			it.result.Taken = it.cost
+		}
+	}
 	switch {
 	case it.rule.Fallback == FailClosed:
 		it.unavailable = true
 		it.result = Result{ResetAt: end, RetryAfter: e.breakerWait()}
+		countOwed()
 		return
 	case it.rule.Fallback == FailOpen: // an elastic rule's choice: counted, not bounded
 		d.mu.Lock()
 		e.countDegradedLocked(it, start)
 		w := *d.window(it.key, p, start, false)
 		d.mu.Unlock()
-		it.result = Result{Allowed: true, Remaining: p.Limit, ResetAt: end}
+		it.result = Result{Allowed: true, Remaining: p.Limit, ResetAt: end, Taken: it.cost}
 		var t crdt.Tally
 		e.global.usage.with(func(c *crdt.Counters) { t = c.Tally(it.key, start/1000) })
 		it.result.OwnP = t.P + w.admitted - min(w.admitted, w.written) // for the budgets
@@ -190,6 +202,7 @@ func (e *Engine) degradedGlobal(it *item, allowance int64, now int64) {
 		// yet: unavailable for that long.
 		it.unavailable = true
 		it.result = Result{ResetAt: end, RetryAfter: since + e.global.lag - now}
+		countOwed()
 		return
 	}
 	// What was written is read before the copy, which a write back
@@ -222,7 +235,6 @@ func (e *Engine) degradedGlobal(it *item, allowance int64, now int64) {
 	part := (float64(allowance) - counted) / float64(replicas)
 	cost := float64(it.cost)
 	allowed := admitted+cost <= part
-	owes := it.rule.CountOverLimit && it.cost > 0 // counted whatever the decision
 	if allowed || owes {
 		e.countDegradedLocked(it, start)
 	}

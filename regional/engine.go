@@ -380,17 +380,23 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 			if it.batched {
 				e.unconsumeBatch(it)
 			}
-			if !it.decided {
-				continue
-			}
-			if !it.result.Allowed {
+			switch {
+			case !it.decided:
+			case it.rule.CountOverLimit && !it.refused: // decided by the store just now, as record would
+				if it.degradedTaken {
+					e.stats.GlobalDegraded.Add(it.cost)
+				}
+				if it.rule.Scope == ScopeGlobal && (!it.degraded || it.result.OwnP != 0) {
+					e.noteGlobal(it, false, us)
+				}
+				if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
+					e.violation(it, req, us)
+				}
+			default: // denied from the cache, or refused
 				e.violation(it, req, us)
-			}
-			if it.degradedTaken {
-				e.stats.GlobalDegraded.Add(it.cost)
-			}
-			if it.rule.Scope == ScopeGlobal {
-				e.noteGlobal(it, false, us) // demand denied for want of budget
+				if it.rule.Scope == ScopeGlobal {
+					e.noteGlobal(it, false, us) // demand denied for want of budget
+				}
 			}
 		}
 	} else {
@@ -468,7 +474,7 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 		case it.cost == 0:
 			it.cost = r.Cost
 		}
-		if r.CountOverLimit && it.cost > maxLimit {
+		if r.CountOverLimit && !r.Shadow && it.cost > maxLimit {
 			return costError(r, it.params, req.Cost)
 		}
 		if r.denyAll || it.cost > it.params.Limit && !r.CountOverLimit { // before the key cap: a bad request tracks no key

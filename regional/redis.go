@@ -741,12 +741,14 @@ func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 		switch {
 		case c.state.CompareAndSwap(callPending, callDelivered):
 			if len(c.groups) > 1 {
-				refunds = c.refunds(refunds, ok)
+				refunds = c.refunds(refunds, ok, false)
 			}
-		case c.err == nil:
-			refunds = c.takenBack(refunds, commitsResults(c)) // its caller decided without it
+		case c.err == nil && commitsResults(c):
+			refunds = c.takenBack(refunds, true) // its caller decided without it
 		case len(c.groups) > 1:
-			refunds = c.refunds(refunds, ok)
+			refunds = c.refunds(refunds, ok, true)
+		case c.err == nil:
+			refunds = c.takenBack(refunds, false) // a global limit's debt, which its caller counted
 		}
 	}
 	if len(refunds) > 0 {
@@ -939,10 +941,12 @@ type refund struct {
 
 // refunds lists what to give back when the limits of one request were split
 // over slots and the request did not go ahead (a slot denied, or failed)
-// while another slot took its cost. ok[g] says group g answered. A limit
-// that counts debt keeps it, unless it is a global limit and a slot
-// failed: its caller then counts it in memory (degraded.go).
-func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
+// while another slot took its cost. ok[g] says group g answered;
+// abandoned, that the caller gave up on the call. A limit that counts
+// debt keeps it, unless it is a global limit and its caller decided
+// without the store (a slot failed, or the call was abandoned): the caller
+// then counts it in memory (degraded.go).
+func (c *redisCall) refunds(dst []refund, ok []bool, abandoned bool) []refund {
 	denied := func(limits []int) bool {
 		for _, i := range limits {
 			if !c.limits[i].shadow && !c.results[i].Allowed {
@@ -970,7 +974,7 @@ func (c *redisCall) refunds(dst []refund, ok []bool) []refund {
 			l, r := &c.limits[i], c.results[i]
 			switch {
 			case r.Taken <= 0:
-			case l.debt && !(l.global && errored):
+			case l.debt && !(l.global && (errored || abandoned)):
 			case l.debt || !denied(g.limits):
 				dst = append(dst, refund{limit: *l, n: r.Taken, at: c.now})
 			}
