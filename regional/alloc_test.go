@@ -35,6 +35,7 @@ rules:
 		{"tracked keys", "rules:\n  - { id: r, by: [api_key], capacity: 100000000, refill_per_second: 1000, max_keys: 10 }\n", Request{APIKey: "k"}},
 		{"lease", "rules:\n  - { id: r, by: [api_key], capacity: 100000000, refill_per_second: 1000, lease: 1000000 }\n", Request{APIKey: "k"}},
 		{"denied from the cache", "rules:\n  - { id: r, by: [api_key], capacity: 1, refill_per_second: 0.001 }\n", Request{APIKey: "k"}},
+		{"denied from the cache beside a rule that counts every hit", "rules:\n  - { id: r, by: [api_key], capacity: 1, refill_per_second: 0.001 }\n  - { id: d, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h, count_over_limit: true }\n", Request{APIKey: "k"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := New(Config{}, mustParse(t, tc.rules))
