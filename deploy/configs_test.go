@@ -195,12 +195,12 @@ func TestAlertsUseRealMetrics(t *testing.T) {
 	}
 }
 
-// TestEnvoyConfig: deploy/envoy/envoy.yaml is a bootstrap Envoy takes
-// (decoded strictly into go-control-plane's types, its typed configs
-// included, and validated), and it sends one descriptor a request, so
-// that every rule that applies counts a request once.
-func TestEnvoyConfig(t *testing.T) {
-	b, err := os.ReadFile("envoy/envoy.yaml")
+// envoyHCM reads an Envoy bootstrap as Envoy would (decoded strictly into
+// go-control-plane's types, its typed configs included, and validated)
+// and returns its first listener's HTTP connection manager.
+func envoyHCM(t *testing.T, path string) *hcmv3.HttpConnectionManager {
+	t.Helper()
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,15 +214,24 @@ func TestEnvoyConfig(t *testing.T) {
 	}
 	var boot bootstrapv3.Bootstrap
 	if err := protojson.Unmarshal(js, &boot); err != nil {
-		t.Fatalf("envoy.yaml: %v", err)
+		t.Fatalf("%s: %v", path, err)
 	}
 	if err := boot.ValidateAll(); err != nil {
-		t.Fatalf("envoy.yaml: %v", err)
+		t.Fatalf("%s: %v", path, err)
 	}
 	var hcm hcmv3.HttpConnectionManager
 	if err := boot.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
 		t.Fatal(err)
 	}
+	return &hcm
+}
+
+// TestEnvoyConfig: deploy/envoy/envoy.yaml is a bootstrap Envoy takes
+// (decoded strictly into go-control-plane's types, its typed configs
+// included, and validated), and it sends one descriptor a request, so
+// that every rule that applies counts a request once.
+func TestEnvoyConfig(t *testing.T) {
+	hcm := envoyHCM(t, "envoy/envoy.yaml")
 	limits := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetRateLimits()
 	if len(limits) != 1 {
 		t.Fatalf("%d rate_limits entries: a request meets every rule once per descriptor, want one", len(limits))

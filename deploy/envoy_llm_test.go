@@ -8,16 +8,12 @@ import (
 	"strconv"
 	"testing"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	ratelimitfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/geoquota/geoquota/deploy/local/harness"
@@ -30,29 +26,7 @@ import (
 // domain and the route's rate_limits.
 func llmRoute(t *testing.T) (string, []*routev3.RateLimit) {
 	t.Helper()
-	b, err := os.ReadFile("envoy/llm.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc any
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		t.Fatal(err)
-	}
-	js, err := json.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var boot bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(js, &boot); err != nil {
-		t.Fatalf("llm.yaml: %v", err)
-	}
-	if err := boot.ValidateAll(); err != nil {
-		t.Fatalf("llm.yaml: %v", err)
-	}
-	var hcm hcmv3.HttpConnectionManager
-	if err := boot.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
-		t.Fatal(err)
-	}
+	hcm := envoyHCM(t, "envoy/llm.yaml")
 	var filter ratelimitfilterv3.RateLimit
 	if err := hcm.GetHttpFilters()[0].GetTypedConfig().UnmarshalTo(&filter); err != nil {
 		t.Fatal(err)

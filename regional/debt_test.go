@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
+	"github.com/geoquota/geoquota/deploy/local/harness"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -94,13 +95,11 @@ rules:
 // counts every hit.
 func TestDebtCountedWhenAGlobalLimitDeniesInMemory(t *testing.T) {
 	ctx := t.Context()
-	store, srv := newTestRedisStore(t, RedisOptions{Region: "us", Timeout: 50 * time.Millisecond})
-	e := New(Config{Region: "us", Replica: "us-1", Store: store, Timeout: 50 * time.Millisecond,
-		Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, mustParse(t, `
+	e, _, srv := oneReplicaRegion(t, `
 rules:
   - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h }
   - { id: tokens, by: [api_key], algorithm: fixed_window, limit: 100000, window: 1h, count_over_limit: true }
-`))
+`)
 	check := func(cost int64) Decision {
 		t.Helper()
 		var d Decision
@@ -224,12 +223,10 @@ rules:
 // store gives back what it took of a call its caller gave up on.
 func TestFailClosedGlobalDebtIsCountedInMemory(t *testing.T) {
 	ctx := t.Context()
-	store, srv := newTestRedisStore(t, RedisOptions{Region: "us", Timeout: 50 * time.Millisecond})
-	e := New(Config{Region: "us", Replica: "us-1", Store: store, Timeout: 50 * time.Millisecond,
-		Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, mustParse(t, `
+	e, store, srv := oneReplicaRegion(t, `
 rules:
   - { id: tokens, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h, count_over_limit: true, fallback: fail_closed }
-`))
+`)
 	var d Decision
 	if err := e.Check(ctx, &Request{APIKey: "t", Cost: 10}, &d); err != nil || !d.Allowed {
 		t.Fatalf("with the store up: %+v (%v)", d, err)
@@ -238,15 +235,65 @@ rules:
 	if err := e.Check(ctx, &Request{APIKey: "t", Cost: 40}, &d); err != nil || d.Allowed || d.Code != CodeUnavailable || d.Limits[0].Charged != 40 {
 		t.Fatalf("the store stalled, fail_closed: %+v (%v), want unavailable and 40 charged", d, err)
 	}
+	waitWrittenBack(t, e, store, "gq:{tokens:t}", "50 counted once (10, and 40 written back)",
+		func(s crdt.Slot) bool { return s.P-s.N == 50 })
+}
+
+// A report to a global rule with count_over_limit while the store cannot
+// answer is counted in memory, past the region's allowance, and written
+// to the region's slot once the store is back: usage reported after the
+// response is not lost to a store's fault.
+func TestGlobalReportsSurviveAStalledStore(t *testing.T) {
+	e, store, srv := oneReplicaRegion(t, `
+rules:
+  - { id: tokens, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h, count_over_limit: true }
+`)
+	report := func(cost int64) LimitStatus {
+		t.Helper()
+		var d Decision
+		if err := e.Check(t.Context(), &Request{APIKey: "tenant", Cost: cost}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.Limits[0]
+	}
+	if l := report(10); !l.Allowed || l.Degraded || l.Charged != 10 {
+		t.Fatalf("with the store up: %+v", l)
+	}
+	stallRedis(t, srv.Addr(), 700*time.Millisecond)
+	if l := report(200); l.Allowed || !l.Degraded || l.Charged != 200 {
+		t.Fatalf("200 past the floor, the store stalled: %+v, want denied in memory and charged 200", l)
+	}
+	waitWrittenBack(t, e, store, "gq:{tokens:tenant}", "210 written back", func(s crdt.Slot) bool { return s.P == 210 })
+}
+
+// oneReplicaRegion is region us of three (eu and ap heard of, not run),
+// one replica on a redis-server of its own, its calls timing out after
+// 50 ms; before any lease it keeps to its floor, 10% of a global limit
+// over 3 regions.
+func oneReplicaRegion(t *testing.T, rules string) (*Engine, *RedisStore, *harness.Redis) {
+	t.Helper()
+	store, srv := newTestRedisStore(t, RedisOptions{Region: "us", Timeout: 50 * time.Millisecond})
+	e := New(Config{Region: "us", Replica: "us-1", Store: store, Timeout: 50 * time.Millisecond,
+		Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, mustParse(t, rules))
+	return e, store, srv
+}
+
+// waitWrittenBack runs e's maintenance until the region's slot of key's
+// window of this hour, in the store, is as ok wants: what the replica
+// counted in memory is written back once the store answers again (real
+// time). want says what ok wants, for the failure.
+func waitWrittenBack(t *testing.T, e *Engine, store *RedisStore, key, want string, ok func(crdt.Slot) bool) {
+	t.Helper()
+	ctx := t.Context()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if err := e.Maintain(ctx); err == nil {
-			slots, err := store.ReadGlobal(ctx, []byte("gq:{tokens:t}"), time.Now().Truncate(time.Hour).UnixMilli())
-			if err == nil && len(slots) == 1 && slots[0].P-slots[0].N == 50 {
+			slots, err := store.ReadGlobal(ctx, []byte(key), time.Now().Truncate(time.Hour).UnixMilli())
+			if err == nil && len(slots) == 1 && ok(slots[0]) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("the region's slot: %v (%v), want 50 counted once (10, and 40 written back)", slots, err)
+				t.Fatalf("the region's slot: %v (%v), want %s", slots, err, want)
 			}
 		}
 		time.Sleep(20 * time.Millisecond) // the store's recovery is real time

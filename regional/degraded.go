@@ -171,26 +171,20 @@ func (e *Engine) degradedGlobal(it *item, allowance int64, now int64) {
 	// A rule that counts every hit counts it in memory whatever this
 	// decides: the store gives back what it took of a call given up on.
 	owes := it.rule.CountOverLimit && it.cost > 0
-	countOwed := func() {
-		if owes {
-			d.mu.Lock()
-			e.countDegradedLocked(it, start)
-			d.mu.Unlock()
-			it.result.Taken = it.cost
-		}
-	}
 	switch {
 	case it.rule.Fallback == FailClosed:
 		it.unavailable = true
 		it.result = Result{ResetAt: end, RetryAfter: e.breakerWait()}
-		countOwed()
+		if owes {
+			e.countDegraded(it, start)
+		}
 		return
 	case it.rule.Fallback == FailOpen: // an elastic rule's choice: counted, not bounded
+		it.result = Result{Allowed: true, Remaining: p.Limit, ResetAt: end}
 		d.mu.Lock()
 		e.countDegradedLocked(it, start)
 		w := *d.window(it.key, p, start, false)
 		d.mu.Unlock()
-		it.result = Result{Allowed: true, Remaining: p.Limit, ResetAt: end, Taken: it.cost}
 		var t crdt.Tally
 		e.global.usage.with(func(c *crdt.Counters) { t = c.Tally(it.key, start/1000) })
 		it.result.OwnP = t.P + w.admitted - min(w.admitted, w.written) // for the budgets
@@ -202,7 +196,9 @@ func (e *Engine) degradedGlobal(it *item, allowance int64, now int64) {
 		// yet: unavailable for that long.
 		it.unavailable = true
 		it.result = Result{ResetAt: end, RetryAfter: since + e.global.lag - now}
-		countOwed()
+		if owes {
+			e.countDegraded(it, start)
+		}
 		return
 	}
 	// What was written is read before the copy, which a write back
@@ -235,12 +231,9 @@ func (e *Engine) degradedGlobal(it *item, allowance int64, now int64) {
 	part := (float64(allowance) - counted) / float64(replicas)
 	cost := float64(it.cost)
 	allowed := admitted+cost <= part
-	if allowed || owes {
-		e.countDegradedLocked(it, start)
-	}
 	it.result = Result{Allowed: allowed, ResetAt: end}
 	if allowed || owes {
-		it.result.Taken = it.cost
+		e.countDegradedLocked(it, start)
 	}
 	rem := part - admitted
 	if allowed {
@@ -287,7 +280,14 @@ func (e *Engine) countDegradedLocked(it *item, start int64) {
 		d.unwritten.Add(1)
 	}
 	w.admitted += uint64(it.cost)
-	it.degradedTaken = true
+	it.degradedTaken, it.result.Taken = true, it.cost
+}
+
+// countDegraded is countDegradedLocked, taking the lock.
+func (e *Engine) countDegraded(it *item, start int64) {
+	e.global.degraded.mu.Lock()
+	defer e.global.degraded.mu.Unlock()
+	e.countDegradedLocked(it, start)
 }
 
 // uncountDegraded gives back what a global limit admitted in memory for a
@@ -297,6 +297,7 @@ func (e *Engine) uncountDegraded(it *item) {
 	start := it.storeNow / it.params.Window * it.params.Window
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	it.result.Taken = 0
 	w := d.windows[string(GlobalKey(it.key, start/1000))]
 	if w == nil {
 		return

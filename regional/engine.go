@@ -382,16 +382,8 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 			}
 			switch {
 			case !it.decided:
-			case it.rule.CountOverLimit && !it.refused: // decided by the store just now, as record would
-				if it.degradedTaken {
-					e.stats.GlobalDegraded.Add(it.cost)
-				}
-				if it.rule.Scope == ScopeGlobal && (!it.degraded || it.result.OwnP != 0) {
-					e.noteGlobal(it, false, us)
-				}
-				if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
-					e.violation(it, req, us)
-				}
+			case it.rule.CountOverLimit && !it.refused: // decided by the store just now
+				e.recordItem(it, req, false, us)
 			default: // denied from the cache, or refused
 				e.violation(it, req, us)
 				if it.rule.Scope == ScopeGlobal {
@@ -686,29 +678,33 @@ func (e *Engine) record(sc *scratch, req *Request, now int64) {
 		}
 	}
 	for i := range sc.items {
-		it := &sc.items[i]
-		if !it.decided { // a limit denied in memory spoke alone
-			continue
+		if it := &sc.items[i]; it.decided { // a limit denied in memory spoke alone
+			e.recordItem(it, req, allowed, now)
 		}
-		switch {
-		case it.batched && !allowed:
-			e.unconsumeBatch(it)
-		case it.result.Taken > it.cost && allowed:
-			e.keepBatch(it, now)
-		case it.degradedTaken && !allowed && !it.rule.CountOverLimit:
-			e.uncountDegraded(it)
-		case it.degradedTaken:
-			e.stats.GlobalDegraded.Add(it.cost)
+	}
+}
+
+// recordItem is record of one limit the store (or a fallback) decided,
+// for a request that goes ahead or not (allowed).
+func (e *Engine) recordItem(it *item, req *Request, allowed bool, now int64) {
+	switch {
+	case it.batched && !allowed:
+		e.unconsumeBatch(it)
+	case it.result.Taken > it.cost && allowed:
+		e.keepBatch(it, now)
+	case it.degradedTaken && !allowed && !it.rule.CountOverLimit:
+		e.uncountDegraded(it)
+	case it.degradedTaken:
+		e.stats.GlobalDegraded.Add(it.cost)
+	}
+	if it.rule.Scope == ScopeGlobal && (!it.degraded || it.result.OwnP != 0) {
+		e.noteGlobal(it, allowed, now)
+	}
+	if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
+		if !it.rule.CountOverLimit { // the next hit is counted in the store, denied or not
+			e.rememberDenial(it, now)
 		}
-		if it.rule.Scope == ScopeGlobal && (!it.degraded || it.result.OwnP != 0) {
-			e.noteGlobal(it, allowed, now)
-		}
-		if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
-			if !it.rule.CountOverLimit { // the next hit is counted in the store, denied or not
-				e.rememberDenial(it, now)
-			}
-			e.violation(it, req, now)
-		}
+		e.violation(it, req, now)
 	}
 }
 

@@ -502,14 +502,12 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 	if l.params.Algorithm == SlidingWindowLog {
 		keys = append(keys, l.key+":log")
 	}
-	flags := "0" // lua/limits.lua's: 1 shadow, 2 debt
-	switch {
-	case l.shadow && l.debt:
-		flags = "3"
-	case l.debt:
-		flags = "2"
-	case l.shadow:
-		flags = "1"
+	flags := 0 // lua/limits.lua's: 1 shadow, 2 debt
+	if l.shadow {
+		flags |= 1
+	}
+	if l.debt {
+		flags |= 2
 	}
 	if l.global {
 		return keys, append(args, globalAlgorithm+int(l.params.Algorithm), l.params.Limit,

@@ -95,7 +95,7 @@ func (s rateLimiter) check(ctx context.Context, in *pb.CheckRequest, report bool
 		case report && r.CountNothing:
 			err = &FieldError{Field: "count_nothing", Msg: "a report counts its cost"}
 		case report && r.Cost == 0:
-			err = &FieldError{Field: "cost", Msg: "required: what the request cost once done (tokens, bytes)"}
+			err = errCostRequired()
 		}
 		if err == nil {
 			err = s.engine.Validate(&req)

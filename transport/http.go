@@ -323,7 +323,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request, d *regional.Deci
 	}
 	req, err := parseCheck(body)
 	if err == nil && report && req.Cost == 0 {
-		err = &FieldError{Field: "cost", Msg: "required: what the request cost once done (tokens, bytes)"}
+		err = errCostRequired()
 	}
 	if err != nil {
 		s.writeInputError(w, err)

@@ -99,3 +99,8 @@ func renameField(err error, from, to string) error {
 	}
 	return &FieldError{Field: to + strings.TrimPrefix(fe.Field, from), Msg: fe.Msg}
 }
+
+// errCostRequired is a report's error without a cost.
+func errCostRequired() error {
+	return &FieldError{Field: "cost", Msg: "required: what the request cost once done (tokens, bytes)"}
+}
