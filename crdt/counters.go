@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"iter"
+	"reflect"
 	"slices"
+	"unsafe"
 )
 
 // Counters is a collection of PN-counters, one per (counter key, window
@@ -24,13 +26,16 @@ type Counters struct {
 	// (entry.older). Looking a key up by its bytes allocates nothing.
 	keys map[string]*entry
 	n    int // windows held
-	// Entries form a list in order of their last change, oldest first, so
-	// that the changes after a version are a suffix of the list
-	// (lists[byChange]). Entries whose own slot changed form a second
-	// list, in order of that change (lists[byOwnChange]): OwnDeltas reads
-	// the own changes after a version from its end, however many windows
-	// the other regions changed since.
-	lists   [2]list
+	// entryType is an entry followed by a slot per region, in one
+	// allocation (newEntry); slotsAt is where its slots start.
+	entryType reflect.Type
+	slotsAt   uintptr
+	// Entries whose own slot changed form a list in order of that change,
+	// oldest first (own): OwnDeltas reads the own changes after a version
+	// from its end, however many windows the other regions changed since.
+	// The other regions' changes are in no list: a region gossips only its
+	// own, and a full state is read from the keys.
+	own     list
 	version uint64
 	// owned is OwnDeltas's working list, kept from one call to the next:
 	// a region sends its own changes every gossip round, tens of
@@ -46,26 +51,21 @@ type ownChange struct {
 	ver uint64
 }
 
-// The lists of entries a copy keeps (Counters.lists, entry.links).
-const (
-	byChange    = 0
-	byOwnChange = 1 // only entries with an own change (own > 0)
-)
-
-// list is one of a copy's lists of entries, linked through their links of
-// the same index.
+// list is a copy's list of the entries with an own change, linked through
+// their links.
 type list struct{ head, tail *entry }
 
 type links struct{ prev, next *entry }
 
-// entry is one window of a counter.
+// entry is one window of a counter. Its slots, one per region by index
+// (zero if it counted nothing), follow it in the same allocation, with no
+// slice header: a copy holds a million of them under load (Counters.slots).
 type entry struct {
 	id    ID
-	slots []slot   // one per region, by index: zero if it counted nothing
-	ver   uint64   // the version of its last change
-	own   uint64   // the version of its own slot's last change
-	links [2]links // its place in the copy's lists
-	older *entry   // the same key's window before this one, if held
+	ver   uint64 // the version of its last change
+	own   uint64 // the version of its own slot's last change, 0 if none
+	links links  // its place in the list of own changes, if own > 0
+	older *entry // the same key's window before this one, if held
 }
 
 type slot struct{ p, n uint64 }
@@ -92,7 +92,22 @@ func NewCounters(self string, regions []string) (*Counters, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: local region %q is not among %q", ErrInvalidRegions, self, regions)
 	}
-	return &Counters{self: int(self32), regions: sorted, index: index, keys: make(map[string]*entry)}, nil
+	t := reflect.StructOf([]reflect.StructField{
+		{Name: "E", Type: reflect.TypeFor[entry]()},
+		{Name: "S", Type: reflect.ArrayOf(len(sorted), reflect.TypeFor[slot]())},
+	})
+	return &Counters{self: int(self32), regions: sorted, index: index, keys: make(map[string]*entry),
+		entryType: t, slotsAt: t.Field(1).Offset}, nil
+}
+
+// newEntry allocates an entry with its slots, zero.
+func (c *Counters) newEntry() *entry {
+	return (*entry)(reflect.New(c.entryType).UnsafePointer())
+}
+
+// slots returns the slots of e, which newEntry allocated just after it.
+func (c *Counters) slots(e *entry) []slot {
+	return unsafe.Slice((*slot)(unsafe.Add(unsafe.Pointer(e), c.slotsAt)), len(c.regions))
 }
 
 // Self returns the local region.
@@ -156,7 +171,7 @@ func (c *Counters) Value(id ID) int64 {
 		return 0
 	}
 	var p, n uint64
-	for _, s := range e.slots {
+	for _, s := range c.slots(e) {
 		p, n = addSat(p, s.p), addSat(n, s.n)
 	}
 	return diffClamp(p, n)
@@ -166,7 +181,7 @@ func (c *Counters) Value(id ID) int64 {
 func (c *Counters) Get(id ID) PNCounter {
 	var pn PNCounter
 	if e := c.lookup(id.Key, id.Epoch); e != nil {
-		for i, s := range e.slots {
+		for i, s := range c.slots(e) {
 			pn.P.Inc(c.regions[i], s.p)
 			pn.N.Inc(c.regions[i], s.n)
 		}
@@ -181,7 +196,7 @@ func (c *Counters) Slots(id ID) []Slot {
 		return nil
 	}
 	var out []Slot
-	for i, s := range e.slots {
+	for i, s := range c.slots(e) {
 		if s.p != 0 || s.n != 0 {
 			out = append(out, Slot{Region: c.regions[i], P: s.p, N: s.n})
 		}
@@ -250,7 +265,7 @@ func (c *Counters) Merge(d Delta) MergeReport {
 			}
 			var cur slot
 			if e != nil {
-				cur = e.slots[ri]
+				cur = c.slots(e)[ri]
 			}
 			lower := ds.P < cur.p || ds.N < cur.n
 			switch {
@@ -270,7 +285,7 @@ func (c *Counters) Merge(d Delta) MergeReport {
 			if e == nil {
 				e = c.insert(de.ID)
 			}
-			s := &e.slots[ri]
+			s := &c.slots(e)[ri]
 			s.p, s.n = max(s.p, ds.P), max(s.n, ds.N)
 			c.touch(e, int(ri))
 		}
@@ -289,9 +304,22 @@ func (c *Counters) DeltaSince(v uint64) Delta { return c.deltaSince(v, -1) }
 // few of them (Get). The collection must not change during the pass.
 func (c *Counters) IDs() iter.Seq[ID] {
 	return func(yield func(ID) bool) {
-		for e := c.lists[byChange].head; e != nil; e = e.links[byChange].next {
+		for e := range c.entries() {
 			if !yield(e.id) {
 				return
+			}
+		}
+	}
+}
+
+// entries yields every window held, in no set order.
+func (c *Counters) entries() iter.Seq[*entry] {
+	return func(yield func(*entry) bool) {
+		for _, e := range c.keys {
+			for ; e != nil; e = e.older {
+				if !yield(e) {
+					return
+				}
 			}
 		}
 	}
@@ -301,17 +329,30 @@ func (c *Counters) IDs() iter.Seq[ID] {
 // what a region gossips to the others.
 func (c *Counters) OwnDeltaSince(v uint64) Delta { return c.deltaSince(v, c.self) }
 
+// deltaSince is DeltaSince of the local region's slots (only = c.self), or
+// of all (only < 0). The local region's changes are read from the list of
+// own changes, in time proportional to them; every region's from the
+// whole collection: what a full state (v = 0) reads anyway.
 func (c *Counters) deltaSince(v uint64, only int) Delta {
 	d := Delta{Origin: c.Self(), From: min(v, c.version), To: c.version}
 	var changed []*entry
 	nslots := 0
-	for e := c.lists[byChange].tail; e != nil && e.ver > v; e = e.links[byChange].prev {
-		if only < 0 || e.own > v {
-			changed = append(changed, e)
-			for i, s := range e.slots { // those appendEntries keeps
-				if (only < 0 || i == only) && (s.p != 0 || s.n != 0) {
-					nslots++
-				}
+	add := func(e *entry) {
+		changed = append(changed, e)
+		for i, s := range c.slots(e) { // those appendEntries keeps
+			if (only < 0 || i == only) && (s.p != 0 || s.n != 0) {
+				nslots++
+			}
+		}
+	}
+	if only == c.self {
+		for e := c.own.tail; e != nil && e.own > v; e = e.links.prev {
+			add(e)
+		}
+	} else {
+		for e := range c.entries() {
+			if e.ver > v {
+				add(e)
 			}
 		}
 	}
@@ -337,8 +378,8 @@ func (c *Counters) OwnDeltas(v uint64, max int) []Delta {
 		clear(changed) // holds no entry once they are gone
 		c.owned = changed[:0]
 	}()
-	for e := c.lists[byOwnChange].tail; e != nil && e.own > v; e = e.links[byOwnChange].prev {
-		if s := &e.slots[c.self]; s.p != 0 || s.n != 0 {
+	for e := c.own.tail; e != nil && e.own > v; e = e.links.prev {
+		if s := &c.slots(e)[c.self]; s.p != 0 || s.n != 0 {
 			changed = append(changed, ownChange{e, s, e.own})
 		}
 	}
@@ -383,8 +424,8 @@ func (c *Counters) RegionState(region string) Delta {
 		return d
 	}
 	var held []*entry
-	for e := c.lists[byChange].head; e != nil; e = e.links[byChange].next {
-		if e.slots[ri].p != 0 || e.slots[ri].n != 0 {
+	for e := range c.entries() {
+		if s := c.slots(e)[ri]; s.p != 0 || s.n != 0 {
 			held = append(held, e)
 		}
 	}
@@ -399,8 +440,9 @@ func (c *Counters) appendEntries(d Delta, entries []*entry, nslots int, keep fun
 	buf := make([]Slot, 0, nslots)
 	for _, e := range entries {
 		start := len(buf)
-		for i := range e.slots {
-			if s := &e.slots[i]; keep(i) && (s.p != 0 || s.n != 0) {
+		slots := c.slots(e)
+		for i := range slots {
+			if s := &slots[i]; keep(i) && (s.p != 0 || s.n != 0) {
 				buf = append(buf, Slot{Region: c.regions[i], P: s.p, N: s.n})
 			}
 		}
@@ -417,17 +459,34 @@ func (c *Counters) appendEntries(d Delta, entries []*entry, nslots int, keep fun
 // created anew, so callers drop deltas for epochs they have expired.
 func (c *Counters) Expire(expired func(ID) bool) int {
 	removed := 0
-	for e := c.lists[byChange].head; e != nil; {
-		next := e.links[byChange].next
-		if expired(e.id) {
-			c.unlink(byChange, e)
-			if e.own > 0 {
-				c.unlink(byOwnChange, e)
+	for k, head := range c.keys {
+		first, last := head, (*entry)(nil) // the key's newest window kept, and the last
+		for e := head; e != nil; {
+			older := e.older
+			if !expired(e.id) {
+				last = e
+				e = older
+				continue
 			}
-			c.remove(e)
+			if e.own > 0 {
+				c.unlink(e)
+			}
+			if last == nil {
+				first = older
+			} else {
+				last.older = older
+			}
+			e.older = nil
+			c.n--
 			removed++
+			e = older
 		}
-		e = next
+		switch {
+		case first == nil:
+			delete(c.keys, k)
+		case first != head:
+			c.keys[k] = first
+		}
 	}
 	return removed
 }
@@ -437,13 +496,13 @@ func (c *Counters) ownSlot(id ID) (*entry, *slot) {
 	if e == nil {
 		e = c.insert(id)
 	}
-	return e, &e.slots[c.self]
+	return e, &c.slots(e)[c.self]
 }
 
 // insert adds an empty window id, which must not be held, at its place
-// among its key's windows and at the end of the change list.
+// among its key's windows.
 func (c *Counters) insert(id ID) *entry {
-	e := newEntry(len(c.regions))
+	e := c.newEntry()
 	e.id = id
 	c.n++
 	at := c.keys[id.Key]
@@ -459,111 +518,51 @@ func (c *Counters) insert(id ID) *entry {
 		}
 		e.older, at.older = at.older, e
 	}
-	c.pushBack(byChange, e)
 	return e
 }
 
-// remove takes window e out of its key's windows.
-func (c *Counters) remove(e *entry) {
-	c.n--
-	at := c.keys[e.id.Key]
-	if at == e {
-		if e.older == nil {
-			delete(c.keys, e.id.Key)
-		} else {
-			c.keys[e.id.Key] = e.older
-		}
-		return
-	}
-	for at != nil && at.older != e {
-		at = at.older
-	}
-	if at != nil {
-		at.older = e.older
-	}
-}
-
 // touch records a change of region's slot in entry e: a new version for
-// both, and e moves to the end of the change list.
+// both, and an own change moves e to the end of the list of own changes.
 func (c *Counters) touch(e *entry, region int) {
 	c.version++
 	e.ver = c.version
 	if region == c.self {
-		if c.lists[byOwnChange].tail != e {
+		if c.own.tail != e {
 			if e.own > 0 {
-				c.unlink(byOwnChange, e)
+				c.unlink(e)
 			}
-			c.pushBack(byOwnChange, e)
+			c.pushBack(e)
 		}
 		e.own = c.version
 	}
-	if c.lists[byChange].tail != e {
-		c.unlink(byChange, e)
-		c.pushBack(byChange, e)
-	}
 }
 
-// pushBack puts e at the end of list i.
-func (c *Counters) pushBack(i int, e *entry) {
-	l := &c.lists[i]
-	e.links[i] = links{prev: l.tail}
+// pushBack puts e at the end of the list of own changes.
+func (c *Counters) pushBack(e *entry) {
+	l := &c.own
+	e.links = links{prev: l.tail}
 	if l.tail != nil {
-		l.tail.links[i].next = e
+		l.tail.links.next = e
 	} else {
 		l.head = e
 	}
 	l.tail = e
 }
 
-// unlink takes e out of list i (where it is).
-func (c *Counters) unlink(i int, e *entry) {
-	l, at := &c.lists[i], &e.links[i]
+// unlink takes e out of the list of own changes (where it is).
+func (c *Counters) unlink(e *entry) {
+	l, at := &c.own, &e.links
 	if at.prev != nil {
-		at.prev.links[i].next = at.next
+		at.prev.links.next = at.next
 	} else {
 		l.head = at.next
 	}
 	if at.next != nil {
-		at.next.links[i].prev = at.prev
+		at.next.links.prev = at.prev
 	} else {
 		l.tail = at.prev
 	}
 	*at = links{}
-}
-
-// newEntry returns an entry with a slot for each of n regions (in a busy
-// window all of them count), in the same allocation as the entry up to 8
-// regions: reading a slot then reads the memory the entry is in.
-func newEntry(n int) *entry {
-	switch n {
-	case 1:
-		return inlineEntry(func(a *[1]slot) []slot { return a[:] })
-	case 2:
-		return inlineEntry(func(a *[2]slot) []slot { return a[:] })
-	case 3:
-		return inlineEntry(func(a *[3]slot) []slot { return a[:] })
-	case 4:
-		return inlineEntry(func(a *[4]slot) []slot { return a[:] })
-	case 5:
-		return inlineEntry(func(a *[5]slot) []slot { return a[:] })
-	case 6:
-		return inlineEntry(func(a *[6]slot) []slot { return a[:] })
-	case 7:
-		return inlineEntry(func(a *[7]slot) []slot { return a[:] })
-	case 8:
-		return inlineEntry(func(a *[8]slot) []slot { return a[:] })
-	}
-	return &entry{slots: make([]slot, n)}
-}
-
-// inlineEntry allocates an entry and an array of slots A together.
-func inlineEntry[A any](slots func(*A) []slot) *entry {
-	b := new(struct {
-		e entry
-		s A
-	})
-	b.e.slots = slots(&b.s)
-	return &b.e
 }
 
 // Observe raises the local region's slot of counter id to at least p
@@ -582,7 +581,7 @@ func (c *Counters) observe(e *entry, id ID, p, n uint64) bool {
 		}
 		e = c.insert(id)
 	}
-	s := &e.slots[c.self]
+	s := &c.slots(e)[c.self]
 	if s.p >= p && s.n >= n {
 		return false
 	}
@@ -595,7 +594,7 @@ func (c *Counters) observe(e *entry, id ID, p, n uint64) bool {
 // increments and their decrements.
 func (c *Counters) Others(id ID) (p, n uint64) {
 	if e := c.lookup(id.Key, id.Epoch); e != nil {
-		p, n = e.others(c.self)
+		p, n = c.others(e)
 	}
 	return p, n
 }
@@ -603,15 +602,16 @@ func (c *Counters) Others(id ID) (p, n uint64) {
 // Own returns the local region's slot of counter id.
 func (c *Counters) Own(id ID) (p, n uint64) {
 	if e := c.lookup(id.Key, id.Epoch); e != nil {
-		return e.slots[c.self].p, e.slots[c.self].n
+		s := c.slots(e)[c.self]
+		return s.p, s.n
 	}
 	return 0, 0
 }
 
-// others sums the slots of every region but self.
-func (e *entry) others(self int) (p, n uint64) {
-	for i, s := range e.slots {
-		if i != self {
+// others sums the slots of e of every region but the local one.
+func (c *Counters) others(e *entry) (p, n uint64) {
+	for i, s := range c.slots(e) {
+		if i != c.self {
 			p, n = addSat(p, s.p), addSat(n, s.n)
 		}
 	}
@@ -632,8 +632,9 @@ func (c *Counters) Tally(key []byte, epoch int64) Tally {
 	if e == nil {
 		return Tally{}
 	}
-	t := Tally{P: e.slots[c.self].p, N: e.slots[c.self].n}
-	t.OthersP, t.OthersN = e.others(c.self)
+	s := c.slots(e)[c.self]
+	t := Tally{P: s.p, N: s.n}
+	t.OthersP, t.OthersN = c.others(e)
 	return t
 }
 
@@ -646,7 +647,7 @@ func (c *Counters) AppendCounts(dst []int64, key []byte, epoch int64) []int64 {
 	if e == nil {
 		return dst
 	}
-	for _, s := range e.slots {
+	for _, s := range c.slots(e) {
 		dst = append(dst, max(0, diffClamp(s.p, s.n)))
 	}
 	return dst
@@ -663,7 +664,7 @@ func (c *Counters) IncKey(key []byte, epoch int64, n uint64) (p, m uint64) {
 		}
 		e = c.insert(ID{Key: string(key), Epoch: epoch})
 	}
-	s := &e.slots[c.self]
+	s := &c.slots(e)[c.self]
 	if n > 0 {
 		s.p = addSat(s.p, n)
 		c.touch(e, c.self)
