@@ -124,20 +124,7 @@ rules:
   - { id: tokens, match: { endpoint: /report }, by: [api_key], algorithm: fixed_window, limit: 1, window: 1h, count_over_limit: true }
 `))
 	keys := benchKeys(10_000)
-	cpu := func() float64 {
-		info, err := store.Client().Info(context.Background(), "cpu").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		var total float64
-		for _, line := range strings.Split(info, "\r\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-				f, _ := strconv.ParseFloat(v, 64)
-				total += f
-			}
-		}
-		return total
-	}
+	cpu := func() float64 { return redisCPU(b, store) }
 	round := func(endpoint string, cost int64, want bool) (rate, usPerCall float64) {
 		c0 := cpu()
 		rate, err := load(e, keys, 50, 2*time.Second, func(key string) Request {
@@ -160,6 +147,22 @@ rules:
 	b.ReportMetric(median(reports), "reports/s")
 	b.ReportMetric(median(rateRatio), "rate-ratio")
 	b.ReportMetric(median(cpuRatio), "redis-cpu-ratio")
+}
+
+// redisCPU is the CPU time the store's Redis has used, in seconds (INFO cpu).
+func redisCPU(b *testing.B, store *RedisStore) float64 {
+	info, err := store.Client().Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return total
 }
 
 // engineLoad runs callers goroutines checking for d, and returns checks/s.
@@ -254,4 +257,94 @@ func BenchmarkDecide(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkReservations is reservations of a token bucket (limits.lua,
+// holding each estimate under an id) and their commits, beside plain
+// checks of the same bucket (checks.lua) and checks of a GCRA meter
+// (limits.lua), on one redis-server, in interleaved rounds: calls a second
+// and Redis's CPU a call, each, and their ratios to the plain checks'.
+func BenchmarkReservations(b *testing.B) {
+	store, _ := newTestRedisStore(b, RedisOptions{})
+	e := New(Config{Store: store, Timeout: time.Second}, mustParse(b, `
+rules:
+  - { id: bench, match: { endpoint: /b }, by: [api_key], capacity: 1000000000, refill_per_second: 1000000 }
+  - { id: gcra, match: { endpoint: /g }, by: [api_key], algorithm: gcra, burst: 1000000000, rate: 1000000 }
+`))
+	keys := benchKeys(10_000)
+	cpu := func() float64 { return redisCPU(b, store) }
+	// round runs call from 50 goroutines for 2 s, or until each has no
+	// more to call (call returns false): calls a second, and Redis's CPU a
+	// call in µs.
+	round := func(call func(g, i int) (bool, error)) (rate, usPerCall float64) {
+		c0 := cpu()
+		var n, bad atomic.Int64
+		start := time.Now()
+		stop := start.Add(2 * time.Second)
+		var wg sync.WaitGroup
+		for g := range 50 {
+			wg.Go(func() {
+				for i := 0; time.Now().Before(stop); i++ {
+					more, err := call(g, i)
+					if !more {
+						return
+					}
+					if err != nil {
+						bad.Add(1)
+					}
+					n.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if bad.Load() > 0 {
+			b.Fatalf("%d of %d calls failed", bad.Load(), n.Load())
+		}
+		rate = float64(n.Load()) / time.Since(start).Seconds()
+		return rate, (cpu() - c0) * 1e6 / float64(n.Load())
+	}
+	check := func(endpoint string) func(g, i int) (bool, error) {
+		return func(g, i int) (bool, error) {
+			var d Decision
+			err := e.Check(context.Background(), &Request{APIKey: keys[(g+50*i)%len(keys)], Endpoint: endpoint}, &d)
+			if err == nil && (!d.Allowed || d.Degraded) {
+				err = fmt.Errorf("check: %+v", d)
+			}
+			return true, err
+		}
+	}
+	var made [50][]string // each goroutine's reservations, for its commits
+	var ratesR, ratesC, cpuR, cpuC, cpuL []float64
+	for range 4 {
+		cr, ccpu := round(check("/b"))
+		_, lcpu := round(check("/g"))
+		for g := range made {
+			made[g] = made[g][:0]
+		}
+		rr, rcpu := round(func(g, i int) (bool, error) {
+			var d Decision
+			res, err := e.Reserve(context.Background(), &Request{APIKey: keys[(g+50*i)%len(keys)], Endpoint: "/b", Cost: 5}, time.Minute, &d)
+			if err == nil && res.ID == "" {
+				err = fmt.Errorf("reserve: %+v", d)
+			}
+			made[g] = append(made[g], res.ID)
+			return true, err
+		})
+		mr, mcpu := round(func(g, i int) (bool, error) {
+			if i >= len(made[g]) {
+				return false, nil
+			}
+			_, err := e.Settle(context.Background(), made[g][i], 3)
+			return true, err
+		})
+		ratesR, ratesC = append(ratesR, rr/cr), append(ratesC, mr/cr)
+		cpuR, cpuC, cpuL = append(cpuR, rcpu/ccpu), append(cpuC, mcpu/ccpu), append(cpuL, lcpu/ccpu)
+		b.Logf("round: checks %.0f/s, Redis %.1f µs each (through limits.lua: %.1f µs); reserves %.0f/s, %.1f µs; commits %.0f/s, %.1f µs",
+			cr, ccpu, lcpu, rr, rcpu, mr, mcpu)
+	}
+	b.ReportMetric(median(cpuL), "limits.lua-redis-cpu-ratio")
+	b.ReportMetric(median(ratesR), "reserve-rate-ratio")
+	b.ReportMetric(median(cpuR), "reserve-redis-cpu-ratio")
+	b.ReportMetric(median(ratesC), "commit-rate-ratio")
+	b.ReportMetric(median(cpuC), "commit-redis-cpu-ratio")
 }

@@ -73,6 +73,7 @@ type Engine struct {
 	shared  bool         // the store is outside this process: timeout, breaker
 	local   *MemoryStore // this replica's memory: local_only fallback
 	breaker *breaker
+	rsv     reservationKeys // the region's key that seals reservations
 
 	denials     *shardMap[*denial]
 	denialCount atomic.Int64 // entries in denials: none, no lookups
@@ -289,6 +290,7 @@ func (e *Engine) Stats() *Stats { return &e.stats }
 // scratch is the per-check working memory, pooled so that a check in
 // memory allocates nothing.
 type scratch struct {
+	reserve *reserveReq // the request's, if it is a reservation
 	items   []item
 	keys    []byte
 	ops     []Op
@@ -358,7 +360,7 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	}
 	sc := e.scratch.Get().(*scratch)
 	defer e.scratch.Put(sc)
-	sc.items, sc.keys = sc.items[:0], sc.keys[:0]
+	sc.items, sc.keys, sc.reserve = sc.items[:0], sc.keys[:0], req.reserve
 	if err := e.collect(ctx, sc, rs, req, addr, now); err != nil {
 		return err
 	}
@@ -370,7 +372,9 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	// A batch in hand is spent before the denial cache is asked: a sibling
 	// request may have found the store empty just because this replica
 	// took its last tokens in a batch.
-	e.takeBatches(sc, us)
+	if sc.reserve == nil { // a reservation is held in the store
+		e.takeBatches(sc, us)
+	}
 	if e.fromCache(sc, us) {
 		// Denied without the store, but for the limits that count every
 		// hit (count_over_limit): they count it even so.
@@ -394,6 +398,9 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	} else {
 		e.decide(ctx, sc, us, false)
 		e.record(sc, req, us)
+		if sc.reserve != nil {
+			sc.reserve.noteHeld(sc.items)
+		}
 	}
 	e.fill(d, sc)
 	if d.Degraded {
@@ -449,6 +456,14 @@ func costError(r *Rule, p Params, cost int64) error {
 // collect finds the limits that apply, their keys, numbers and costs.
 func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Request, addr netip.Addr, now time.Time) error {
 	tier := rs.Tier(req)
+	if req.reserve != nil {
+		// Before any key is tracked: a refused request changes nothing.
+		for _, r := range rs.candidates(req) {
+			if r.Scope == ScopeGlobal && r.matches(req, tier, addr) {
+				return &RequestError{Field: "descriptors", Msg: fmt.Sprintf("rule %q has scope global: reservations hold regional limits only", r.ID)}
+			}
+		}
+	}
 	for _, r := range rs.candidates(req) {
 		if !r.matches(req, tier, addr) {
 			continue
@@ -518,6 +533,9 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 // denied.
 func (e *Engine) decide(ctx context.Context, sc *scratch, now int64, onlyDebt bool) {
 	sc.ops, sc.opItem = sc.ops[:0], sc.opItem[:0]
+	if onlyDebt && sc.reserve != nil {
+		return // an estimate denied is not usage: nothing is counted
+	}
 	inMemory := false // a global limit this replica admitted without the store has not been written yet
 	for i := range sc.items {
 		it := &sc.items[i]
@@ -525,6 +543,10 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64, onlyDebt bo
 			continue
 		}
 		sc.ops = append(sc.ops, Op{Key: it.key, Params: it.params, Cost: it.cost, Shadow: it.rule.Shadow, Debt: it.rule.CountOverLimit, Batch: it.rule.Batch})
+		if sc.reserve != nil { // an estimate: taken if it fits, from the store
+			op := &sc.ops[len(sc.ops)-1]
+			op.Debt, op.Batch = false, 0
+		}
 		if it.rule.Scope == ScopeGlobal {
 			op := &sc.ops[len(sc.ops)-1]
 			e.globalOp(op, it.rule, e.heldFor(it, now), time.UnixMicro(now))
@@ -574,7 +596,11 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64, onlyDebt bo
 			continue
 		}
 		it.decided, it.degraded, it.storeNow = true, true, now
-		switch it.rule.Fallback {
+		fallback := it.rule.Fallback
+		if sc.reserve != nil {
+			fallback = FailClosed // a reservation lives in the store, or nowhere
+		}
+		switch fallback {
 		case FailOpen:
 			it.result = Result{Allowed: true, Remaining: it.params.Limit, ResetAt: it.params.resetAt(now)}
 		case FailClosed:

@@ -47,8 +47,11 @@ type memShard struct {
 	mu      sync.Mutex
 	entries map[string]*memEntry
 	globals map[string]*memGlobal // windows of global counters, by GlobalKey
+	// settled are the counters' parts of settled reservations, by the
+	// counter's key and the reservation's mark (settledKey).
+	settled map[string]settledMark
 	calls   int
-	_       [32]byte // keep shards on separate cache lines
+	_       [24]byte // keep shards on separate cache lines
 }
 
 // memGlobal is one window of a global counter: the fields of global.go,
@@ -132,6 +135,7 @@ func NewMemoryStore(clock func() time.Time) *MemoryStore {
 	for i := range m.shards {
 		m.shards[i].entries = map[string]*memEntry{}
 		m.shards[i].globals = map[string]*memGlobal{}
+		m.shards[i].settled = map[string]settledMark{}
 	}
 	return m
 }
@@ -200,6 +204,14 @@ func (m *MemoryStore) sweep(sh *memShard, now int64) {
 	for k, g := range sh.globals {
 		if g.expires <= now {
 			delete(sh.globals, k)
+		}
+		if n++; n == sweepBatch {
+			return
+		}
+	}
+	for k, mk := range sh.settled {
+		if mk.until <= now {
+			delete(sh.settled, k)
 		}
 		if n++; n == sweepBatch {
 			return
@@ -436,6 +448,36 @@ func (m *MemoryStore) Refund(_ context.Context, key []byte, p Params, n, at int6
 	_, applied := m.giveBack(key, p, n, at)
 	return applied, nil
 }
+
+// Settle implements Store.
+func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, until, actual int64, out []Settlement) (int64, error) {
+	var shardBuf, lockBuf [3]int
+	shards := shardBuf[:0]
+	for i := range ops {
+		shards = append(shards, m.shard(ops[i].Key))
+	}
+	idx := m.lock(shards, lockBuf[:])
+	defer m.unlock(idx)
+	now := m.now()
+	for i := range ops {
+		op, sh := &ops[i], &m.shards[shards[i]]
+		k := settledKey(string(op.Key), mark)
+		e, cur := m.get(sh, op.Key, op.Params.Algorithm, now)
+		if mk, ok := sh.settled[k]; ok && mk.until > now {
+			out[i] = Settlement{Again: true, Charged: mk.charged, Result: inspect(op.Params, cur, now)}
+			continue
+		}
+		sh.settled[k] = settledMark{charged: max(0, actual), until: until}
+		if settle(op, &cur, now, actual, &out[i]) {
+			m.put(sh, e, op.Key, &op.Params, &cur, now)
+		}
+	}
+	return now, nil
+}
+
+// settledKey is where a counter's part of a settled reservation is kept:
+// beside the counter, in its Cluster slot (the key's hash tag).
+func settledKey(key, mark string) string { return key + ":settled:" + mark }
 
 func (m *MemoryStore) giveBack(key []byte, p Params, n, at int64) (Result, int64) {
 	sh := &m.shards[m.shard(key)]

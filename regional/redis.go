@@ -287,6 +287,9 @@ type redisCall struct {
 	limits  []redisLimit
 	groups  []redisGroup
 	results []Result
+	// settled is a settlement's (mode settle) answer beside results; a
+	// settlement is made once, kept whatever its caller does.
+	settled []Settlement
 	check   bool // mode check: runs late, it does nothing (notAfter)
 	// state says who had the call first once it was sent: the worker,
 	// delivering its results (callDelivered), or its caller, giving up
@@ -307,6 +310,7 @@ type redisLimit struct {
 	cost               int64
 	shadow, debt       bool
 	batch              int64
+	mark               string // a settlement's: the key that keeps it (mode settle)
 	global             bool
 	allowance, ceiling int64
 	known              [3]int64 // window start (ms), P, N
@@ -336,6 +340,7 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 	c.limits, c.groups, c.err, c.now = slices.Grow(c.limits[:0], len(ops)), c.groups[:0], nil, 0
 	c.results = slices.Grow(c.results[:0], len(ops))[:len(ops)]
 	clear(c.results)
+	c.settled = c.settled[:0]
 	c.check = mode == "check"
 	c.state.Store(callPending)
 	plain := plainCheck(mode, ops)
@@ -509,6 +514,9 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 	if l.debt {
 		flags |= 2
 	}
+	if l.mark != "" {
+		keys = append(keys, l.mark)
+	}
 	if l.global {
 		return keys, append(args, globalAlgorithm+int(l.params.Algorithm), l.params.Limit,
 			l.allowance, l.params.Window, l.cost, flags, l.ceiling, l.known[0], l.known[1], l.known[2])
@@ -521,6 +529,11 @@ func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 // a zero deadline means the store's own timeout. A call given up on is
 // the worker's to finish and is not reused.
 func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, deadline time.Time) (int64, error) {
+	return s.doSettle(ctx, c, results, nil, deadline)
+}
+
+// doSettle is do, with a settlement's answer copied to settled.
+func (s *RedisStore) doSettle(ctx context.Context, c *redisCall, results []Result, settled []Settlement, deadline time.Time) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err // not queued: nothing counted for a caller gone
 	}
@@ -570,6 +583,7 @@ func (s *RedisStore) do(ctx context.Context, c *redisCall, results []Result, dea
 	}
 	now, err := c.now, c.err
 	copy(results, c.results)
+	copy(settled, c.settled)
 	timer.Stop() // before the call is pooled: its next user resets it
 	s.calls.Put(c)
 	return now, err
@@ -625,6 +639,49 @@ func (s *RedisStore) Refund(ctx context.Context, key []byte, p Params, n, at int
 	}
 	return vals[1], nil
 }
+
+// Settle implements Store: one script run in the pipeline, or one per
+// slot in a Cluster, bounded by the store's timeout.
+func (s *RedisStore) Settle(ctx context.Context, ops []SettleOp, mark string, until, actual int64, out []Settlement) (int64, error) {
+	// The estimate in the cost's place, when it was taken in the batch's
+	// (lua/limits.lua), and the key that keeps the settlement after the
+	// counter's.
+	converted := make([]Op, len(ops))
+	for i, op := range ops {
+		converted[i] = Op{Key: op.Key, Params: op.Params, Cost: op.Estimate, Batch: op.At}
+	}
+	c := s.newCall(converted, "settle", actual, until)
+	c.settled = slices.Grow(c.settled[:0], len(ops))[:len(ops)]
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		g.keys, g.args = g.keys[:0], s.appendArgsHead(g.args[:0], "settle", actual, until)
+		for _, i := range g.limits {
+			c.limits[i].mark = settledKey(c.limits[i].key, mark)
+			g.keys, g.args = c.limits[i].appendArgs(g.keys, g.args)
+		}
+	}
+	results := make([]Result, len(ops))
+	return s.doSettle(ctx, c, results, out, time.Time{})
+}
+
+// reservationKey implements keyStore: the key in the region's Redis,
+// fresh if it holds none yet (the first replica to ask sets it).
+func (s *RedisStore) reservationKey(ctx context.Context, fresh []byte) ([]byte, error) {
+	old, err := s.client.SetArgs(ctx, reservationKeyName, fresh, redis.SetArgs{Mode: "NX", Get: true}).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return fresh, nil
+	case err != nil:
+		return nil, fmt.Errorf("regional: redis: reservation key: %w", err)
+	case len(old) < 16:
+		return nil, fmt.Errorf("regional: redis: reservation key %s holds %d bytes, not a key", reservationKeyName, len(old))
+	}
+	return []byte(old), nil
+}
+
+// reservationKeyName is where a region's Redis keeps the key that seals
+// its reservations (reserve.go).
+const reservationKeyName = "gq:reservation-key"
 
 // Reset implements Store.
 func (s *RedisStore) Reset(ctx context.Context, key []byte, p Params) error {
@@ -723,6 +780,21 @@ func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 	var refunds []refund
 	for _, c := range batch {
 		c.err = nil
+		if len(c.settled) > 0 {
+			// A settlement is kept whatever its caller does: sent again,
+			// it is answered alike. Nothing to give back.
+			for gi := range c.groups {
+				if err := c.groups[gi].err; err != nil && c.err == nil {
+					c.err = fmt.Errorf("regional: redis: %w", err)
+				} else if err == nil {
+					if err := c.read(&c.groups[gi]); err != nil && c.err == nil {
+						c.err = err
+					}
+				}
+			}
+			c.state.CompareAndSwap(callPending, callDelivered)
+			continue
+		}
 		ok := make([]bool, len(c.groups))
 		for gi := range c.groups {
 			err := c.groups[gi].err
@@ -911,8 +983,11 @@ func (c *redisCall) read(g *redisGroup) error {
 	v := g.vals
 	for _, i := range g.limits {
 		c.results[i] = Result{Allowed: v[0] == 1, Remaining: v[1], ResetAt: v[2], RetryAfter: v[3], Taken: v[4]}
-		if c.limits[i].global {
+		switch {
+		case c.limits[i].global:
 			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
+		case c.limits[i].mark != "":
+			c.settled[i] = Settlement{Again: v[5] == 1, Charged: v[6], Result: c.results[i]}
 		}
 		v = v[c.limits[i].replyLen():]
 	}
@@ -925,7 +1000,7 @@ const globalAlgorithm = 10
 
 // replyLen is how many numbers the script answers for the limit.
 func (l *redisLimit) replyLen() int {
-	if l.global {
+	if l.global || l.mark != "" {
 		return 7
 	}
 	return 5

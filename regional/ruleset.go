@@ -179,6 +179,9 @@ type Request struct {
 	// hits_addend of 0.) A limit past its limit by a debt denies it.
 	CountNothing bool
 
+	// reserve, set by Engine.Reserve, holds each limit's cost as a
+	// reservation.
+	reserve *reserveReq
 	// placed is the rule RuleSet.Place found for the request in placedIn.
 	placed   *Rule
 	placedIn *RuleSet

@@ -23,6 +23,12 @@ type Store interface {
 	Inspect(ctx context.Context, key []byte, p Params) (Result, error)
 	// Reset forgets a counter: it starts afresh.
 	Reset(ctx context.Context, key []byte, p Params) error
+	// Settle settles a reservation (reservation.go) on each of its counters:
+	// a commit of its actual cost (actual >= 0) or a release (actual < 0).
+	// The settlement of each counter is kept under the name mark (unique to
+	// the reservation) until the reservation ends at until (µs, the store's
+	// time), so that it is made once. It returns the store's time.
+	Settle(ctx context.Context, ops []SettleOp, mark string, until, actual int64, out []Settlement) (int64, error)
 	// Grant gives a counter n more: a window's count goes down by n (below
 	// zero if need be, so that the window admits more than its limit); a
 	// token bucket or GCRA fills by n, at most to full; a log forgets its

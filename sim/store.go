@@ -71,6 +71,13 @@ func (f *faultyStore) Refund(ctx context.Context, key []byte, p regional.Params,
 	return f.mem.Refund(ctx, key, p, n, at)
 }
 
+func (f *faultyStore) Settle(ctx context.Context, ops []regional.SettleOp, mark string, until, actual int64, out []regional.Settlement) (int64, error) {
+	if f.down {
+		return 0, errStoreDown
+	}
+	return f.mem.Settle(ctx, ops, mark, until, actual, out)
+}
+
 func (f *faultyStore) MergeGlobal(ctx context.Context, windows []regional.GlobalWindow) (int, error) {
 	if f.down {
 		return 0, errStoreDown

@@ -133,6 +133,71 @@ func (s rateLimiter) check(ctx context.Context, in *pb.CheckRequest, report bool
 	return out, nil
 }
 
+// Reserve implements RateLimiter.Reserve.
+func (s rateLimiter) Reserve(ctx context.Context, in *pb.ReserveRequest) (*pb.ReserveResponse, error) {
+	if in.Request == nil {
+		return nil, grpcError(&FieldError{Field: "request", Msg: "required"})
+	}
+	req, err := requestFrom(in.Request.Domain, in.Request.Descriptors, in.Request.Cost, "request.descriptors")
+	switch {
+	case err != nil:
+	case in.Request.Cost <= 0 || in.Request.CountNothing:
+		err = &FieldError{Field: "request.cost", Msg: "required: the estimated cost, at least 1"}
+	case in.TtlMs <= 0 || in.TtlMs > regional.MaxReservationTTL.Milliseconds():
+		err = &FieldError{Field: "ttl_ms", Msg: fmt.Sprintf("%d: must be more than 0 and at most %d", in.TtlMs, regional.MaxReservationTTL.Milliseconds())}
+	}
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	var d regional.Decision
+	start := time.Now()
+	res, err := s.engine.Reserve(ctx, &req, time.Duration(in.TtlMs)*time.Millisecond, &d)
+	if err != nil {
+		return nil, grpcError(renameField(err, "cost", "request.cost"))
+	}
+	s.metrics.grpc.observe(&d, time.Since(start))
+	out := &pb.ReserveResponse{Decision: decisionProto(&d), Reservation: res.ID}
+	if res.ID != "" {
+		out.ExpiresAtUnixMs = res.Expires.UnixMilli()
+	}
+	return out, nil
+}
+
+// Commit implements RateLimiter.Commit.
+func (s rateLimiter) Commit(ctx context.Context, in *pb.SettleRequest) (*pb.SettleResponse, error) {
+	if in.Cost <= 0 {
+		return nil, grpcError(&FieldError{Field: "cost", Msg: "must be positive (release a reservation that cost nothing)"})
+	}
+	return s.settle(ctx, in.Reservation, in.Cost)
+}
+
+// Release implements RateLimiter.Release.
+func (s rateLimiter) Release(ctx context.Context, in *pb.SettleRequest) (*pb.SettleResponse, error) {
+	if in.Cost != 0 {
+		return nil, grpcError(&FieldError{Field: "cost", Msg: "a release takes no cost (commit one)"})
+	}
+	return s.settle(ctx, in.Reservation, -1)
+}
+
+func (s rateLimiter) settle(ctx context.Context, id string, actual int64) (*pb.SettleResponse, error) {
+	if id == "" {
+		return nil, grpcError(&FieldError{Field: "reservation", Msg: "required"})
+	}
+	res, err := s.engine.Settle(ctx, id, actual)
+	if errors.Is(err, regional.ErrReservationNotFound) {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	out := &pb.SettleResponse{Charged: res.Charged, Again: res.Again}
+	for _, l := range res.Limits {
+		out.Limits = append(out.Limits, &pb.LimitStatus{Rule: l.Rule, Allowed: l.Debt == 0 && l.Remaining > 0, Limit: l.Limit,
+			Remaining: l.Remaining, Debt: l.Debt, ResetAtUnixMs: l.ResetAt.UnixMilli()})
+	}
+	return out, nil
+}
+
 // batchMargin is what a batch keeps, beyond twice its slowest check, to
 // send its answer before the caller's deadline.
 const batchMargin = 5 * time.Millisecond

@@ -48,6 +48,9 @@ func (s *Server) Handler() http.Handler {
 	}
 	route("/v1/check", map[string]http.HandlerFunc{"POST": s.handleCheck})
 	route("/v1/report", map[string]http.HandlerFunc{"POST": s.handleReport})
+	route("/v1/reserve", map[string]http.HandlerFunc{"POST": s.handleReserve})
+	route("/v1/commit", map[string]http.HandlerFunc{"POST": s.handleCommit})
+	route("/v1/release", map[string]http.HandlerFunc{"POST": s.handleRelease})
 	route("/v1/usage", map[string]http.HandlerFunc{"GET": s.handleUsage})
 	route("/v1/admin/reset", map[string]http.HandlerFunc{"POST": s.admin(s.handleReset)})
 	route("/v1/admin/grant", map[string]http.HandlerFunc{"POST": s.admin(s.handleGrant)})
@@ -252,6 +255,11 @@ func parseCheck(body []byte) (regional.Request, error) {
 	if err := decodeJSONBytes(body, &b); err != nil {
 		return regional.Request{}, err
 	}
+	return b.request()
+}
+
+// request is the request a check's body asks about.
+func (b *checkBody) request() (regional.Request, error) {
 	if b.Cost != nil && *b.Cost <= 0 {
 		return regional.Request{}, &FieldError{Field: "cost", Msg: "must be positive"}
 	}
@@ -382,6 +390,20 @@ func (s *Server) handleReport(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, b)
 }
 
+// allowedBody is the body of an allowed decision.
+func allowedBody(d *regional.Decision) decisionBody {
+	b := decisionBody{Allowed: true, Degraded: d.Degraded}
+	if l := speaking(d); l != nil {
+		b.Rule, b.Limit, b.Remaining, b.ResetAt = l.Rule.ID, &l.Limit, &l.Remaining, rfc3339(l.ResetAt)
+	}
+	for i := range d.Limits {
+		x := &d.Limits[i]
+		b.Limits = append(b.Limits, limitBody{Rule: x.Rule.ID, Allowed: x.Allowed, Shadow: x.Shadow, Limit: x.Limit,
+			Remaining: x.Remaining, WindowSeconds: ceilSeconds(x.Window), ResetAt: rfc3339(x.ResetAt)})
+	}
+	return b
+}
+
 // writeDecision answers with a decision: 200 and its body when allowed;
 // 429, 403 or 503 with an error body otherwise; the rate-limit headers
 // always.
@@ -389,16 +411,7 @@ func writeDecision(w http.ResponseWriter, d *regional.Decision, now time.Time) {
 	setHeaders(w.Header(), rateLimitHeaders(d, now))
 	l := speaking(d)
 	if d.Allowed {
-		b := decisionBody{Allowed: true, Degraded: d.Degraded}
-		if l != nil {
-			b.Rule, b.Limit, b.Remaining, b.ResetAt = l.Rule.ID, &l.Limit, &l.Remaining, rfc3339(l.ResetAt)
-		}
-		for i := range d.Limits {
-			x := &d.Limits[i]
-			b.Limits = append(b.Limits, limitBody{Rule: x.Rule.ID, Allowed: x.Allowed, Shadow: x.Shadow, Limit: x.Limit,
-				Remaining: x.Remaining, WindowSeconds: ceilSeconds(x.Window), ResetAt: rfc3339(x.ResetAt)})
-		}
-		writeJSON(w, http.StatusOK, b)
+		writeJSON(w, http.StatusOK, allowedBody(d))
 		return
 	}
 	switch d.Code {

@@ -6,9 +6,11 @@
 --       key (a sorted set of "seq:cost" members scored by time).
 -- ARGV[1]: now in microseconds (tests only), or '' to use the server's TIME
 -- ARGV[2]: minimum TTL in milliseconds (tests only), or ''
--- ARGV[3]: mode: 'check', 'inspect', 'grant' or 'refund'
--- ARGV[4]: the amount to give back ('grant', 'refund')
--- ARGV[5]: when the refunded amount was taken, µs ('refund')
+-- ARGV[3]: mode: 'check', 'inspect', 'grant', 'refund' or 'settle'
+-- ARGV[4]: the amount to give back ('grant', 'refund'); the actual cost
+--          of a reservation, or -1 to release it ('settle')
+-- ARGV[5]: when the refunded amount was taken, µs ('refund'); when the
+--          reservation ends, µs ('settle')
 -- ARGV[6]: this region's name: its slot of global counters
 -- ARGV[7]: for 'check', the time in µs past which the call does nothing
 --          and answers the error "LATE <now>" (its caller has given up
@@ -17,14 +19,20 @@
 --            flags (1: shadow; 2: debt, the cost counted whatever the
 --            decision: Op.Debt), batch (0: none; else take up to batch,
 --            at least cost).
+--            'settle' settles a reservation (reserve.go) of each limit:
+--            its cost is the estimate, its batch when the estimate was
+--            taken (µs), and it has a third key after its counter's (and
+--            its log's): where the settlement is kept until the
+--            reservation ends, so that it is made once.
 --            A global limit (global.go) has algorithm 10 + its own, its
 --            allowance in place of the rate, its ceiling (-1: strict) in
 --            place of the batch, and 3 more: the window (ms) the engine
 --            knows this region's slot of, and that slot's P and N.
 --
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
--- retry_after, taken, and for a global limit the region's P and N after};
--- for 'refund', {now, then per limit the amount given back}.
+-- retry_after, taken, and for a global limit the region's P and N after;
+-- for 'settle', then whether it was settled before (1) and what it
+-- charged}; for 'refund', {now, then per limit the amount given back}.
 --
 -- A counter's state is one string (read_state, write_state: head.lua).
 -- Every number sent to Redis is formatted with %.17g: Lua's own conversion
@@ -372,10 +380,29 @@ while i + 6 <= #ARGV do
       logkey = KEYS[k]
       k = k + 1
     end
+    -- lm is this limit's mode: a settlement chooses its own, and what to
+    -- give back (lm_n, lm_at).
+    local lm, lm_n, lm_at, again, charged = mode, give_n, give_at, 0, 0
+    if mode == 'settle' then
+      local actual, estimate = give_n, cost
+      charged = max(0, actual)
+      local prev = call('SET', KEYS[k], format('%d', charged), 'NX', 'GET', 'PX', ttl_px(give_at))
+      k = k + 1
+      shadow, owes = true, false -- settlements do not hold each other up
+      if prev then
+        lm, again, charged = 'inspect', 1, tonumber(prev)
+      elseif actual < 0 or actual <= estimate then
+        lm, lm_at, lm_n = 'grant', batch, estimate
+        if actual >= 0 then lm_n = estimate - actual end
+      else
+        lm, cost, owes = 'check', actual - estimate, alg ~= LOG
+      end
+      batch = 0
+    end
     local ex, a, b, c = read_state(key, alg)
-    if mode == 'grant' or mode == 'refund' then
+    if lm == 'grant' or lm == 'refund' then
       local given
-      a, b, c, given = give_back(alg, limit, rate, window, ex, a, b, c, logkey, give_n, give_at)
+      a, b, c, given = give_back(alg, limit, rate, window, ex, a, b, c, logkey, lm_n, lm_at)
       if alg == LOG then
         -- give_back trimmed the log's expired entries: its sum is stored
         -- whether or not anything was given back.
@@ -392,12 +419,12 @@ while i + 6 <= #ARGV do
         ex = true
       end
       cost = 0
-      if mode == 'refund' then out[#out + 1] = given end
-    elseif mode == 'inspect' then
+      if lm == 'refund' then out[#out + 1] = given end
+    elseif lm == 'inspect' then
       cost = 0
     end
-    if mode ~= 'refund' then
-      local take = mode == 'check' and batch > 0
+    if lm ~= 'refund' then
+      local take = lm == 'check' and batch > 0
       local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
 
       if alg == TOKEN_BUCKET then
@@ -472,7 +499,7 @@ while i + 6 <= #ARGV do
 
       if not allowed and not shadow then commit = false end
       local taken = allowed and cost or 0
-      if owes and mode == 'check' and cost > 0 then
+      if owes and lm == 'check' and cost > 0 then
         if not allowed then
           remaining, reset, retry, na, nb, nc = charge(alg, limit, rate, window, ex, a, b, c, cost)
           taken = cost
@@ -480,7 +507,7 @@ while i + 6 <= #ARGV do
         owed[no + 1], owed[no + 2], owed[no + 3], owed[no + 4], owed[no + 5], owed[no + 6], owed[no + 7] = key, alg, limit, rate, window, na, nb
         owed[no + 8] = nc
         no = no + 8
-      elseif allowed and mode == 'check' and cost > 0 then
+      elseif allowed and lm == 'check' and cost > 0 then
         pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
         pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
         np = np + 10
@@ -488,6 +515,7 @@ while i + 6 <= #ARGV do
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry
       out[o + 5] = taken
+      if mode == 'settle' then out[o + 6], out[o + 7] = again, charged end
     end
     i = i + 7
   end

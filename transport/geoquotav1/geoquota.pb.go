@@ -465,6 +465,239 @@ func (x *LimitStatus) GetDebt() int64 {
 	return 0
 }
 
+type ReserveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request; its cost, required, is the estimate.
+	Request *Request `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// How long the reservation holds: more than 0, at most an hour.
+	TtlMs         int64 `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveRequest) Reset() {
+	*x = ReserveRequest{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveRequest) ProtoMessage() {}
+
+func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
+func (*ReserveRequest) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReserveRequest) GetRequest() *Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type ReserveResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Decision *Decision              `protobuf:"bytes,1,opt,name=decision,proto3" json:"decision,omitempty"`
+	// The reservation, for Commit or Release; empty when the request was
+	// denied, or no limit applied to it.
+	Reservation     string `protobuf:"bytes,2,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	ExpiresAtUnixMs int64  `protobuf:"varint,3,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ReserveResponse) Reset() {
+	*x = ReserveResponse{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveResponse) ProtoMessage() {}
+
+func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
+func (*ReserveResponse) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ReserveResponse) GetDecision() *Decision {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+func (x *ReserveResponse) GetExpiresAtUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixMs
+	}
+	return 0
+}
+
+type SettleRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Reservation string                 `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// Commit: the actual cost, at least 1. Release: none.
+	Cost          int64 `protobuf:"varint,2,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SettleRequest) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+type SettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the reservation was charged: the cost committed, 0 if released.
+	Charged int64 `protobuf:"varint,1,opt,name=charged,proto3" json:"charged,omitempty"`
+	// It was settled before: nothing changed now.
+	Again bool `protobuf:"varint,2,opt,name=again,proto3" json:"again,omitempty"`
+	// The counters that held it, as they stand after, the tightest first
+	// (window_ms and retry_after_ms unset).
+	Limits        []*LimitStatus `protobuf:"bytes,3,rep,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SettleResponse) GetCharged() int64 {
+	if x != nil {
+		return x.Charged
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetAgain() bool {
+	if x != nil {
+		return x.Again
+	}
+	return false
+}
+
+func (x *SettleResponse) GetLimits() []*LimitStatus {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
 type GetUsageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
@@ -480,7 +713,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[5]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +725,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[5]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +738,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{5}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetUsageRequest) GetRule() string {
@@ -553,7 +786,7 @@ type GetUsageResponse struct {
 
 func (x *GetUsageResponse) Reset() {
 	*x = GetUsageResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[6]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +798,7 @@ func (x *GetUsageResponse) String() string {
 func (*GetUsageResponse) ProtoMessage() {}
 
 func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[6]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +811,7 @@ func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
 func (*GetUsageResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{6}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetUsageResponse) GetRule() string {
@@ -681,7 +914,7 @@ type RegionUsage struct {
 
 func (x *RegionUsage) Reset() {
 	*x = RegionUsage{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[7]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +926,7 @@ func (x *RegionUsage) String() string {
 func (*RegionUsage) ProtoMessage() {}
 
 func (x *RegionUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[7]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +939,7 @@ func (x *RegionUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionUsage.ProtoReflect.Descriptor instead.
 func (*RegionUsage) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{7}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegionUsage) GetRegion() string {
@@ -754,7 +987,7 @@ type ResetKeyRequest struct {
 
 func (x *ResetKeyRequest) Reset() {
 	*x = ResetKeyRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[8]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +999,7 @@ func (x *ResetKeyRequest) String() string {
 func (*ResetKeyRequest) ProtoMessage() {}
 
 func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[8]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +1012,7 @@ func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ResetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{8}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResetKeyRequest) GetRule() string {
@@ -804,7 +1037,7 @@ type ResetKeyResponse struct {
 
 func (x *ResetKeyResponse) Reset() {
 	*x = ResetKeyResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[9]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +1049,7 @@ func (x *ResetKeyResponse) String() string {
 func (*ResetKeyResponse) ProtoMessage() {}
 
 func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[9]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +1062,7 @@ func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ResetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{9}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{13}
 }
 
 type GrantRequest struct {
@@ -843,7 +1076,7 @@ type GrantRequest struct {
 
 func (x *GrantRequest) Reset() {
 	*x = GrantRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[10]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +1088,7 @@ func (x *GrantRequest) String() string {
 func (*GrantRequest) ProtoMessage() {}
 
 func (x *GrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[10]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +1101,7 @@ func (x *GrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRequest.ProtoReflect.Descriptor instead.
 func (*GrantRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{10}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GrantRequest) GetRule() string {
@@ -901,7 +1134,7 @@ type GrantResponse struct {
 
 func (x *GrantResponse) Reset() {
 	*x = GrantResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[11]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +1146,7 @@ func (x *GrantResponse) String() string {
 func (*GrantResponse) ProtoMessage() {}
 
 func (x *GrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[11]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +1159,7 @@ func (x *GrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantResponse.ProtoReflect.Descriptor instead.
 func (*GrantResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{11}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GrantResponse) GetStatus() *LimitStatus {
@@ -948,7 +1181,7 @@ type BlockRequest struct {
 
 func (x *BlockRequest) Reset() {
 	*x = BlockRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[12]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1193,7 @@ func (x *BlockRequest) String() string {
 func (*BlockRequest) ProtoMessage() {}
 
 func (x *BlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[12]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1206,7 @@ func (x *BlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRequest.ProtoReflect.Descriptor instead.
 func (*BlockRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{12}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BlockRequest) GetPattern() string {
@@ -998,7 +1231,7 @@ type BlockResponse struct {
 
 func (x *BlockResponse) Reset() {
 	*x = BlockResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[13]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1243,7 @@ func (x *BlockResponse) String() string {
 func (*BlockResponse) ProtoMessage() {}
 
 func (x *BlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[13]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1256,7 @@ func (x *BlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockResponse.ProtoReflect.Descriptor instead.
 func (*BlockResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{13}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{17}
 }
 
 type UnblockRequest struct {
@@ -1035,7 +1268,7 @@ type UnblockRequest struct {
 
 func (x *UnblockRequest) Reset() {
 	*x = UnblockRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[14]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1280,7 @@ func (x *UnblockRequest) String() string {
 func (*UnblockRequest) ProtoMessage() {}
 
 func (x *UnblockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[14]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1293,7 @@ func (x *UnblockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnblockRequest.ProtoReflect.Descriptor instead.
 func (*UnblockRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{14}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UnblockRequest) GetPattern() string {
@@ -1078,7 +1311,7 @@ type UnblockResponse struct {
 
 func (x *UnblockResponse) Reset() {
 	*x = UnblockResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[15]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1323,7 @@ func (x *UnblockResponse) String() string {
 func (*UnblockResponse) ProtoMessage() {}
 
 func (x *UnblockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[15]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1336,7 @@ func (x *UnblockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnblockResponse.ProtoReflect.Descriptor instead.
 func (*UnblockResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{15}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{19}
 }
 
 type ListBlocksRequest struct {
@@ -1114,7 +1347,7 @@ type ListBlocksRequest struct {
 
 func (x *ListBlocksRequest) Reset() {
 	*x = ListBlocksRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[16]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1359,7 @@ func (x *ListBlocksRequest) String() string {
 func (*ListBlocksRequest) ProtoMessage() {}
 
 func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[16]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1372,7 @@ func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ListBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{16}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{20}
 }
 
 type ListBlocksResponse struct {
@@ -1151,7 +1384,7 @@ type ListBlocksResponse struct {
 
 func (x *ListBlocksResponse) Reset() {
 	*x = ListBlocksResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[17]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1396,7 @@ func (x *ListBlocksResponse) String() string {
 func (*ListBlocksResponse) ProtoMessage() {}
 
 func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[17]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1409,7 @@ func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ListBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{17}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListBlocksResponse) GetBlocks() []*BlockRequest {
@@ -1196,7 +1429,7 @@ type PutRulesRequest struct {
 
 func (x *PutRulesRequest) Reset() {
 	*x = PutRulesRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[18]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1441,7 @@ func (x *PutRulesRequest) String() string {
 func (*PutRulesRequest) ProtoMessage() {}
 
 func (x *PutRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[18]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1454,7 @@ func (x *PutRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRulesRequest.ProtoReflect.Descriptor instead.
 func (*PutRulesRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{18}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PutRulesRequest) GetYaml() string {
@@ -1244,7 +1477,7 @@ type PutRulesResponse struct {
 
 func (x *PutRulesResponse) Reset() {
 	*x = PutRulesResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[19]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1489,7 @@ func (x *PutRulesResponse) String() string {
 func (*PutRulesResponse) ProtoMessage() {}
 
 func (x *PutRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[19]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1502,7 @@ func (x *PutRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRulesResponse.ProtoReflect.Descriptor instead.
 func (*PutRulesResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{19}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PutRulesResponse) GetRules() int32 {
@@ -1294,7 +1527,7 @@ type GetRulesRequest struct {
 
 func (x *GetRulesRequest) Reset() {
 	*x = GetRulesRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[20]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1539,7 @@ func (x *GetRulesRequest) String() string {
 func (*GetRulesRequest) ProtoMessage() {}
 
 func (x *GetRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[20]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1552,7 @@ func (x *GetRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRulesRequest.ProtoReflect.Descriptor instead.
 func (*GetRulesRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{20}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{24}
 }
 
 type GetRulesResponse struct {
@@ -1333,7 +1566,7 @@ type GetRulesResponse struct {
 
 func (x *GetRulesResponse) Reset() {
 	*x = GetRulesResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[21]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1578,7 @@ func (x *GetRulesResponse) String() string {
 func (*GetRulesResponse) ProtoMessage() {}
 
 func (x *GetRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[21]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1591,7 @@ func (x *GetRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRulesResponse.ProtoReflect.Descriptor instead.
 func (*GetRulesResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{21}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetRulesResponse) GetYaml() string {
@@ -1385,7 +1618,7 @@ type ListViolationsRequest struct {
 
 func (x *ListViolationsRequest) Reset() {
 	*x = ListViolationsRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[22]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1630,7 @@ func (x *ListViolationsRequest) String() string {
 func (*ListViolationsRequest) ProtoMessage() {}
 
 func (x *ListViolationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[22]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1643,7 @@ func (x *ListViolationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListViolationsRequest.ProtoReflect.Descriptor instead.
 func (*ListViolationsRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{22}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListViolationsRequest) GetLimit() int32 {
@@ -1429,7 +1662,7 @@ type ListViolationsResponse struct {
 
 func (x *ListViolationsResponse) Reset() {
 	*x = ListViolationsResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[23]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1674,7 @@ func (x *ListViolationsResponse) String() string {
 func (*ListViolationsResponse) ProtoMessage() {}
 
 func (x *ListViolationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[23]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1687,7 @@ func (x *ListViolationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListViolationsResponse.ProtoReflect.Descriptor instead.
 func (*ListViolationsResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{23}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListViolationsResponse) GetViolations() []*Violation {
@@ -1486,7 +1719,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[24]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1731,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[24]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1744,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{24}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Violation) GetId() string {
@@ -1613,7 +1846,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[25]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1858,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[25]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1871,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{25}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{29}
 }
 
 type ListRegionsResponse struct {
@@ -1654,7 +1887,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[26]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1899,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[26]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1912,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{26}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionStatus {
@@ -1720,7 +1953,7 @@ type RegionStatus struct {
 
 func (x *RegionStatus) Reset() {
 	*x = RegionStatus{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[27]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1965,7 @@ func (x *RegionStatus) String() string {
 func (*RegionStatus) ProtoMessage() {}
 
 func (x *RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[27]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1978,7 @@ func (x *RegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
 func (*RegionStatus) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{27}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RegionStatus) GetRegion() string {
@@ -1802,7 +2035,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[28]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +2047,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[28]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +2060,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{28}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Lease) GetRule() string {
@@ -1900,7 +2133,7 @@ type GetGlobalUsageRequest struct {
 
 func (x *GetGlobalUsageRequest) Reset() {
 	*x = GetGlobalUsageRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[29]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1912,7 +2145,7 @@ func (x *GetGlobalUsageRequest) String() string {
 func (*GetGlobalUsageRequest) ProtoMessage() {}
 
 func (x *GetGlobalUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[29]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1925,7 +2158,7 @@ func (x *GetGlobalUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGlobalUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetGlobalUsageRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{29}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetGlobalUsageRequest) GetRule() string {
@@ -1962,7 +2195,7 @@ type GetGlobalUsageResponse struct {
 
 func (x *GetGlobalUsageResponse) Reset() {
 	*x = GetGlobalUsageResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[30]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2207,7 @@ func (x *GetGlobalUsageResponse) String() string {
 func (*GetGlobalUsageResponse) ProtoMessage() {}
 
 func (x *GetGlobalUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[30]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2220,7 @@ func (x *GetGlobalUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGlobalUsageResponse.ProtoReflect.Descriptor instead.
 func (*GetGlobalUsageResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{30}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetGlobalUsageResponse) GetRule() string {
@@ -2033,7 +2266,7 @@ type GetBudgetsRequest struct {
 
 func (x *GetBudgetsRequest) Reset() {
 	*x = GetBudgetsRequest{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[31]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2278,7 @@ func (x *GetBudgetsRequest) String() string {
 func (*GetBudgetsRequest) ProtoMessage() {}
 
 func (x *GetBudgetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[31]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2291,7 @@ func (x *GetBudgetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBudgetsRequest.ProtoReflect.Descriptor instead.
 func (*GetBudgetsRequest) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{31}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{35}
 }
 
 type GetBudgetsResponse struct {
@@ -2070,7 +2303,7 @@ type GetBudgetsResponse struct {
 
 func (x *GetBudgetsResponse) Reset() {
 	*x = GetBudgetsResponse{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[32]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2082,7 +2315,7 @@ func (x *GetBudgetsResponse) String() string {
 func (*GetBudgetsResponse) ProtoMessage() {}
 
 func (x *GetBudgetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[32]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2095,7 +2328,7 @@ func (x *GetBudgetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBudgetsResponse.ProtoReflect.Descriptor instead.
 func (*GetBudgetsResponse) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{32}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetBudgetsResponse) GetBudgets() []*Budget {
@@ -2119,7 +2352,7 @@ type Budget struct {
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[33]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2364,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[33]
+	mi := &file_transport_geoquotav1_geoquota_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2377,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{33}
+	return file_transport_geoquotav1_geoquota_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Budget) GetRule() string {
@@ -2219,7 +2452,21 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\bdegraded\x18\t \x01(\bR\bdegraded\x12\x18\n" +
 	"\acharged\x18\n" +
 	" \x01(\x03R\acharged\x12\x12\n" +
-	"\x04debt\x18\v \x01(\x03R\x04debt\"\x86\x01\n" +
+	"\x04debt\x18\v \x01(\x03R\x04debt\"W\n" +
+	"\x0eReserveRequest\x12.\n" +
+	"\arequest\x18\x01 \x01(\v2\x14.geoquota.v1.RequestR\arequest\x12\x15\n" +
+	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"\x93\x01\n" +
+	"\x0fReserveResponse\x121\n" +
+	"\bdecision\x18\x01 \x01(\v2\x15.geoquota.v1.DecisionR\bdecision\x12 \n" +
+	"\vreservation\x18\x02 \x01(\tR\vreservation\x12+\n" +
+	"\x12expires_at_unix_ms\x18\x03 \x01(\x03R\x0fexpiresAtUnixMs\"E\n" +
+	"\rSettleRequest\x12 \n" +
+	"\vreservation\x18\x01 \x01(\tR\vreservation\x12\x12\n" +
+	"\x04cost\x18\x02 \x01(\x03R\x04cost\"r\n" +
+	"\x0eSettleResponse\x12\x18\n" +
+	"\acharged\x18\x01 \x01(\x03R\acharged\x12\x14\n" +
+	"\x05again\x18\x02 \x01(\bR\x05again\x120\n" +
+	"\x06limits\x18\x03 \x03(\v2\x18.geoquota.v1.LimitStatusR\x06limits\"\x86\x01\n" +
 	"\x0fGetUsageRequest\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12.\n" +
 	"\arequest\x18\x02 \x01(\v2\x14.geoquota.v1.RequestR\arequest\x12/\n" +
@@ -2346,10 +2593,13 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\x13RATE_LIMIT_EXCEEDED\x10\x02\x12\x0f\n" +
 	"\vKEY_BLOCKED\x10\x03\x12\x1c\n" +
 	"\x18RATE_LIMITER_UNAVAILABLE\x10\x04\x12\r\n" +
-	"\tKEY_LIMIT\x10\x052\xa9\x02\n" +
+	"\tKEY_LIMIT\x10\x052\xf6\x03\n" +
 	"\vRateLimiter\x12>\n" +
 	"\x05Check\x12\x19.geoquota.v1.CheckRequest\x1a\x1a.geoquota.v1.CheckResponse\x12?\n" +
-	"\x06Report\x12\x19.geoquota.v1.CheckRequest\x1a\x1a.geoquota.v1.CheckResponse\x12G\n" +
+	"\x06Report\x12\x19.geoquota.v1.CheckRequest\x1a\x1a.geoquota.v1.CheckResponse\x12D\n" +
+	"\aReserve\x12\x1b.geoquota.v1.ReserveRequest\x1a\x1c.geoquota.v1.ReserveResponse\x12A\n" +
+	"\x06Commit\x12\x1a.geoquota.v1.SettleRequest\x1a\x1b.geoquota.v1.SettleResponse\x12B\n" +
+	"\aRelease\x12\x1a.geoquota.v1.SettleRequest\x1a\x1b.geoquota.v1.SettleResponse\x12G\n" +
 	"\bGetUsage\x12\x1c.geoquota.v1.GetUsageRequest\x1a\x1d.geoquota.v1.GetUsageResponse\x12P\n" +
 	"\vListRegions\x12\x1f.geoquota.v1.ListRegionsRequest\x1a .geoquota.v1.ListRegionsResponse2\x88\x02\n" +
 	"\n" +
@@ -2382,7 +2632,7 @@ func file_transport_geoquotav1_geoquota_proto_rawDescGZIP() []byte {
 }
 
 var file_transport_geoquotav1_geoquota_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_transport_geoquotav1_geoquota_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_transport_geoquotav1_geoquota_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_transport_geoquotav1_geoquota_proto_goTypes = []any{
 	(Code)(0),                      // 0: geoquota.v1.Code
 	(*Request)(nil),                // 1: geoquota.v1.Request
@@ -2390,90 +2640,103 @@ var file_transport_geoquotav1_geoquota_proto_goTypes = []any{
 	(*CheckResponse)(nil),          // 3: geoquota.v1.CheckResponse
 	(*Decision)(nil),               // 4: geoquota.v1.Decision
 	(*LimitStatus)(nil),            // 5: geoquota.v1.LimitStatus
-	(*GetUsageRequest)(nil),        // 6: geoquota.v1.GetUsageRequest
-	(*GetUsageResponse)(nil),       // 7: geoquota.v1.GetUsageResponse
-	(*RegionUsage)(nil),            // 8: geoquota.v1.RegionUsage
-	(*ResetKeyRequest)(nil),        // 9: geoquota.v1.ResetKeyRequest
-	(*ResetKeyResponse)(nil),       // 10: geoquota.v1.ResetKeyResponse
-	(*GrantRequest)(nil),           // 11: geoquota.v1.GrantRequest
-	(*GrantResponse)(nil),          // 12: geoquota.v1.GrantResponse
-	(*BlockRequest)(nil),           // 13: geoquota.v1.BlockRequest
-	(*BlockResponse)(nil),          // 14: geoquota.v1.BlockResponse
-	(*UnblockRequest)(nil),         // 15: geoquota.v1.UnblockRequest
-	(*UnblockResponse)(nil),        // 16: geoquota.v1.UnblockResponse
-	(*ListBlocksRequest)(nil),      // 17: geoquota.v1.ListBlocksRequest
-	(*ListBlocksResponse)(nil),     // 18: geoquota.v1.ListBlocksResponse
-	(*PutRulesRequest)(nil),        // 19: geoquota.v1.PutRulesRequest
-	(*PutRulesResponse)(nil),       // 20: geoquota.v1.PutRulesResponse
-	(*GetRulesRequest)(nil),        // 21: geoquota.v1.GetRulesRequest
-	(*GetRulesResponse)(nil),       // 22: geoquota.v1.GetRulesResponse
-	(*ListViolationsRequest)(nil),  // 23: geoquota.v1.ListViolationsRequest
-	(*ListViolationsResponse)(nil), // 24: geoquota.v1.ListViolationsResponse
-	(*Violation)(nil),              // 25: geoquota.v1.Violation
-	(*ListRegionsRequest)(nil),     // 26: geoquota.v1.ListRegionsRequest
-	(*ListRegionsResponse)(nil),    // 27: geoquota.v1.ListRegionsResponse
-	(*RegionStatus)(nil),           // 28: geoquota.v1.RegionStatus
-	(*Lease)(nil),                  // 29: geoquota.v1.Lease
-	(*GetGlobalUsageRequest)(nil),  // 30: geoquota.v1.GetGlobalUsageRequest
-	(*GetGlobalUsageResponse)(nil), // 31: geoquota.v1.GetGlobalUsageResponse
-	(*GetBudgetsRequest)(nil),      // 32: geoquota.v1.GetBudgetsRequest
-	(*GetBudgetsResponse)(nil),     // 33: geoquota.v1.GetBudgetsResponse
-	(*Budget)(nil),                 // 34: geoquota.v1.Budget
-	nil,                            // 35: geoquota.v1.Request.DescriptorsEntry
+	(*ReserveRequest)(nil),         // 6: geoquota.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 7: geoquota.v1.ReserveResponse
+	(*SettleRequest)(nil),          // 8: geoquota.v1.SettleRequest
+	(*SettleResponse)(nil),         // 9: geoquota.v1.SettleResponse
+	(*GetUsageRequest)(nil),        // 10: geoquota.v1.GetUsageRequest
+	(*GetUsageResponse)(nil),       // 11: geoquota.v1.GetUsageResponse
+	(*RegionUsage)(nil),            // 12: geoquota.v1.RegionUsage
+	(*ResetKeyRequest)(nil),        // 13: geoquota.v1.ResetKeyRequest
+	(*ResetKeyResponse)(nil),       // 14: geoquota.v1.ResetKeyResponse
+	(*GrantRequest)(nil),           // 15: geoquota.v1.GrantRequest
+	(*GrantResponse)(nil),          // 16: geoquota.v1.GrantResponse
+	(*BlockRequest)(nil),           // 17: geoquota.v1.BlockRequest
+	(*BlockResponse)(nil),          // 18: geoquota.v1.BlockResponse
+	(*UnblockRequest)(nil),         // 19: geoquota.v1.UnblockRequest
+	(*UnblockResponse)(nil),        // 20: geoquota.v1.UnblockResponse
+	(*ListBlocksRequest)(nil),      // 21: geoquota.v1.ListBlocksRequest
+	(*ListBlocksResponse)(nil),     // 22: geoquota.v1.ListBlocksResponse
+	(*PutRulesRequest)(nil),        // 23: geoquota.v1.PutRulesRequest
+	(*PutRulesResponse)(nil),       // 24: geoquota.v1.PutRulesResponse
+	(*GetRulesRequest)(nil),        // 25: geoquota.v1.GetRulesRequest
+	(*GetRulesResponse)(nil),       // 26: geoquota.v1.GetRulesResponse
+	(*ListViolationsRequest)(nil),  // 27: geoquota.v1.ListViolationsRequest
+	(*ListViolationsResponse)(nil), // 28: geoquota.v1.ListViolationsResponse
+	(*Violation)(nil),              // 29: geoquota.v1.Violation
+	(*ListRegionsRequest)(nil),     // 30: geoquota.v1.ListRegionsRequest
+	(*ListRegionsResponse)(nil),    // 31: geoquota.v1.ListRegionsResponse
+	(*RegionStatus)(nil),           // 32: geoquota.v1.RegionStatus
+	(*Lease)(nil),                  // 33: geoquota.v1.Lease
+	(*GetGlobalUsageRequest)(nil),  // 34: geoquota.v1.GetGlobalUsageRequest
+	(*GetGlobalUsageResponse)(nil), // 35: geoquota.v1.GetGlobalUsageResponse
+	(*GetBudgetsRequest)(nil),      // 36: geoquota.v1.GetBudgetsRequest
+	(*GetBudgetsResponse)(nil),     // 37: geoquota.v1.GetBudgetsResponse
+	(*Budget)(nil),                 // 38: geoquota.v1.Budget
+	nil,                            // 39: geoquota.v1.Request.DescriptorsEntry
 }
 var file_transport_geoquotav1_geoquota_proto_depIdxs = []int32{
-	35, // 0: geoquota.v1.Request.descriptors:type_name -> geoquota.v1.Request.DescriptorsEntry
+	39, // 0: geoquota.v1.Request.descriptors:type_name -> geoquota.v1.Request.DescriptorsEntry
 	1,  // 1: geoquota.v1.CheckRequest.requests:type_name -> geoquota.v1.Request
 	4,  // 2: geoquota.v1.CheckResponse.decisions:type_name -> geoquota.v1.Decision
 	0,  // 3: geoquota.v1.Decision.code:type_name -> geoquota.v1.Code
 	5,  // 4: geoquota.v1.Decision.limits:type_name -> geoquota.v1.LimitStatus
-	1,  // 5: geoquota.v1.GetUsageRequest.request:type_name -> geoquota.v1.Request
-	8,  // 6: geoquota.v1.GetUsageResponse.regions:type_name -> geoquota.v1.RegionUsage
-	1,  // 7: geoquota.v1.ResetKeyRequest.request:type_name -> geoquota.v1.Request
-	1,  // 8: geoquota.v1.GrantRequest.request:type_name -> geoquota.v1.Request
-	5,  // 9: geoquota.v1.GrantResponse.status:type_name -> geoquota.v1.LimitStatus
-	13, // 10: geoquota.v1.ListBlocksResponse.blocks:type_name -> geoquota.v1.BlockRequest
-	25, // 11: geoquota.v1.ListViolationsResponse.violations:type_name -> geoquota.v1.Violation
-	28, // 12: geoquota.v1.ListRegionsResponse.regions:type_name -> geoquota.v1.RegionStatus
-	29, // 13: geoquota.v1.RegionStatus.leases:type_name -> geoquota.v1.Lease
-	8,  // 14: geoquota.v1.GetGlobalUsageResponse.regions:type_name -> geoquota.v1.RegionUsage
-	34, // 15: geoquota.v1.GetBudgetsResponse.budgets:type_name -> geoquota.v1.Budget
-	29, // 16: geoquota.v1.Budget.leases:type_name -> geoquota.v1.Lease
-	2,  // 17: geoquota.v1.RateLimiter.Check:input_type -> geoquota.v1.CheckRequest
-	2,  // 18: geoquota.v1.RateLimiter.Report:input_type -> geoquota.v1.CheckRequest
-	6,  // 19: geoquota.v1.RateLimiter.GetUsage:input_type -> geoquota.v1.GetUsageRequest
-	26, // 20: geoquota.v1.RateLimiter.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
-	30, // 21: geoquota.v1.GlobalSync.GetGlobalUsage:input_type -> geoquota.v1.GetGlobalUsageRequest
-	32, // 22: geoquota.v1.GlobalSync.GetBudgets:input_type -> geoquota.v1.GetBudgetsRequest
-	26, // 23: geoquota.v1.GlobalSync.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
-	9,  // 24: geoquota.v1.Admin.ResetKey:input_type -> geoquota.v1.ResetKeyRequest
-	11, // 25: geoquota.v1.Admin.Grant:input_type -> geoquota.v1.GrantRequest
-	13, // 26: geoquota.v1.Admin.Block:input_type -> geoquota.v1.BlockRequest
-	15, // 27: geoquota.v1.Admin.Unblock:input_type -> geoquota.v1.UnblockRequest
-	17, // 28: geoquota.v1.Admin.ListBlocks:input_type -> geoquota.v1.ListBlocksRequest
-	19, // 29: geoquota.v1.Admin.PutRules:input_type -> geoquota.v1.PutRulesRequest
-	21, // 30: geoquota.v1.Admin.GetRules:input_type -> geoquota.v1.GetRulesRequest
-	23, // 31: geoquota.v1.Admin.ListViolations:input_type -> geoquota.v1.ListViolationsRequest
-	3,  // 32: geoquota.v1.RateLimiter.Check:output_type -> geoquota.v1.CheckResponse
-	3,  // 33: geoquota.v1.RateLimiter.Report:output_type -> geoquota.v1.CheckResponse
-	7,  // 34: geoquota.v1.RateLimiter.GetUsage:output_type -> geoquota.v1.GetUsageResponse
-	27, // 35: geoquota.v1.RateLimiter.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
-	31, // 36: geoquota.v1.GlobalSync.GetGlobalUsage:output_type -> geoquota.v1.GetGlobalUsageResponse
-	33, // 37: geoquota.v1.GlobalSync.GetBudgets:output_type -> geoquota.v1.GetBudgetsResponse
-	27, // 38: geoquota.v1.GlobalSync.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
-	10, // 39: geoquota.v1.Admin.ResetKey:output_type -> geoquota.v1.ResetKeyResponse
-	12, // 40: geoquota.v1.Admin.Grant:output_type -> geoquota.v1.GrantResponse
-	14, // 41: geoquota.v1.Admin.Block:output_type -> geoquota.v1.BlockResponse
-	16, // 42: geoquota.v1.Admin.Unblock:output_type -> geoquota.v1.UnblockResponse
-	18, // 43: geoquota.v1.Admin.ListBlocks:output_type -> geoquota.v1.ListBlocksResponse
-	20, // 44: geoquota.v1.Admin.PutRules:output_type -> geoquota.v1.PutRulesResponse
-	22, // 45: geoquota.v1.Admin.GetRules:output_type -> geoquota.v1.GetRulesResponse
-	24, // 46: geoquota.v1.Admin.ListViolations:output_type -> geoquota.v1.ListViolationsResponse
-	32, // [32:47] is the sub-list for method output_type
-	17, // [17:32] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	1,  // 5: geoquota.v1.ReserveRequest.request:type_name -> geoquota.v1.Request
+	4,  // 6: geoquota.v1.ReserveResponse.decision:type_name -> geoquota.v1.Decision
+	5,  // 7: geoquota.v1.SettleResponse.limits:type_name -> geoquota.v1.LimitStatus
+	1,  // 8: geoquota.v1.GetUsageRequest.request:type_name -> geoquota.v1.Request
+	12, // 9: geoquota.v1.GetUsageResponse.regions:type_name -> geoquota.v1.RegionUsage
+	1,  // 10: geoquota.v1.ResetKeyRequest.request:type_name -> geoquota.v1.Request
+	1,  // 11: geoquota.v1.GrantRequest.request:type_name -> geoquota.v1.Request
+	5,  // 12: geoquota.v1.GrantResponse.status:type_name -> geoquota.v1.LimitStatus
+	17, // 13: geoquota.v1.ListBlocksResponse.blocks:type_name -> geoquota.v1.BlockRequest
+	29, // 14: geoquota.v1.ListViolationsResponse.violations:type_name -> geoquota.v1.Violation
+	32, // 15: geoquota.v1.ListRegionsResponse.regions:type_name -> geoquota.v1.RegionStatus
+	33, // 16: geoquota.v1.RegionStatus.leases:type_name -> geoquota.v1.Lease
+	12, // 17: geoquota.v1.GetGlobalUsageResponse.regions:type_name -> geoquota.v1.RegionUsage
+	38, // 18: geoquota.v1.GetBudgetsResponse.budgets:type_name -> geoquota.v1.Budget
+	33, // 19: geoquota.v1.Budget.leases:type_name -> geoquota.v1.Lease
+	2,  // 20: geoquota.v1.RateLimiter.Check:input_type -> geoquota.v1.CheckRequest
+	2,  // 21: geoquota.v1.RateLimiter.Report:input_type -> geoquota.v1.CheckRequest
+	6,  // 22: geoquota.v1.RateLimiter.Reserve:input_type -> geoquota.v1.ReserveRequest
+	8,  // 23: geoquota.v1.RateLimiter.Commit:input_type -> geoquota.v1.SettleRequest
+	8,  // 24: geoquota.v1.RateLimiter.Release:input_type -> geoquota.v1.SettleRequest
+	10, // 25: geoquota.v1.RateLimiter.GetUsage:input_type -> geoquota.v1.GetUsageRequest
+	30, // 26: geoquota.v1.RateLimiter.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
+	34, // 27: geoquota.v1.GlobalSync.GetGlobalUsage:input_type -> geoquota.v1.GetGlobalUsageRequest
+	36, // 28: geoquota.v1.GlobalSync.GetBudgets:input_type -> geoquota.v1.GetBudgetsRequest
+	30, // 29: geoquota.v1.GlobalSync.ListRegions:input_type -> geoquota.v1.ListRegionsRequest
+	13, // 30: geoquota.v1.Admin.ResetKey:input_type -> geoquota.v1.ResetKeyRequest
+	15, // 31: geoquota.v1.Admin.Grant:input_type -> geoquota.v1.GrantRequest
+	17, // 32: geoquota.v1.Admin.Block:input_type -> geoquota.v1.BlockRequest
+	19, // 33: geoquota.v1.Admin.Unblock:input_type -> geoquota.v1.UnblockRequest
+	21, // 34: geoquota.v1.Admin.ListBlocks:input_type -> geoquota.v1.ListBlocksRequest
+	23, // 35: geoquota.v1.Admin.PutRules:input_type -> geoquota.v1.PutRulesRequest
+	25, // 36: geoquota.v1.Admin.GetRules:input_type -> geoquota.v1.GetRulesRequest
+	27, // 37: geoquota.v1.Admin.ListViolations:input_type -> geoquota.v1.ListViolationsRequest
+	3,  // 38: geoquota.v1.RateLimiter.Check:output_type -> geoquota.v1.CheckResponse
+	3,  // 39: geoquota.v1.RateLimiter.Report:output_type -> geoquota.v1.CheckResponse
+	7,  // 40: geoquota.v1.RateLimiter.Reserve:output_type -> geoquota.v1.ReserveResponse
+	9,  // 41: geoquota.v1.RateLimiter.Commit:output_type -> geoquota.v1.SettleResponse
+	9,  // 42: geoquota.v1.RateLimiter.Release:output_type -> geoquota.v1.SettleResponse
+	11, // 43: geoquota.v1.RateLimiter.GetUsage:output_type -> geoquota.v1.GetUsageResponse
+	31, // 44: geoquota.v1.RateLimiter.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
+	35, // 45: geoquota.v1.GlobalSync.GetGlobalUsage:output_type -> geoquota.v1.GetGlobalUsageResponse
+	37, // 46: geoquota.v1.GlobalSync.GetBudgets:output_type -> geoquota.v1.GetBudgetsResponse
+	31, // 47: geoquota.v1.GlobalSync.ListRegions:output_type -> geoquota.v1.ListRegionsResponse
+	14, // 48: geoquota.v1.Admin.ResetKey:output_type -> geoquota.v1.ResetKeyResponse
+	16, // 49: geoquota.v1.Admin.Grant:output_type -> geoquota.v1.GrantResponse
+	18, // 50: geoquota.v1.Admin.Block:output_type -> geoquota.v1.BlockResponse
+	20, // 51: geoquota.v1.Admin.Unblock:output_type -> geoquota.v1.UnblockResponse
+	22, // 52: geoquota.v1.Admin.ListBlocks:output_type -> geoquota.v1.ListBlocksResponse
+	24, // 53: geoquota.v1.Admin.PutRules:output_type -> geoquota.v1.PutRulesResponse
+	26, // 54: geoquota.v1.Admin.GetRules:output_type -> geoquota.v1.GetRulesResponse
+	28, // 55: geoquota.v1.Admin.ListViolations:output_type -> geoquota.v1.ListViolationsResponse
+	38, // [38:56] is the sub-list for method output_type
+	20, // [20:38] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_transport_geoquotav1_geoquota_proto_init() }
@@ -2481,15 +2744,15 @@ func file_transport_geoquotav1_geoquota_proto_init() {
 	if File_transport_geoquotav1_geoquota_proto != nil {
 		return
 	}
-	file_transport_geoquotav1_geoquota_proto_msgTypes[7].OneofWrappers = []any{}
-	file_transport_geoquotav1_geoquota_proto_msgTypes[27].OneofWrappers = []any{}
+	file_transport_geoquotav1_geoquota_proto_msgTypes[11].OneofWrappers = []any{}
+	file_transport_geoquotav1_geoquota_proto_msgTypes[31].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transport_geoquotav1_geoquota_proto_rawDesc), len(file_transport_geoquotav1_geoquota_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

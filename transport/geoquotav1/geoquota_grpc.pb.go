@@ -26,6 +26,9 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	RateLimiter_Check_FullMethodName       = "/geoquota.v1.RateLimiter/Check"
 	RateLimiter_Report_FullMethodName      = "/geoquota.v1.RateLimiter/Report"
+	RateLimiter_Reserve_FullMethodName     = "/geoquota.v1.RateLimiter/Reserve"
+	RateLimiter_Commit_FullMethodName      = "/geoquota.v1.RateLimiter/Commit"
+	RateLimiter_Release_FullMethodName     = "/geoquota.v1.RateLimiter/Release"
 	RateLimiter_GetUsage_FullMethodName    = "/geoquota.v1.RateLimiter/GetUsage"
 	RateLimiter_ListRegions_FullMethodName = "/geoquota.v1.RateLimiter/ListRegions"
 )
@@ -44,6 +47,18 @@ type RateLimiterClient interface {
 	// count_over_limit whatever the decision, past the limit as debt (each
 	// limit's charged and debt say how much).
 	Report(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Reserve decides a request as Check does, its cost the estimate, and if
+	// it is allowed holds the estimate against every (regional) limit until
+	// Commit or Release, or ttl_ms: a reservation never settled is charged
+	// its estimate. A rule of scope global refuses it (InvalidArgument).
+	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
+	// Commit charges a reservation its actual cost: what is under the
+	// estimate comes back, what is over is taken, past the limit as debt.
+	// Release gives the estimate back. Sent again, either is answered alike
+	// and changes nothing; an unknown reservation, or one that ended, is
+	// NotFound; one of another region, InvalidArgument.
+	Commit(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
+	Release(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 	// GetUsage reports a counter: its limit and use, here and, for a global
 	// rule, in every region.
 	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
@@ -74,6 +89,36 @@ func (c *rateLimiterClient) Report(ctx context.Context, in *CheckRequest, opts .
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckResponse)
 	err := c.cc.Invoke(ctx, RateLimiter_Report_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Commit(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Commit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Release(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Release_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +159,18 @@ type RateLimiterServer interface {
 	// count_over_limit whatever the decision, past the limit as debt (each
 	// limit's charged and debt say how much).
 	Report(context.Context, *CheckRequest) (*CheckResponse, error)
+	// Reserve decides a request as Check does, its cost the estimate, and if
+	// it is allowed holds the estimate against every (regional) limit until
+	// Commit or Release, or ttl_ms: a reservation never settled is charged
+	// its estimate. A rule of scope global refuses it (InvalidArgument).
+	Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error)
+	// Commit charges a reservation its actual cost: what is under the
+	// estimate comes back, what is over is taken, past the limit as debt.
+	// Release gives the estimate back. Sent again, either is answered alike
+	// and changes nothing; an unknown reservation, or one that ended, is
+	// NotFound; one of another region, InvalidArgument.
+	Commit(context.Context, *SettleRequest) (*SettleResponse, error)
+	Release(context.Context, *SettleRequest) (*SettleResponse, error)
 	// GetUsage reports a counter: its limit and use, here and, for a global
 	// rule, in every region.
 	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
@@ -135,6 +192,15 @@ func (UnimplementedRateLimiterServer) Check(context.Context, *CheckRequest) (*Ch
 }
 func (UnimplementedRateLimiterServer) Report(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Report not implemented")
+}
+func (UnimplementedRateLimiterServer) Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedRateLimiterServer) Commit(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Commit not implemented")
+}
+func (UnimplementedRateLimiterServer) Release(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedRateLimiterServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetUsage not implemented")
@@ -199,6 +265,60 @@ func _RateLimiter_Report_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Reserve(ctx, req.(*ReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Commit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Commit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Commit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Commit(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Release(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RateLimiter_GetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetUsageRequest)
 	if err := dec(in); err != nil {
@@ -249,6 +369,18 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Report",
 			Handler:    _RateLimiter_Report_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _RateLimiter_Reserve_Handler,
+		},
+		{
+			MethodName: "Commit",
+			Handler:    _RateLimiter_Commit_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _RateLimiter_Release_Handler,
 		},
 		{
 			MethodName: "GetUsage",

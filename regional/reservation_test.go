@@ -1,0 +1,194 @@
+package regional
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// TestStoresSettleAlike holds the Redis store's settlements to the memory
+// store's, to the bit: reservations of one to three limits of every
+// algorithm, taken as checks, committed at, under and far over their
+// estimates, released, settled twice, beside plain checks of the same
+// counters, as time goes by.
+func TestStoresSettleAlike(t *testing.T) {
+	ctx := t.Context()
+	againstMemory(t, func(t *rapid.T, rs *RedisStore, mem *MemoryStore, clock *virtualClock, run int) {
+		limits := rapid.SliceOfN(genParams(), 1, 3).Draw(t, "limits")
+		key := func(i int) []byte { return []byte(fmt.Sprintf("gq:{rsv%d:%d}", run, i)) }
+		type held struct {
+			mark  string
+			until int64
+			ops   []SettleOp
+		}
+		var made []held
+		for step := range rapid.IntRange(1, 30).Draw(t, "steps") {
+			clock.Advance(rapid.SampledFrom([]int64{0, 1, 999, 1e6, 5e6, 61e6}).Draw(t, "advance"))
+			if action := rapid.IntRange(0, 2).Draw(t, "action"); action < 2 || len(made) == 0 {
+				// A reservation, or a plain check: both a check of a cost.
+				var ops []Op
+				for i, p := range limits {
+					if rapid.IntRange(0, 3).Draw(t, "use") > 0 {
+						ops = append(ops, Op{Key: key(i), Params: p, Cost: genCost(t, p)})
+					}
+				}
+				if len(ops) == 0 {
+					continue
+				}
+				mres, rres := make([]Result, len(ops)), make([]Result, len(ops))
+				mnow, err1 := mem.Apply(ctx, ops, mres)
+				rnow, err2 := rs.Apply(ctx, ops, rres)
+				if err1 != nil || err2 != nil || mnow != rnow {
+					t.Fatalf("apply: memory at %d (%v), redis at %d (%v)", mnow, err1, rnow, err2)
+				}
+				for i := range ops {
+					if mres[i] != rres[i] {
+						t.Fatalf("limit %d (%v, cost %d): memory %+v, redis %+v", i, ops[i].Params, ops[i].Cost, mres[i], rres[i])
+					}
+				}
+				if action == 0 && commits(ops, mres) {
+					h := held{mark: fmt.Sprintf("r%d-%d", run, step), until: mnow + rapid.SampledFrom([]int64{1e6, 5e6, 60e6}).Draw(t, "ttl")}
+					for i, op := range ops {
+						h.ops = append(h.ops, SettleOp{Key: op.Key, Params: op.Params, Estimate: mres[i].Taken, At: mnow})
+					}
+					made = append(made, h)
+				}
+				continue
+			}
+			h := made[rapid.IntRange(0, len(made)-1).Draw(t, "which")]
+			if h.until <= clock.micros() {
+				continue // ended: the engine settles nothing of it
+			}
+			est := h.ops[0].Estimate
+			actual := rapid.SampledFrom([]int64{-1, 0, 1, est - 1, est, est + 1, 3 * est, 100 * est}).Draw(t, "actual")
+			mout, rout := make([]Settlement, len(h.ops)), make([]Settlement, len(h.ops))
+			mnow, err1 := mem.Settle(ctx, h.ops, h.mark, h.until, actual, mout)
+			rnow, err2 := rs.Settle(ctx, h.ops, h.mark, h.until, actual, rout)
+			if err1 != nil || err2 != nil || mnow != rnow {
+				t.Fatalf("settle: memory at %d (%v), redis at %d (%v)", mnow, err1, rnow, err2)
+			}
+			for i := range h.ops {
+				if mout[i] != rout[i] {
+					t.Fatalf("settle %d of %s on %+v: memory %+v, redis %+v", actual, h.mark, h.ops[i], mout[i], rout[i])
+				}
+			}
+		}
+	})
+}
+
+// TestSettledOnce follows one reservation through both stores: the
+// difference given back once on commit, the same commit answered alike and
+// counted once, a release after it changing nothing, and another commit
+// once the reservation has ended (the engine refuses it before: here the
+// stores' own keeping ends) counted anew.
+func TestSettledOnce(t *testing.T) {
+	ctx := t.Context()
+	rs, clock := newVirtualRedisStore(t, RedisOptions{})
+	fw := Params{Algorithm: FixedWindow, Limit: 1000, Window: 3600e6}
+	for _, s := range []struct {
+		name string
+		st   Store
+	}{{"memory", NewMemoryStore(clock.Now)}, {"redis", rs}} {
+		t.Run(s.name, func(t *testing.T) {
+			k := []byte("gq:{once:" + s.name + "}")
+			res := make([]Result, 1)
+			now, err := s.st.Apply(ctx, []Op{{Key: k, Params: fw, Cost: 500}}, res)
+			if err != nil || !res[0].Allowed || res[0].Remaining != 500 {
+				t.Fatalf("the estimate: %+v, %v", res[0], err)
+			}
+			ops := []SettleOp{{Key: k, Params: fw, Estimate: 500, At: now}}
+			out := make([]Settlement, 1)
+			for i := range 2 {
+				if _, err := s.st.Settle(ctx, ops, "a", now+30e6, 200, out); err != nil {
+					t.Fatal(err)
+				}
+				if out[0].Charged != 200 || out[0].Result.Remaining != 800 || out[0].Again != (i == 1) {
+					t.Fatalf("commit 200 of 500, time %d: %+v", i+1, out[0])
+				}
+			}
+			if _, err := s.st.Settle(ctx, ops, "a", now+30e6, -1, out); err != nil || !out[0].Again || out[0].Charged != 200 || out[0].Result.Remaining != 800 {
+				t.Fatalf("release after commit: %+v, %v", out[0], err)
+			}
+		})
+	}
+}
+
+// Reservations through the engine, on a region's Redis: a global rule
+// refuses them before anything is counted; a store that cannot answer
+// reserves nothing, whatever the rules' fallbacks; and an engine on its
+// own memory (--dev) holds and settles them too.
+func TestEngineReservations(t *testing.T) {
+	ctx := t.Context()
+	e, store, srv := oneReplicaRegion(t, `
+rules:
+  - { id: g, match: { endpoint: /global }, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h }
+  - { id: open, match: { endpoint: /open }, by: [api_key], algorithm: token_bucket, capacity: 100, refill_per_second: 0.01, fallback: fail_open }
+`)
+	var d Decision
+	keys := func() int64 {
+		n, err := store.Client().DBSize(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	res, err := e.Reserve(ctx, &Request{APIKey: "t", Endpoint: "/open", Cost: 5}, time.Minute, &d)
+	if err != nil || !d.Allowed || res.ID == "" {
+		t.Fatalf("a reservation: %+v %+v (%v)", res, d, err)
+	}
+	before := keys() // the region's reservation key among them, made by the first
+	_, err = e.Reserve(ctx, &Request{APIKey: "t", Endpoint: "/global", Cost: 5}, time.Minute, &d)
+	if re := (*RequestError)(nil); !errors.As(err, &re) || re.Field != "descriptors" || keys() != before {
+		t.Fatalf("a reservation under a global rule: %v, %d keys (had %d)", err, keys(), before)
+	}
+	// Any replica of the region settles it: they share the key that
+	// seals it, through the store.
+	other := New(Config{Region: "us", Replica: "us-2", Store: store, Timeout: 50 * time.Millisecond,
+		Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, e.Rules())
+	if s, err := other.Settle(ctx, res.ID, 8); err != nil || s.Charged != 8 || s.Limits[0].Remaining != 92 || s.Limits[0].Rule != "open" {
+		t.Fatalf("commit 8 of 5 on another replica: %+v (%v)", s, err)
+	}
+	// A changed id is not the region's: every byte of it is sealed.
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(res.ID, "r1."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []int{5, len(raw) / 2, len(raw) - 20, len(raw) - 1} {
+		forged := slices.Clone(raw)
+		forged[at] ^= 1
+		if _, err := e.Settle(ctx, "r1."+base64.RawURLEncoding.EncodeToString(forged), -1); err == nil {
+			t.Fatalf("an id with byte %d changed was settled", at)
+		}
+	}
+	stallRedis(t, srv.Addr(), 300*time.Millisecond)
+	res, err = e.Reserve(ctx, &Request{APIKey: "t", Endpoint: "/open", Cost: 5}, time.Minute, &d)
+	if err != nil || d.Allowed || d.Code != CodeUnavailable || res.ID != "" {
+		t.Fatalf("a reservation while the store stalls (the rule fails open): %+v %+v (%v), want unavailable", res, d, err)
+	}
+
+	mem := New(Config{Region: "dev"}, mustParse(t, `
+rules:
+  - { id: open, by: [api_key], algorithm: fixed_window, limit: 1000000, window: 1h }
+`))
+	res, err = mem.Reserve(ctx, &Request{APIKey: "t", Cost: 5}, time.Minute, &d)
+	if err != nil || res.ID == "" {
+		t.Fatalf("a reservation in memory: %+v (%v)", res, err)
+	}
+	if s, err := mem.Settle(ctx, res.ID, -1); err != nil || s.Charged != 0 || s.Limits[0].Remaining != 1_000_000 {
+		t.Fatalf("release in memory: %+v (%v)", s, err)
+	}
+	if _, err := mem.Settle(ctx, strings.Replace(res.ID, "r1.", "r1.x", 1), -1); err == nil {
+		t.Fatal("a mangled id was settled")
+	}
+	// Another engine of the same name, with a key of its own, made none.
+	stranger := New(Config{Region: "dev"}, mem.Rules())
+	if _, err := stranger.Settle(ctx, res.ID, -1); !errors.Is(err, ErrReservationNotFound) {
+		t.Fatalf("an id sealed by another key: %v, want ErrReservationNotFound", err)
+	}
+}

@@ -1,0 +1,326 @@
+package regional
+
+import (
+	"cmp"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Reservations, as the engine serves them (reservation.go says what the
+// stores do). A reservation is a check of the estimate; its id carries
+// what settling it needs, sealed with the region's key (an HMAC the
+// region's replicas share through its store), so that any replica of the
+// region settles it with one store call, and no one else can make one.
+
+// ErrReservationNotFound is returned by Settle for a reservation this
+// region did not make, or one that has ended: unsettled, it was charged
+// its estimate.
+var ErrReservationNotFound = errors.New("regional: reservation not found")
+
+// ErrStoreUnavailable wraps a store's failure to answer a call that has
+// no fallback: a reservation's.
+var ErrStoreUnavailable = errors.New("regional: store unavailable")
+
+// reserveReq is what Reserve asks of Check (Request.reserve): estimates
+// taken from the store, not from batches, and not counted when denied;
+// Check sets what the counters that took them need to settle them.
+type reserveReq struct {
+	ops []SettleOp
+}
+
+// noteHeld notes, if the request goes ahead, the counters that took its
+// estimate, when, and under which limit.
+func (rq *reserveReq) noteHeld(items []item) {
+	for i := range items {
+		if it := &items[i]; it.decided && !it.rule.Shadow && !it.result.Allowed {
+			return
+		}
+	}
+	for i := range items {
+		if it := &items[i]; it.decided && !it.degraded && it.result.Taken > 0 {
+			rq.ops = append(rq.ops, SettleOp{Key: slices.Clone(it.key), Params: it.params, Estimate: it.result.Taken, At: it.storeNow})
+		}
+	}
+}
+
+// Reserved is a reservation made: its id, for Settle, and when it ends.
+// A request no limit took anything of holds nothing: its ID is empty.
+type Reserved struct {
+	ID      string
+	Expires time.Time
+}
+
+// Reserve decides req as Check does, with req.Cost the estimate, and if
+// it is allowed, holds the estimate as a reservation for ttl (at most
+// MaxReservationTTL): Settle commits or releases it. A denied request
+// reserves nothing. Reservations hold regional limits: a request a
+// global rule applies to is refused (an error naming descriptors). They
+// are taken from the region's store: when it cannot answer, the request
+// is denied as unavailable, whatever the rules' fallbacks. d is the
+// decision, as Check's.
+func (e *Engine) Reserve(ctx context.Context, req *Request, ttl time.Duration, d *Decision) (Reserved, error) {
+	switch {
+	case req.Cost <= 0 || req.CountNothing:
+		return Reserved{}, &RequestError{Field: "cost", Msg: "required: the estimated cost, at least 1"}
+	case ttl < time.Microsecond || ttl > MaxReservationTTL:
+		return Reserved{}, &RequestError{Field: "ttl_seconds", Msg: fmt.Sprintf("%v: must be at least a microsecond and at most %v", ttl, MaxReservationTTL)}
+	}
+	key, err := e.rsv.key(ctx, e)
+	if err != nil {
+		return Reserved{}, fmt.Errorf("%w: the region's reservation key: %w", ErrStoreUnavailable, err)
+	}
+	rq := &reserveReq{}
+	req.reserve = rq
+	defer func() { req.reserve = nil }()
+	if err := e.Check(ctx, req, d); err != nil {
+		return Reserved{}, err
+	}
+	if !d.Allowed || len(rq.ops) == 0 {
+		return Reserved{}, nil
+	}
+	var mark [16]byte
+	rand.Read(mark[:])
+	until := rq.ops[0].At + ttl.Microseconds()
+	return Reserved{ID: sealReservation(key, e.cfg.Region, mark[:], until, rq.ops), Expires: d.Time.Add(ttl)}, nil
+}
+
+// Settled is what settling a reservation did.
+type Settled struct {
+	// Again: it was settled before, and nothing changed now; Charged is
+	// what the first settlement charged (0 for a release).
+	Again   bool
+	Charged int64
+	// Limits are the counters that held it, as they stand after, the
+	// tightest first.
+	Limits []SettledLimit
+}
+
+// SettledLimit is one counter of a settled reservation.
+type SettledLimit struct {
+	Rule             string
+	Limit, Remaining int64
+	// Debt is how far past its limit the counter went.
+	Debt    int64
+	ResetAt time.Time
+}
+
+// Settle commits a reservation at its actual cost (actual >= 0; above
+// the estimate, the difference is taken, past the limit as debt; below
+// it, given back into the window the estimate was taken in) or releases
+// it (actual < 0). Settling it again answers alike and changes nothing.
+// An id that is not one, or is another region's, is an error naming
+// reservation; one this region did not make, or that has ended, is
+// ErrReservationNotFound.
+func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, error) {
+	r, err := openReservation(id)
+	if err != nil {
+		return Settled{}, &RequestError{Field: "reservation", Msg: err.Error()}
+	}
+	if r.region != e.cfg.Region {
+		return Settled{}, &RequestError{Field: "reservation", Msg: fmt.Sprintf("made in region %q: settle it there, not in %q", r.region, e.cfg.Region)}
+	}
+	key, err := e.rsv.key(ctx, e)
+	if err != nil {
+		return Settled{}, fmt.Errorf("%w: the region's reservation key: %w", ErrStoreUnavailable, err)
+	}
+	if !r.verify(key) || r.until <= e.now().UnixMicro() {
+		return Settled{}, ErrReservationNotFound
+	}
+	st := Store(e.local)
+	if e.shared {
+		st = e.store
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	out := make([]Settlement, len(r.ops))
+	if _, err := st.Settle(ctx, r.ops, hex.EncodeToString(r.mark), r.until, actual, out); err != nil {
+		return Settled{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	var s Settled
+	for i, o := range out {
+		rule, _, _, _ := parseKey(string(r.ops[i].Key))
+		s.Again, s.Charged = s.Again || o.Again, o.Charged
+		s.Limits = append(s.Limits, SettledLimit{Rule: rule, Limit: r.ops[i].Params.Limit, Remaining: max(0, o.Result.Remaining),
+			Debt: max(0, -o.Result.Remaining), ResetAt: time.UnixMicro(o.Result.ResetAt)})
+	}
+	slices.SortStableFunc(s.Limits, func(a, b SettledLimit) int {
+		return cmp.Or(cmp.Compare(b.Debt, a.Debt), cmp.Compare(a.Remaining, b.Remaining))
+	})
+	return s, nil
+}
+
+// reservationKeys holds the region's reservation key once known.
+type reservationKeys struct {
+	mu  sync.Mutex
+	val []byte
+}
+
+// keyStore is a store that keeps the region's reservation key, the same
+// for every replica (the Redis store); an engine on its own memory makes
+// one of its own.
+type keyStore interface {
+	reservationKey(ctx context.Context, fresh []byte) ([]byte, error)
+}
+
+// key returns the region's reservation key: its store's, made there by
+// the first replica that asks, or this engine's own.
+func (k *reservationKeys) key(ctx context.Context, e *Engine) ([]byte, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.val != nil {
+		return k.val, nil
+	}
+	fresh := make([]byte, 32)
+	rand.Read(fresh)
+	if ks, ok := e.store.(keyStore); ok && e.shared {
+		ctx, cancel := context.WithTimeout(ctx, max(e.cfg.Timeout, time.Second))
+		defer cancel()
+		v, err := ks.reservationKey(ctx, fresh)
+		if err != nil {
+			return nil, err
+		}
+		fresh = v
+	}
+	k.val = fresh
+	return fresh, nil
+}
+
+// A reservation's id: "r1.", then the base64url of what settling it needs
+// — the region, a random mark naming its settlement, when it ends (µs, the
+// store's time), and for each counter its key, its limit's numbers, the
+// estimate and when it was taken — and of an HMAC-SHA256 of that (its
+// first 16 bytes) with the region's key. It is not secret: whoever holds
+// it may settle it, and no one can make or change one without the key.
+const (
+	reservationPrefix = "r1."
+	macLen            = 16
+	markLen           = 16
+	// maxReservationOps bounds the counters an id may name, and
+	// maxReservationIDLen its length: a request meets a handful of
+	// limits, each key at most a few hundred bytes.
+	maxReservationOps   = 16
+	maxReservationIDLen = 8192
+)
+
+// reservation is an id's content.
+type reservation struct {
+	region string
+	mark   []byte
+	until  int64
+	ops    []SettleOp
+	signed []byte // the bytes the mac is of
+	mac    []byte
+}
+
+func sealReservation(key []byte, region string, mark []byte, until int64, ops []SettleOp) string {
+	b := binary.AppendUvarint(nil, uint64(len(region)))
+	b = append(append(b, region...), mark...)
+	b = binary.AppendVarint(b, until)
+	for _, op := range ops {
+		p := &op.Params
+		b = binary.AppendUvarint(b, uint64(len(op.Key)))
+		b = append(append(b, op.Key...), byte(p.Algorithm))
+		b = binary.AppendVarint(b, p.Limit)
+		b = binary.AppendUvarint(b, math.Float64bits(p.Rate))
+		b = binary.AppendVarint(b, p.Window)
+		b = binary.AppendVarint(b, op.Estimate)
+		b = binary.AppendVarint(b, op.At)
+	}
+	m := hmac.New(sha256.New, key)
+	m.Write(b)
+	b = m.Sum(b)[:len(b)+macLen]
+	return reservationPrefix + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// verify reports whether r was sealed with key.
+func (r *reservation) verify(key []byte) bool {
+	m := hmac.New(sha256.New, key)
+	m.Write(r.signed)
+	return hmac.Equal(m.Sum(nil)[:macLen], r.mac)
+}
+
+// openReservation reads an id, without verifying it (verify).
+func openReservation(s string) (*reservation, error) {
+	bad := func(why string) (*reservation, error) {
+		return nil, errors.New("not a reservation id: " + why)
+	}
+	if len(s) > maxReservationIDLen {
+		return bad(fmt.Sprintf("longer than %d bytes", maxReservationIDLen))
+	}
+	rest, ok := strings.CutPrefix(s, reservationPrefix)
+	if !ok {
+		return bad("no " + reservationPrefix + " prefix")
+	}
+	b, err := base64.RawURLEncoding.DecodeString(rest)
+	if err != nil || len(b) < macLen {
+		return bad("not base64url")
+	}
+	r := &reservation{signed: b[:len(b)-macLen], mac: b[len(b)-macLen:]}
+	b = r.signed
+	uvarint := func() uint64 {
+		v, n := binary.Uvarint(b)
+		if n <= 0 {
+			b = nil
+			return 0
+		}
+		b = b[n:]
+		return v
+	}
+	varint := func() int64 {
+		v, n := binary.Varint(b)
+		if n <= 0 {
+			b = nil
+			return 0
+		}
+		b = b[n:]
+		return v
+	}
+	bytes := func(n uint64) []byte {
+		if n > uint64(len(b)) {
+			b = nil
+			return nil
+		}
+		v := b[:n]
+		b = b[n:]
+		return v
+	}
+	r.region = string(bytes(uvarint()))
+	r.mark = bytes(markLen)
+	r.until = varint()
+	for len(b) > 0 {
+		if len(r.ops) == maxReservationOps {
+			return bad("too many counters")
+		}
+		var op SettleOp
+		op.Key = bytes(uvarint())
+		if len(b) == 0 {
+			return bad("truncated")
+		}
+		op.Params.Algorithm, b = Algorithm(b[0]), b[1:]
+		op.Params.Limit = varint()
+		op.Params.Rate = math.Float64frombits(uvarint())
+		op.Params.Window = varint()
+		op.Estimate = varint()
+		op.At = varint()
+		if b == nil {
+			return bad("truncated")
+		}
+		r.ops = append(r.ops, op)
+	}
+	if r.region == "" || len(r.mark) != markLen || len(r.ops) == 0 {
+		return bad("incomplete")
+	}
+	return r, nil
+}
