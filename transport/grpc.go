@@ -156,6 +156,11 @@ func (s rateLimiter) Reserve(ctx context.Context, in *pb.ReserveRequest) (*pb.Re
 		return nil, grpcError(renameField(err, "cost", "request.cost"))
 	}
 	s.metrics.grpc.observe(&d, time.Since(start))
+	if res.ID != "" {
+		s.opts.Metrics.reservation("reserved")
+	} else if !d.Allowed {
+		s.opts.Metrics.reservation("denied")
+	}
 	out := &pb.ReserveResponse{Decision: decisionProto(&d), Reservation: res.ID}
 	if res.ID != "" {
 		out.ExpiresAtUnixMs = res.Expires.UnixMilli()
@@ -185,11 +190,13 @@ func (s rateLimiter) settle(ctx context.Context, id string, actual int64) (*pb.S
 	}
 	res, err := s.engine.Settle(ctx, id, actual)
 	if errors.Is(err, regional.ErrReservationNotFound) {
+		s.opts.Metrics.reservation("not_found")
 		return nil, status.Error(codes.NotFound, err.Error())
 	}
 	if err != nil {
 		return nil, grpcError(err)
 	}
+	s.opts.Metrics.settlement(actual >= 0, res.Again)
 	out := &pb.SettleResponse{Charged: res.Charged, Again: res.Again}
 	for _, l := range res.Limits {
 		out.Limits = append(out.Limits, &pb.LimitStatus{Rule: l.Rule, Allowed: l.Debt == 0 && l.Remaining > 0, Limit: l.Limit,

@@ -24,6 +24,7 @@ type Metrics struct {
 	redisErrors   prometheus.Counter
 	uncountedReqs prometheus.Counter
 	deniedCharged *prometheus.CounterVec
+	reservations  *prometheus.CounterVec
 
 	mu       sync.RWMutex
 	children map[string]*[decisionKinds]prometheus.Counter // by rule id
@@ -73,7 +74,10 @@ func NewMetrics(e *regional.Engine) *Metrics {
 	m.deniedCharged = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "geoquota_denied_charged_total", Help: "Cost counted of hits their limit denied, by rule: usage reported past the limit of a rule with count_over_limit, counted as debt.",
 	}, []string{"rule"})
-	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisChecks, m.redisErrors, m.uncountedReqs, m.deniedCharged,
+	m.reservations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "geoquota_reservations_total", Help: "Reservations by what became of the call: reserved, denied (nothing held), committed, released, again (a settlement sent again, answered alike), not_found (not made here, or ended).",
+	}, []string{"result"})
+	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisChecks, m.redisErrors, m.uncountedReqs, m.deniedCharged, m.reservations,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if e != nil {
 		m.Attach(e)
@@ -282,5 +286,21 @@ func (c *gossipCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(shareDesc, prometheus.GaugeValue, share, r.ID)
 		ch <- prometheus.MustNewConstMetric(leaseDesc, prometheus.GaugeValue, valid, r.ID)
+	}
+}
+
+// reservation counts a reservation call by its result
+// (geoquota_reservations_total).
+func (m *Metrics) reservation(result string) { m.reservations.WithLabelValues(result).Inc() }
+
+// settlement counts a settlement by what it did.
+func (m *Metrics) settlement(commit, again bool) {
+	switch {
+	case again:
+		m.reservation("again")
+	case commit:
+		m.reservation("committed")
+	default:
+		m.reservation("released")
 	}
 }

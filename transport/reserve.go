@@ -56,6 +56,11 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.http.observe(&d, time.Since(start))
+	if res.ID != "" {
+		s.opts.Metrics.reservation("reserved")
+	} else if !d.Allowed {
+		s.opts.Metrics.reservation("denied")
+	}
 	if !d.Allowed {
 		if d.Code == regional.CodeUnavailable {
 			setHeaders(w.Header(), rateLimitHeaders(&d, time.Now()))
@@ -158,6 +163,7 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, commit bool) {
 	res, err := s.engine.Settle(r.Context(), b.Reservation, actual)
 	switch {
 	case errors.Is(err, regional.ErrReservationNotFound):
+		s.opts.Metrics.reservation("not_found")
 		writeError(w, http.StatusNotFound, "RESERVATION_NOT_FOUND", "no such reservation: not made here, or ended (unsettled, it was charged its estimate)",
 			map[string]any{"field": "reservation"})
 		return
@@ -165,6 +171,7 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, commit bool) {
 		s.writeInputError(w, err)
 		return
 	}
+	s.opts.Metrics.settlement(commit, res.Again)
 	if !commit {
 		writeJSON(w, http.StatusOK, map[string]any{"released": res.Charged == 0, "charged": res.Charged, "again": res.Again})
 		return

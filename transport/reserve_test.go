@@ -142,6 +142,13 @@ func TestReservations(t *testing.T) {
 	if b := call("/v1/commit", `{"reservation":"`+strings.Replace(id, "r1.", "r1.A", 1)+`","cost":3}`, 400); b["error"] == nil {
 		t.Fatalf("a mangled id: %v", b)
 	}
+	m := readAll(t, v.get("/metrics"))
+	for _, want := range []string{`result="reserved"} 4`, `result="denied"} 1`, `result="committed"} 2`, `result="again"} 2`,
+		`result="released"} 1`, `result="not_found"} 2`} {
+		if !strings.Contains(m, "geoquota_reservations_total{"+want) {
+			t.Fatalf("metrics: want geoquota_reservations_total{%s, have\n%s", want, grepLines(m, "reservations_total"))
+		}
+	}
 }
 
 // The same calls over gRPC: a reservation made, committed twice and
