@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -47,9 +48,9 @@ type memShard struct {
 	mu      sync.Mutex
 	entries map[string]*memEntry
 	globals map[string]*memGlobal // windows of global counters, by GlobalKey
-	// settled are the counters' parts of settled reservations, by the
-	// counter's key and the reservation's mark (settledKey).
-	settled map[string]settledMark
+	// settled are the counters' settlements of reservations, by the
+	// counter's key and the minute they end (settledKey).
+	settled map[string]*settledMarks
 	calls   int
 	_       [24]byte // keep shards on separate cache lines
 }
@@ -135,7 +136,7 @@ func NewMemoryStore(clock func() time.Time) *MemoryStore {
 	for i := range m.shards {
 		m.shards[i].entries = map[string]*memEntry{}
 		m.shards[i].globals = map[string]*memGlobal{}
-		m.shards[i].settled = map[string]settledMark{}
+		m.shards[i].settled = map[string]*settledMarks{}
 	}
 	return m
 }
@@ -461,23 +462,48 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	now := m.now()
 	for i := range ops {
 		op, sh := &ops[i], &m.shards[shards[i]]
-		k := settledKey(string(op.Key), mark)
-		e, cur := m.get(sh, op.Key, op.Params.Algorithm, now)
-		if mk, ok := sh.settled[k]; ok && mk.until > now {
-			out[i] = Settlement{Again: true, Charged: mk.charged, Result: inspect(op.Params, cur, now)}
-			continue
+		k := settledKey(string(op.Key), until)
+		mk := sh.settled[k]
+		if mk != nil && mk.until <= now {
+			delete(sh.settled, k)
+			mk = nil
 		}
-		sh.settled[k] = settledMark{charged: max(0, actual), until: until}
-		if settle(op, &cur, now, actual, &out[i]) {
+		e, cur := m.get(sh, op.Key, op.Params.Algorithm, now)
+		out[i] = Settlement{Charged: max(0, actual), Result: inspect(op.Params, cur, now)}
+		var prev int64
+		settled := false
+		if mk != nil {
+			prev, settled = mk.charged[mark]
+		}
+		switch {
+		case now >= until:
+			out[i].Ended = true
+			continue
+		case settled:
+			out[i].Again, out[i].Charged = true, prev
+			continue
+		case mk != nil && len(mk.charged) >= maxSettled:
+			out[i].Full = true
+			continue
+		case mk == nil:
+			mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until) * 60e6}
+			sh.settled[k] = mk
+		}
+		mk.charged[mark] = max(0, actual)
+		if !op.Stale && settle(op, &cur, now, actual, &out[i]) {
 			m.put(sh, e, op.Key, &op.Params, &cur, now)
 		}
 	}
+	m.sweep(&m.shards[shards[0]], now)
 	return now, nil
 }
 
-// settledKey is where a counter's part of a settled reservation is kept:
-// beside the counter, in its Cluster slot (the key's hash tag).
-func settledKey(key, mark string) string { return key + ":settled:" + mark }
+// settledKey is where a counter keeps its settlements of reservations that
+// end at until: beside the counter, in its Cluster slot (the key's hash
+// tag), one place a minute (settledBucket).
+func settledKey(key string, until int64) string {
+	return key + ":settled:" + strconv.FormatInt(settledBucket(until), 10)
+}
 
 func (m *MemoryStore) giveBack(key []byte, p Params, n, at int64) (Result, int64) {
 	sh := &m.shards[m.shard(key)]

@@ -643,20 +643,21 @@ func (s *RedisStore) Refund(ctx context.Context, key []byte, p Params, n, at int
 // Settle implements Store: one script run in the pipeline, or one per
 // slot in a Cluster, bounded by the store's timeout.
 func (s *RedisStore) Settle(ctx context.Context, ops []SettleOp, mark string, until, actual int64, out []Settlement) (int64, error) {
-	// The estimate in the cost's place, when it was taken in the batch's
-	// (lua/limits.lua), and the key that keeps the settlement after the
-	// counter's.
+	// The estimate in the cost's place, when it was taken in the batch's,
+	// a stale limit flagged as shadow (lua/limits.lua), the mark in the
+	// head, and the hash that keeps the settlement after the counter's key.
 	converted := make([]Op, len(ops))
 	for i, op := range ops {
-		converted[i] = Op{Key: op.Key, Params: op.Params, Cost: op.Estimate, Batch: op.At}
+		converted[i] = Op{Key: op.Key, Params: op.Params, Cost: op.Estimate, Batch: op.At, Shadow: op.Stale}
 	}
 	c := s.newCall(converted, "settle", actual, until)
 	c.settled = slices.Grow(c.settled[:0], len(ops))[:len(ops)]
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		g.keys, g.args = g.keys[:0], s.appendArgsHead(g.args[:0], "settle", actual, until)
+		g.args[notAfterArg] = mark
 		for _, i := range g.limits {
-			c.limits[i].mark = settledKey(c.limits[i].key, mark)
+			c.limits[i].mark = settledKey(c.limits[i].key, until)
 			g.keys, g.args = c.limits[i].appendArgs(g.keys, g.args)
 		}
 	}
@@ -987,7 +988,7 @@ func (c *redisCall) read(g *redisGroup) error {
 		case c.limits[i].global:
 			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
 		case c.limits[i].mark != "":
-			c.settled[i] = Settlement{Again: v[5] == 1, Charged: v[6], Result: c.results[i]}
+			c.settled[i] = Settlement{Again: v[5] == 1, Ended: v[5] == 2, Full: v[5] == 3, Charged: v[6], Result: c.results[i]}
 		}
 		v = v[c.limits[i].replyLen():]
 	}

@@ -19,16 +19,36 @@ import "time"
 // MaxReservationTTL is the longest a reservation may hold.
 const MaxReservationTTL = time.Hour
 
+// maxSettled bounds the settlements a counter keeps of reservations that
+// end in one minute (settledBucket): reserving and releasing over and
+// over costs a client nothing of its limit, and each settlement is kept
+// until its reservation ends. Past it, a settlement is refused
+// (Settlement.Full). limits.lua's MAX_SETTLED is the same.
+const maxSettled = 10_000
+
+// settledBucket is the minute (from the Unix epoch) in which a
+// reservation that ends at until (µs) ends: a counter keeps the
+// settlements of such reservations together, until that minute ends.
+func settledBucket(until int64) int64 { return (until-1)/60e6 + 1 }
+
 // SettleOp is one counter of a reservation to settle: what its id says.
 type SettleOp struct {
 	Key    []byte
 	Params Params
 	// Estimate is what the reservation took, at At (µs, the store's time).
 	Estimate, At int64
+	// Stale says the counter's limit is no longer Params (the rules
+	// changed): the settlement is kept, the counter is not touched (its
+	// state is another limit's), and the estimate stays taken.
+	Stale bool
 }
 
 // Settlement is what settling a reservation did to one of its counters.
 type Settlement struct {
+	// Ended: the reservation had ended by the store's clock, and nothing
+	// was done (its estimate stays charged). Full: the counter keeps as
+	// many settlements as it may (maxSettled), and nothing was done.
+	Ended, Full bool
 	// Again: the counter's part was settled before and nothing changed;
 	// Charged is what the first settlement charged (0 for a release).
 	Again   bool
@@ -40,10 +60,12 @@ type Settlement struct {
 	Result Result
 }
 
-// settledMark is what the memory store keeps of a settled counter of a
-// reservation, until the reservation ends.
-type settledMark struct {
-	charged, until int64
+// settledMarks are a counter's settlements of reservations that end in one
+// minute (settledBucket), by mark, as the memory store keeps them until
+// that minute ends; limits.lua keeps a hash.
+type settledMarks struct {
+	charged map[string]int64
+	until   int64 // µs
 }
 
 // settle settles op on the counter's state s at now (µs): a commit of the

@@ -15,8 +15,9 @@ import (
 // TestStoresSettleAlike holds the Redis store's settlements to the memory
 // store's, to the bit: reservations of one to three limits of every
 // algorithm, taken as checks, committed at, under and far over their
-// estimates, released, settled twice, beside plain checks of the same
-// counters, as time goes by.
+// estimates, released, settled twice, settled after they ended, of limits
+// changed since, beside plain checks of the same counters, as time goes
+// by.
 func TestStoresSettleAlike(t *testing.T) {
 	ctx := t.Context()
 	againstMemory(t, func(t *rapid.T, rs *RedisStore, mem *MemoryStore, clock *virtualClock, run int) {
@@ -62,14 +63,15 @@ func TestStoresSettleAlike(t *testing.T) {
 				continue
 			}
 			h := made[rapid.IntRange(0, len(made)-1).Draw(t, "which")]
-			if h.until <= clock.micros() {
-				continue // ended: the engine settles nothing of it
-			}
 			est := h.ops[0].Estimate
 			actual := rapid.SampledFrom([]int64{-1, 0, 1, est - 1, est, est + 1, 3 * est, 100 * est}).Draw(t, "actual")
-			mout, rout := make([]Settlement, len(h.ops)), make([]Settlement, len(h.ops))
-			mnow, err1 := mem.Settle(ctx, h.ops, h.mark, h.until, actual, mout)
-			rnow, err2 := rs.Settle(ctx, h.ops, h.mark, h.until, actual, rout)
+			ops := slices.Clone(h.ops)
+			for i := range ops { // a limit changed since: its counter is left alone
+				ops[i].Stale = rapid.IntRange(0, 5).Draw(t, "stale") == 0
+			}
+			mout, rout := make([]Settlement, len(ops)), make([]Settlement, len(ops))
+			mnow, err1 := mem.Settle(ctx, ops, h.mark, h.until, actual, mout)
+			rnow, err2 := rs.Settle(ctx, ops, h.mark, h.until, actual, rout)
 			if err1 != nil || err2 != nil || mnow != rnow {
 				t.Fatalf("settle: memory at %d (%v), redis at %d (%v)", mnow, err1, rnow, err2)
 			}
@@ -114,6 +116,43 @@ func TestSettledOnce(t *testing.T) {
 			}
 			if _, err := s.st.Settle(ctx, ops, "a", now+30e6, -1, out); err != nil || !out[0].Again || out[0].Charged != 200 || out[0].Result.Remaining != 800 {
 				t.Fatalf("release after commit: %+v, %v", out[0], err)
+			}
+			// Ended by the store's clock: refused, the estimate stays.
+			if _, err := s.st.Settle(ctx, ops, "b", now, -1, out); err != nil || !out[0].Ended || out[0].Result.Remaining != 800 {
+				t.Fatalf("release of a reservation that has ended: %+v, %v", out[0], err)
+			}
+		})
+	}
+}
+
+// TestSettlementsAreCapped makes a counter keep maxSettled settlements of
+// reservations ending in one minute, in both stores: the next is refused
+// (Full) and changes nothing; one of reservations ending in the next
+// minute is kept.
+func TestSettlementsAreCapped(t *testing.T) {
+	ctx := t.Context()
+	rs, clock := newVirtualRedisStore(t, RedisOptions{})
+	fw := Params{Algorithm: FixedWindow, Limit: 1 << 30, Window: 3600e6}
+	for _, s := range []struct {
+		name string
+		st   Store
+	}{{"memory", NewMemoryStore(clock.Now)}, {"redis", rs}} {
+		t.Run(s.name, func(t *testing.T) {
+			k := []byte("gq:{cap:" + s.name + "}")
+			now := clock.micros()
+			until := (now/60e6 + 2) * 60e6 // the end of the minute after next
+			ops := []SettleOp{{Key: k, Params: fw, Estimate: 1, At: now}}
+			out := make([]Settlement, 1)
+			for i := range maxSettled {
+				if _, err := s.st.Settle(ctx, ops, fmt.Sprint(i), until, 1, out); err != nil || out[0].Full || out[0].Again {
+					t.Fatalf("settlement %d: %+v, %v", i, out[0], err)
+				}
+			}
+			if _, err := s.st.Settle(ctx, ops, "more", until, -1, out); err != nil || !out[0].Full {
+				t.Fatalf("a settlement past the cap: %+v, %v", out[0], err)
+			}
+			if _, err := s.st.Settle(ctx, ops, "more", until+60e6, 1, out); err != nil || out[0].Full || out[0].Again {
+				t.Fatalf("a settlement of a reservation ending the minute after: %+v, %v", out[0], err)
 			}
 		})
 	}
@@ -185,6 +224,25 @@ rules:
 	}
 	if _, err := mem.Settle(ctx, strings.Replace(res.ID, "r1.", "r1.x", 1), -1); err == nil {
 		t.Fatal("a mangled id was settled")
+	}
+	// Rules changed since the reservation (another algorithm): its
+	// settlement leaves the counter alone.
+	res, err = mem.Reserve(ctx, &Request{APIKey: "r", Cost: 5}, time.Minute, &d)
+	if err != nil || res.ID == "" {
+		t.Fatalf("a reservation: %+v (%v)", res, err)
+	}
+	mem.SetRules(mustParse(t, `
+rules:
+  - { id: open, by: [api_key], capacity: 100, refill_per_second: 0.01 }
+`))
+	if err := mem.Check(ctx, &Request{APIKey: "r", Cost: 90}, &d); err != nil || !d.Allowed {
+		t.Fatalf("a check under the new rules: %+v (%v)", d, err)
+	}
+	if s, err := mem.Settle(ctx, res.ID, -1); err != nil || len(s.Limits) != 0 {
+		t.Fatalf("release of a reservation of a limit since changed: %+v (%v), want no limit named", s, err)
+	}
+	if err := mem.Check(ctx, &Request{APIKey: "r", Cost: 10}, &d); err != nil || !d.Allowed || d.Limits[0].Remaining != 0 {
+		t.Fatalf("the bucket after the release: %+v (%v), want it left at 10 (the estimate not given back into it)", d, err)
 	}
 	// Another engine of the same name, with a key of its own, made none.
 	stranger := New(Config{Region: "dev"}, mem.Rules())

@@ -77,6 +77,9 @@ func (e *Engine) Reserve(ctx context.Context, req *Request, ttl time.Duration, d
 	case ttl < time.Microsecond || ttl > MaxReservationTTL:
 		return Reserved{}, &RequestError{Field: "ttl_seconds", Msg: fmt.Sprintf("%v: must be at least a microsecond and at most %v", ttl, MaxReservationTTL)}
 	}
+	if err := e.Validate(req); err != nil {
+		return Reserved{}, err
+	}
 	key, err := e.rsv.key(ctx, e)
 	if err != nil {
 		return Reserved{}, fmt.Errorf("%w: the region's reservation key: %w", ErrStoreUnavailable, err)
@@ -90,10 +93,28 @@ func (e *Engine) Reserve(ctx context.Context, req *Request, ttl time.Duration, d
 	if !d.Allowed || len(rq.ops) == 0 {
 		return Reserved{}, nil
 	}
-	var mark [16]byte
+	var mark [markLen]byte
 	rand.Read(mark[:])
 	until := rq.ops[0].At + ttl.Microseconds()
-	return Reserved{ID: sealReservation(key, e.cfg.Region, mark[:], until, rq.ops), Expires: d.Time.Add(ttl)}, nil
+	id := sealReservation(key, e.cfg.Region, mark[:], until, rq.ops)
+	if len(id) > maxReservationIDLen {
+		// Too many limits, or keys too long, for an id a settlement would
+		// read: the estimate goes back, and nothing is reserved.
+		out := make([]Settlement, len(rq.ops))
+		if _, err := e.settleStore().Settle(ctx, rq.ops, hex.EncodeToString(mark[:]), until, -1, out); err != nil {
+			return Reserved{}, fmt.Errorf("%w: giving back a reservation too large to hold: %w", ErrStoreUnavailable, err)
+		}
+		return Reserved{}, &RequestError{Field: "descriptors", Msg: fmt.Sprintf("the request meets %d limits whose keys make a reservation id of %d bytes, more than %d", len(rq.ops), len(id), maxReservationIDLen)}
+	}
+	return Reserved{ID: id, Expires: d.Time.Add(ttl)}, nil
+}
+
+// settleStore is the store reservations are settled in.
+func (e *Engine) settleStore() Store {
+	if e.shared {
+		return e.store
+	}
+	return e.local
 }
 
 // Settled is what settling a reservation did.
@@ -103,7 +124,8 @@ type Settled struct {
 	Again   bool
 	Charged int64
 	// Limits are the counters that held it, as they stand after, the
-	// tightest first.
+	// tightest first; not those whose limit has changed since (the rules
+	// changed: they were left alone).
 	Limits []SettledLimit
 }
 
@@ -124,6 +146,9 @@ type SettledLimit struct {
 // reservation; one this region did not make, or that has ended, is
 // ErrReservationNotFound.
 func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, error) {
+	if actual > maxLimit {
+		return Settled{}, &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than a commit may charge (%d)", actual, int64(maxLimit))}
+	}
 	r, err := openReservation(id)
 	if err != nil {
 		return Settled{}, &RequestError{Field: "reservation", Msg: err.Error()}
@@ -131,29 +156,44 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 	if r.region != e.cfg.Region {
 		return Settled{}, &RequestError{Field: "reservation", Msg: fmt.Sprintf("made in region %q: settle it there, not in %q", r.region, e.cfg.Region)}
 	}
-	key, err := e.rsv.key(ctx, e)
+	ok, err := e.rsv.verify(ctx, e, r)
 	if err != nil {
 		return Settled{}, fmt.Errorf("%w: the region's reservation key: %w", ErrStoreUnavailable, err)
 	}
-	if !r.verify(key) || r.until <= e.now().UnixMicro() {
+	if !ok {
 		return Settled{}, ErrReservationNotFound
 	}
-	st := Store(e.local)
-	if e.shared {
-		st = e.store
+	rs := e.rules.Load()
+	for i := range r.ops {
+		r.ops[i].Stale = !rs.limitOf(r.ops[i].Key, r.ops[i].Params)
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
 	out := make([]Settlement, len(r.ops))
-	if _, err := st.Settle(ctx, r.ops, hex.EncodeToString(r.mark), r.until, actual, out); err != nil {
+	if _, err := e.settleStore().Settle(ctx, r.ops, hex.EncodeToString(r.mark), r.until, actual, out); err != nil {
 		return Settled{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	var s Settled
+	ended := true
 	for i, o := range out {
+		if o.Full {
+			return Settled{}, ErrTooManySettlements
+		}
+		if o.Ended {
+			continue
+		}
+		ended = false
+		if r.ops[i].Stale {
+			s.Again, s.Charged = s.Again || o.Again, o.Charged
+			continue // settled; its limit is no longer this one
+		}
 		rule, _, _, _ := parseKey(string(r.ops[i].Key))
 		s.Again, s.Charged = s.Again || o.Again, o.Charged
 		s.Limits = append(s.Limits, SettledLimit{Rule: rule, Limit: r.ops[i].Params.Limit, Remaining: max(0, o.Result.Remaining),
 			Debt: max(0, -o.Result.Remaining), ResetAt: time.UnixMicro(o.Result.ResetAt)})
+	}
+	if ended {
+		return Settled{}, ErrReservationNotFound
 	}
 	slices.SortStableFunc(s.Limits, func(a, b SettledLimit) int {
 		return cmp.Or(cmp.Compare(b.Debt, a.Debt), cmp.Compare(a.Remaining, b.Remaining))
@@ -161,10 +201,38 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 	return s, nil
 }
 
+// ErrTooManySettlements is returned by Settle when a counter keeps as many
+// settlements of reservations ending in the same minute as it may
+// (maxSettled): nothing was settled, and the estimate stays taken.
+var ErrTooManySettlements = errors.New("regional: too many settlements of reservations ending this minute")
+
+// limitOf reports whether p is the limit a counter key has under the rules
+// in force, for a tier or an override: a reservation made under a limit
+// since changed leaves the counter alone when settled.
+func (rs *RuleSet) limitOf(key []byte, p Params) bool {
+	id, values, overflow, ok := parseKey(string(key))
+	r := rs.Rule(id)
+	switch {
+	case !ok || r == nil || r.Scope == ScopeGlobal:
+		return false
+	case overflow:
+		return r.overflow == p
+	case r.params([]byte(values), "") == p:
+		return true
+	}
+	for tier := range r.Tiers {
+		if r.params([]byte(values), tier) == p {
+			return true
+		}
+	}
+	return false
+}
+
 // reservationKeys holds the region's reservation key once known.
 type reservationKeys struct {
-	mu  sync.Mutex
-	val []byte
+	mu      sync.Mutex
+	val     []byte
+	fetched time.Time // when val was last read from the store
 }
 
 // keyStore is a store that keeps the region's reservation key, the same
@@ -175,17 +243,25 @@ type keyStore interface {
 }
 
 // key returns the region's reservation key: its store's, made there by
-// the first replica that asks, or this engine's own.
+// the first replica that asks, or this engine's own. No lock is held
+// while the store is asked: replicas and callers that ask together all
+// get the store's one key.
 func (k *reservationKeys) key(ctx context.Context, e *Engine) ([]byte, error) {
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.val != nil {
-		return k.val, nil
+	val := k.val
+	k.mu.Unlock()
+	if val != nil {
+		return val, nil
 	}
+	return k.fetch(ctx, e)
+}
+
+// fetch reads the key from the store (a fresh one on its own memory).
+func (k *reservationKeys) fetch(ctx context.Context, e *Engine) ([]byte, error) {
 	fresh := make([]byte, 32)
 	rand.Read(fresh)
 	if ks, ok := e.store.(keyStore); ok && e.shared {
-		ctx, cancel := context.WithTimeout(ctx, max(e.cfg.Timeout, time.Second))
+		ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 		defer cancel()
 		v, err := ks.reservationKey(ctx, fresh)
 		if err != nil {
@@ -193,8 +269,39 @@ func (k *reservationKeys) key(ctx context.Context, e *Engine) ([]byte, error) {
 		}
 		fresh = v
 	}
-	k.val = fresh
-	return fresh, nil
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.val == nil || e.shared {
+		k.val, k.fetched = fresh, e.now()
+	}
+	return k.val, nil
+}
+
+// refetchEvery bounds how often an id that does not verify makes a
+// replica read the region's key again: the store may have lost it and
+// made another (a replica started since seals with the new one).
+const refetchEvery = time.Second
+
+// verify reports whether the region sealed r: with the key this replica
+// knows, or, once a second at most, with the store's key read again.
+func (k *reservationKeys) verify(ctx context.Context, e *Engine, r *reservation) (bool, error) {
+	key, err := k.key(ctx, e)
+	if err != nil || r.verify(key) {
+		return err == nil, err
+	}
+	k.mu.Lock()
+	stale := e.shared && e.now().Sub(k.fetched) >= refetchEvery
+	if stale {
+		k.fetched = e.now() // one caller reads again; the others answer now
+	}
+	k.mu.Unlock()
+	if !stale {
+		return false, nil
+	}
+	if key, err = k.fetch(ctx, e); err != nil {
+		return false, err
+	}
+	return r.verify(key), nil
 }
 
 // A reservation's id: "r1.", then the base64url of what settling it needs
@@ -207,11 +314,11 @@ const (
 	reservationPrefix = "r1."
 	macLen            = 16
 	markLen           = 16
-	// maxReservationOps bounds the counters an id may name, and
-	// maxReservationIDLen its length: a request meets a handful of
-	// limits, each key at most a few hundred bytes.
-	maxReservationOps   = 16
-	maxReservationIDLen = 8192
+	// maxReservationIDLen bounds an id's length, and so what reading one
+	// may allocate: a request meets a handful of limits, each key at most
+	// a few hundred bytes. Reserve refuses a request whose id would be
+	// longer.
+	maxReservationIDLen = 32 << 10
 )
 
 // reservation is an id's content.
@@ -300,9 +407,6 @@ func openReservation(s string) (*reservation, error) {
 	r.mark = bytes(markLen)
 	r.until = varint()
 	for len(b) > 0 {
-		if len(r.ops) == maxReservationOps {
-			return bad("too many counters")
-		}
 		var op SettleOp
 		op.Key = bytes(uvarint())
 		if len(b) == 0 {

@@ -189,6 +189,10 @@ func (s rateLimiter) settle(ctx context.Context, id string, actual int64) (*pb.S
 		return nil, grpcError(&FieldError{Field: "reservation", Msg: "required"})
 	}
 	res, err := s.engine.Settle(ctx, id, actual)
+	if errors.Is(err, regional.ErrTooManySettlements) {
+		s.opts.Metrics.reservation("refused")
+		return nil, status.Error(codes.ResourceExhausted, err.Error())
+	}
 	if errors.Is(err, regional.ErrReservationNotFound) {
 		s.opts.Metrics.reservation("not_found")
 		return nil, status.Error(codes.NotFound, err.Error())

@@ -75,7 +75,7 @@ func NewMetrics(e *regional.Engine) *Metrics {
 		Name: "geoquota_denied_charged_total", Help: "Cost counted of hits their limit denied, by rule: usage reported past the limit of a rule with count_over_limit, counted as debt.",
 	}, []string{"rule"})
 	m.reservations = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "geoquota_reservations_total", Help: "Reservations by what became of the call: reserved, denied (nothing held), committed, released, again (a settlement sent again, answered alike), not_found (not made here, or ended).",
+		Name: "geoquota_reservations_total", Help: "Reservations by what became of the call: reserved, denied (nothing held), committed, released, again (a settlement sent again, answered alike), not_found (not made here, or ended), refused (a counter keeps as many settlements as it may).",
 	}, []string{"result"})
 	m.Registry.MustRegister(m.checks, m.checkDuration, m.redisDuration, m.redisChecks, m.redisErrors, m.uncountedReqs, m.deniedCharged, m.reservations,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

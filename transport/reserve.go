@@ -118,14 +118,15 @@ type settleBody struct {
 }
 
 // settledBody is /v1/commit's 200 answer: what the reservation charged,
-// and where the tightest of its limits stands after.
+// and where the tightest of its limits stands after (none, if the rules
+// have changed every limit that held it since).
 type settledBody struct {
 	Charged   int64  `json:"charged"`
-	Rule      string `json:"rule"`
-	Limit     int64  `json:"limit"`
-	Remaining int64  `json:"remaining"`
-	Debt      int64  `json:"debt"`
-	ResetAt   string `json:"reset_at"`
+	Rule      string `json:"rule,omitempty"`
+	Limit     *int64 `json:"limit,omitempty"`
+	Remaining *int64 `json:"remaining,omitempty"`
+	Debt      *int64 `json:"debt,omitempty"`
+	ResetAt   string `json:"reset_at,omitempty"`
 	// Again says the reservation was settled before: this changed
 	// nothing.
 	Again bool `json:"again,omitempty"`
@@ -162,6 +163,12 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, commit bool) {
 	}
 	res, err := s.engine.Settle(r.Context(), b.Reservation, actual)
 	switch {
+	case errors.Is(err, regional.ErrTooManySettlements):
+		s.opts.Metrics.reservation("refused")
+		writeError(w, http.StatusTooManyRequests, "TOO_MANY_SETTLEMENTS",
+			"a counter of this reservation keeps as many settlements of reservations ending this minute as it may; nothing was settled, and the estimate stays taken",
+			map[string]any{"field": "reservation"})
+		return
 	case errors.Is(err, regional.ErrReservationNotFound):
 		s.opts.Metrics.reservation("not_found")
 		writeError(w, http.StatusNotFound, "RESERVATION_NOT_FOUND", "no such reservation: not made here, or ended (unsettled, it was charged its estimate)",
@@ -176,7 +183,10 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, commit bool) {
 		writeJSON(w, http.StatusOK, map[string]any{"released": res.Charged == 0, "charged": res.Charged, "again": res.Again})
 		return
 	}
-	l := res.Limits[0]
-	writeJSON(w, http.StatusOK, settledBody{Charged: res.Charged, Rule: l.Rule, Limit: l.Limit, Remaining: l.Remaining, Debt: l.Debt,
-		ResetAt: rfc3339(l.ResetAt), Again: res.Again})
+	out := settledBody{Charged: res.Charged, Again: res.Again}
+	if len(res.Limits) > 0 {
+		l := res.Limits[0]
+		out.Rule, out.Limit, out.Remaining, out.Debt, out.ResetAt = l.Rule, &l.Limit, &l.Remaining, &l.Debt, rfc3339(l.ResetAt)
+	}
+	writeJSON(w, http.StatusOK, out)
 }

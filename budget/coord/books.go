@@ -57,6 +57,11 @@ type OverAdmission struct {
 	// the amount is withheld from its next windows.
 	Admitted  int64 `json:"admitted"`
 	CarryDebt bool  `json:"carry_debt"`
+	// Debt says the rule counts every hit (count_over_limit): the amount
+	// is usage reported past the limit — answers under way when the
+	// region reached its share, counted whole — that the key pays back,
+	// not admission past it.
+	Debt bool `json:"debt,omitempty"`
 }
 
 // SetRules gives the coordinator the rules the regions enforce, in force
@@ -162,7 +167,7 @@ func (c *Coordinator) closeBooks(now time.Time) []OverAdmission {
 		parts := budget.Attribute(total-limit, limit, used, granted)
 		for _, r := range slices.Sorted(maps.Keys(parts)) {
 			found = append(found, OverAdmission{Rule: rule.ID, Key: id.Key, Region: r, WindowStart: start, Amount: parts[r],
-				Admitted: used[r], CarryDebt: rule.CarryDebt})
+				Admitted: used[r], CarryDebt: rule.CarryDebt, Debt: rule.CountOverLimit})
 			if rule.CarryDebt {
 				c.alloc.Charge(rule.ID, r, float64(parts[r])/float64(limit))
 			}

@@ -128,6 +128,7 @@ type Service struct {
 	moves   moveLog           // the dashboard's lease moves
 
 	overAdmitted *prometheus.CounterVec
+	debtCounted  *prometheus.CounterVec // past the limit of rules that count every hit
 
 	// agreed is false while slice 0's leader was last found to cut the
 	// counters otherwise (sameSlicing).
@@ -157,11 +158,12 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, nc: nc, coord: c, revs: map[string]uint64{}, overAdmitted: newOverAdmittedMetric(), url: cfg.URL,
+	s := &Service{cfg: cfg, nc: nc, coord: c, revs: map[string]uint64{}, overAdmitted: newOverAdmittedMetric(),
+		debtCounted: newDebtCountedMetric(), url: cfg.URL,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	s.agreed.Store(true)
 	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(s.overAdmitted, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_globalsync_leader",
+		cfg.Registry.MustRegister(s.overAdmitted, s.debtCounted, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "geoquota_globalsync_leader",
 			Help: "1 while this globalsync instance leads."}, func() float64 {
 			if s.Leader() {
 				return 1
@@ -555,6 +557,14 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 	}
 	s.mu.Unlock()
 	for _, oa := range found {
+		if oa.Debt {
+			// Usage reported past the limit (count_over_limit): bounded by
+			// the answers under way, and paid back by the key.
+			s.debtCounted.WithLabelValues(oa.Rule, oa.Region).Add(float64(oa.Amount))
+			s.cfg.Logger.Info("usage counted past the limit", "rule", oa.Rule, "region", oa.Region, "window_start", oa.WindowStart,
+				"counted", oa.Admitted, "past", oa.Amount, "carry_debt", oa.CarryDebt)
+			continue
+		}
 		s.overAdmitted.WithLabelValues(oa.Rule, oa.Region).Add(float64(oa.Amount))
 		s.cfg.Logger.Warn("over-admission", "rule", oa.Rule, "region", oa.Region, "window_start", oa.WindowStart,
 			"admitted", oa.Admitted, "over", oa.Amount, "carry_debt", oa.CarryDebt)
@@ -657,6 +667,12 @@ func (s *Service) Regions() []coord.RegionStatus {
 func newOverAdmittedMetric() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "geoquota_over_admitted_total",
 		Help: "Requests (in cost) admitted beyond a global limit, found when a window's books close, by rule and the region held to account."},
+		[]string{"rule", "region"})
+}
+
+func newDebtCountedMetric() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "geoquota_counted_past_limit_total",
+		Help: "Usage (in cost) a rule with count_over_limit counted past a global limit, found when a window's books close, by rule and region: answers under way when the region reached its share, paid back by the key; not in geoquota_over_admitted_total."},
 		[]string{"rule", "region"})
 }
 

@@ -14,16 +14,19 @@
 -- ARGV[6]: this region's name: its slot of global counters
 -- ARGV[7]: for 'check', the time in µs past which the call does nothing
 --          and answers the error "LATE <now>" (its caller has given up
---          and decided without the store), or ''
+--          and decided without the store), or ''; for 'settle', the
+--          reservation's mark
 -- ARGV[8...]: per limit 7 values: algorithm, limit, rate, window, cost,
 --            flags (1: shadow; 2: debt, the cost counted whatever the
 --            decision: Op.Debt), batch (0: none; else take up to batch,
 --            at least cost).
 --            'settle' settles a reservation (reserve.go) of each limit:
 --            its cost is the estimate, its batch when the estimate was
---            taken (µs), and it has a third key after its counter's (and
---            its log's): where the settlement is kept until the
---            reservation ends, so that it is made once.
+--            taken (µs), its flags 1 if the limit has changed since (the
+--            settlement is kept, the counter not touched), and it has a
+--            key after its counter's (and its log's): the hash of the
+--            counter's settlements of reservations that end in the same
+--            minute, by mark, so that each is made once.
 --            A global limit (global.go) has algorithm 10 + its own, its
 --            allowance in place of the rate, its ceiling (-1: strict) in
 --            place of the batch, and 3 more: the window (ms) the engine
@@ -31,8 +34,10 @@
 --
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
 -- retry_after, taken, and for a global limit the region's P and N after;
--- for 'settle', then whether it was settled before (1) and what it
--- charged}; for 'refund', {now, then per limit the amount given back}.
+-- for 'settle', then 0 (settled now), 1 (settled before), 2 (ended) or 3
+-- (refused: the counter keeps MAX_SETTLED settlements of that minute),
+-- and what it charged}; for 'refund', {now, then per limit the amount
+-- given back}.
 --
 -- A counter's state is one string (read_state, write_state: head.lua).
 -- Every number sent to Redis is formatted with %.17g: Lua's own conversion
@@ -52,7 +57,17 @@ local give_n = tonumber(ARGV[4]) or 0
 local give_at = tonumber(ARGV[5]) or -1
 local region = ARGV[6]
 local GLOBAL = 10
-local not_after = tonumber(ARGV[7])
+local not_after = mode == 'check' and tonumber(ARGV[7])
+-- A settlement's mark (ARGV[7] of 'settle'), and how many settlements of
+-- reservations that end in one minute a counter keeps (maxSettled in
+-- reservation.go).
+local rsv_mark, MAX_SETTLED = ARGV[7], 10000
+-- settled_until is when the settlements of reservations that end at
+-- until_us stop mattering: the end of the minute until_us is in
+-- (settledBucket in reservation.go).
+local function settled_until(until_us)
+  return (floor((until_us - 1) / 60000000) + 1) * 60000000
+end
 if not_after and now > not_after then
   return redis.error_reply(format('LATE %d', now))
 end
@@ -384,18 +399,29 @@ while i + 6 <= #ARGV do
     -- give back (lm_n, lm_at).
     local lm, lm_n, lm_at, again, charged = mode, give_n, give_at, 0, 0
     if mode == 'settle' then
-      local actual, estimate = give_n, cost
-      charged = max(0, actual)
-      local prev = call('SET', KEYS[k], format('%d', charged), 'NX', 'GET', 'PX', ttl_px(give_at))
+      local actual, estimate, marks, stale = give_n, cost, KEYS[k], flags % 2 == 1
       k = k + 1
-      shadow, owes = true, false -- settlements do not hold each other up
-      if prev then
-        lm, again, charged = 'inspect', 1, tonumber(prev)
-      elseif actual < 0 or actual <= estimate then
-        lm, lm_at, lm_n = 'grant', batch, estimate
-        if actual >= 0 then lm_n = estimate - actual end
+      charged = max(0, actual)
+      shadow, owes, lm = true, false, 'inspect' -- settlements do not hold each other up
+      local prev = call('HGET', marks, rsv_mark)
+      if now >= give_at then
+        again = 2 -- ended: unknown, its estimate charged
+      elseif prev then
+        again, charged = 1, tonumber(prev)
+      elseif call('HLEN', marks) >= MAX_SETTLED then
+        again = 3 -- the counter keeps as many settlements as it may
       else
-        lm, cost, owes = 'check', actual - estimate, alg ~= LOG
+        if call('HSETNX', marks, rsv_mark, format('%d', charged)) == 1 and call('HLEN', marks) == 1 then
+          call('PEXPIRE', marks, ttl_px(settled_until(give_at)))
+        end
+        if stale then
+          -- The limit changed since: its state is another's.
+        elseif actual < 0 or actual <= estimate then
+          lm, lm_at, lm_n = 'grant', batch, estimate
+          if actual >= 0 then lm_n = estimate - actual end
+        else
+          lm, cost, owes = 'check', actual - estimate, alg ~= LOG
+        end
       end
       batch = 0
     end

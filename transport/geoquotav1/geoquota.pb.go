@@ -641,7 +641,8 @@ type SettleResponse struct {
 	// It was settled before: nothing changed now.
 	Again bool `protobuf:"varint,2,opt,name=again,proto3" json:"again,omitempty"`
 	// The counters that held it, as they stand after, the tightest first
-	// (window_ms and retry_after_ms unset).
+	// (window_ms and retry_after_ms unset); not those whose limit the rules
+	// have changed since, which were left alone.
 	Limits        []*LimitStatus `protobuf:"bytes,3,rep,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

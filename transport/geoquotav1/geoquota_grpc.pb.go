@@ -56,7 +56,9 @@ type RateLimiterClient interface {
 	// estimate comes back, what is over is taken, past the limit as debt.
 	// Release gives the estimate back. Sent again, either is answered alike
 	// and changes nothing; an unknown reservation, or one that ended, is
-	// NotFound; one of another region, InvalidArgument.
+	// NotFound; one of another region, InvalidArgument; a counter keeping
+	// its maximum of settlements of reservations ending that minute,
+	// ResourceExhausted (nothing settled, the estimate stays taken).
 	Commit(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 	Release(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 	// GetUsage reports a counter: its limit and use, here and, for a global
@@ -168,7 +170,9 @@ type RateLimiterServer interface {
 	// estimate comes back, what is over is taken, past the limit as debt.
 	// Release gives the estimate back. Sent again, either is answered alike
 	// and changes nothing; an unknown reservation, or one that ended, is
-	// NotFound; one of another region, InvalidArgument.
+	// NotFound; one of another region, InvalidArgument; a counter keeping
+	// its maximum of settlements of reservations ending that minute,
+	// ResourceExhausted (nothing settled, the estimate stays taken).
 	Commit(context.Context, *SettleRequest) (*SettleResponse, error)
 	Release(context.Context, *SettleRequest) (*SettleResponse, error)
 	// GetUsage reports a counter: its limit and use, here and, for a global
