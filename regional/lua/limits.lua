@@ -403,17 +403,18 @@ while i + 6 <= #ARGV do
       k = k + 1
       charged = max(0, actual)
       shadow, owes, lm = true, false, 'inspect' -- settlements do not hold each other up
-      local prev = call('HGET', marks, rsv_mark)
+      local prev, kept = false, 0
+      if now < give_at then prev = call('HGET', marks, rsv_mark) end
+      if not prev and now < give_at then kept = call('HLEN', marks) end
       if now >= give_at then
         again = 2 -- ended: unknown, its estimate charged
       elseif prev then
         again, charged = 1, tonumber(prev)
-      elseif call('HLEN', marks) >= MAX_SETTLED then
+      elseif kept >= MAX_SETTLED then
         again = 3 -- the counter keeps as many settlements as it may
       else
-        if call('HSETNX', marks, rsv_mark, format('%d', charged)) == 1 and call('HLEN', marks) == 1 then
-          call('PEXPIRE', marks, ttl_px(settled_until(give_at)))
-        end
+        call('HSET', marks, rsv_mark, format('%d', charged))
+        if kept == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at))) end
         if stale then
           -- The limit changed since: its state is another's.
         elseif actual < 0 or actual <= estimate then
