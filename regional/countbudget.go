@@ -337,9 +337,10 @@ func (e *Engine) ruleFloor(r *Rule) float64 {
 	return e.global.floor
 }
 
-// trackCounter counts a check of a counter on its own: one that holds a
-// budget of its own, or one denied under the rule's lease (a candidate).
-func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
+// trackCounter counts a check of a counter on its own, asking for units
+// (millionths of its limit): one that holds a budget of its own, or one
+// denied under the rule's lease (a candidate).
+func (e *Engine) trackCounter(it *item, units int64, admitted, denied bool, now int64) {
 	d := it.demand
 	if d == nil {
 		d = e.lookupDemand(it, now)
@@ -348,7 +349,6 @@ func (e *Engine) trackCounter(it *item, admitted, denied bool, now int64) {
 	if d == nil {
 		return
 	}
-	units := it.cost * 1e6 / max(1, it.params.Limit)
 	switch {
 	case admitted:
 		d.admitted.Add(units)

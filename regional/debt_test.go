@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -297,5 +298,35 @@ func waitWrittenBack(t *testing.T, e *Engine, store *RedisStore, key, want strin
 			}
 		}
 		time.Sleep(20 * time.Millisecond) // the store's recovery is real time
+	}
+}
+
+// A denied check that counts nothing — the gateway's question before a
+// metered request — asks the budgets for what a hit of the rule costs on
+// average, not for nothing: a region whose tenant is over its share there
+// shows the demand it turns away, and its share can grow.
+func TestDeniedQuestionsAskForATypicalHit(t *testing.T) {
+	e, _, _ := oneReplicaRegion(t, `
+rules:
+  - { id: tokens, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h, count_over_limit: true }
+`)
+	var d Decision
+	for range 40 { // reports of 100 tokens: past the region's share (its floor)
+		if err := e.Check(t.Context(), &Request{APIKey: "t", Cost: 100}, &d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := e.Demand("tokens")
+	for range 10 {
+		if err := e.Check(t.Context(), &Request{APIKey: "t", CountNothing: true}, &d); err != nil || d.Allowed {
+			t.Fatalf("a question past the share: %+v (%v), want denied", d, err)
+		}
+	}
+	after := e.Demand("tokens")
+	if got, want := after.Denied-before.Denied, 10*100.0/3000; math.Abs(got-want) > 1e-4 { // demand is kept in millionths of the limit
+		t.Fatalf("ten denied questions asked for %.4f of the limit, want %.4f (ten hits of 100)", got, want)
+	}
+	if after.Admitted != before.Admitted {
+		t.Fatalf("denied questions counted as admitted: %.4f -> %.4f", before.Admitted, after.Admitted)
 	}
 }

@@ -130,9 +130,13 @@ type adoption struct {
 type ruleDemand struct {
 	since            int64 // µs: when the region began counting
 	admitted, denied atomic.Int64
-	usedEpoch        atomic.Int64 // the window used is about, µs since the epoch / window
-	used             atomic.Int64 // the most any counter used in it, millionths
-	prevUsed         atomic.Int64 // the same of the window before, or -1: unknown
+	// hitCost is what a hit of the rule that counted something costs, on
+	// average (moving): what a denied check that counts nothing (the
+	// gateway's question before a metered request) asks for.
+	hitCost   atomic.Int64
+	usedEpoch atomic.Int64 // the window used is about, µs since the epoch / window
+	used      atomic.Int64 // the most any counter used in it, millionths
+	prevUsed  atomic.Int64 // the same of the window before, or -1: unknown
 }
 
 func newGlobalState(region string, cfg GlobalConfig) (*globalState, error) {
@@ -641,22 +645,22 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 		e.global.usage.with(func(c *crdt.Counters) { c.ObserveKey(it.key, start/1000, r.OwnP, r.OwnN) })
 	}
 	d := e.ruleDemand(it.rule.ID)
-	units := it.cost * 1e6 / max(1, it.params.Limit)
+	units := d.asked(it) * 1e6 / max(1, it.params.Limit)
 	admitted, denied := r.Allowed && allowed, !r.Allowed
 	held := e.heldFor(it, now) != nil
 	if held {
 		// A budget of its own: its demand is its own, not the rule's.
-		e.trackCounter(it, admitted, denied, now)
+		e.trackCounter(it, units, admitted, denied, now)
 	} else {
 		switch {
 		case admitted:
 			d.admitted.Add(units)
 			if it.rule.Mode == ModeStrict && pressed(it, start) {
-				e.trackCounter(it, true, false, now) // a candidate, before it is denied
+				e.trackCounter(it, units, true, false, now) // a candidate, before it is denied
 			}
 		case denied:
 			d.denied.Add(units)
-			e.trackCounter(it, false, true, now) // a candidate
+			e.trackCounter(it, units, false, true, now) // a candidate
 		}
 	}
 	if it.cached || it.storeNow == 0 {
@@ -708,6 +712,30 @@ func pressed(it *item, start int64) bool {
 	a := float64(it.allowance)
 	elapsed := float64(it.storeNow - start)
 	return 2*own >= a && own*float64(it.params.Window) >= a*elapsed
+}
+
+// asked is the cost a check asks for, as demand: its own, or for a
+// denied check that counts nothing, what a hit of the rule costs on
+// average — a metered rule's gateway asks before each request and reports
+// its cost after, and only a denied question says the region wants more.
+func (d *ruleDemand) asked(it *item) int64 {
+	if it.cost > 0 {
+		for { // a moving average over about 16 hits
+			old := d.hitCost.Load()
+			avg := it.cost
+			if old > 0 {
+				avg = old + (it.cost-old)/16
+			}
+			if avg == old || d.hitCost.CompareAndSwap(old, avg) {
+				break
+			}
+		}
+		return it.cost
+	}
+	if it.result.Allowed {
+		return 0
+	}
+	return d.hitCost.Load()
 }
 
 func (e *Engine) ruleDemand(id string) *ruleDemand {
