@@ -482,7 +482,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 		case settled:
 			out[i].Again, out[i].Charged = true, prev
 			continue
-		case mk != nil && len(mk.charged) >= maxSettled:
+		case mk != nil && len(mk.charged) >= settledCap(op.Params):
 			out[i].Full = true
 			continue
 		case mk == nil:

@@ -1,6 +1,9 @@
 package regional
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // A reservation holds a request's estimated cost against regional limits
 // until its cost is known. Reserving is a check of the estimate, nothing
@@ -19,12 +22,29 @@ import "time"
 // MaxReservationTTL is the longest a reservation may hold.
 const MaxReservationTTL = time.Hour
 
-// maxSettled bounds the settlements a counter keeps of reservations that
-// end in one minute (settledBucket): reserving and releasing over and
-// over costs a client nothing of its limit, and each settlement is kept
-// until its reservation ends. Past it, a settlement is refused
-// (Settlement.Full). limits.lua's MAX_SETTLED is the same.
+// maxSettled is the least bound on the settlements a counter keeps of
+// reservations that end in one minute (settledBucket; settledCap):
+// reserving and releasing over and over costs a client nothing of its
+// limit, and each settlement is kept until its reservation ends. Past the
+// bound, a settlement is refused (Settlement.Full). limits.lua's
+// MAX_SETTLED is the same.
 const maxSettled = 10_000
+
+// settledCap is the bound on a counter's settlements of reservations that
+// end in one minute: twice what the counter can admit in a minute (each
+// reservation took at least 1 of it, so a counter's own traffic stays well
+// within), at least maxSettled, at most 2^40. limits.lua's settled_cap
+// computes it alike.
+func settledCap(p Params) int {
+	per := float64(p.Limit)
+	switch p.Algorithm {
+	case TokenBucket, GCRA:
+		per += p.Rate * 60
+	default:
+		per *= math.Ceil(60e6 / float64(p.Window))
+	}
+	return int(max(maxSettled, math.Floor(math.Min(2*per, 1<<40))))
+}
 
 // settledBucket is the minute (from the Unix epoch) in which a
 // reservation that ends at until (µs) ends: a counter keeps the
@@ -47,7 +67,7 @@ type SettleOp struct {
 type Settlement struct {
 	// Ended: the reservation had ended by the store's clock, and nothing
 	// was done (its estimate stays charged). Full: the counter keeps as
-	// many settlements as it may (maxSettled), and nothing was done.
+	// many settlements as it may (settledCap), and nothing was done.
 	Ended, Full bool
 	// Again: the counter's part was settled before and nothing changed;
 	// Charged is what the first settlement charged (0 for a release).

@@ -128,11 +128,26 @@ func TestSettledOnce(t *testing.T) {
 // TestSettlementsAreCapped makes a counter keep maxSettled settlements of
 // reservations ending in one minute, in both stores: the next is refused
 // (Full) and changes nothing; one of reservations ending in the next
-// minute is kept.
+// minute is kept. A counter that admits more a minute keeps more
+// (settledCap).
 func TestSettlementsAreCapped(t *testing.T) {
 	ctx := t.Context()
 	rs, clock := newVirtualRedisStore(t, RedisOptions{})
-	fw := Params{Algorithm: FixedWindow, Limit: 1 << 30, Window: 3600e6}
+	fw := Params{Algorithm: FixedWindow, Limit: 1000, Window: 3600e6} // admits far less than maxSettled a minute
+	for _, c := range []struct {
+		p    Params
+		want int
+	}{
+		{fw, maxSettled},
+		{Params{Algorithm: FixedWindow, Limit: 1_000_000, Window: 60e6}, 2_000_000},
+		{Params{Algorithm: FixedWindow, Limit: 100_000, Window: 10e6}, 1_200_000},
+		{Params{Algorithm: TokenBucket, Limit: 100, Rate: 1000}, 120_200},
+		{Params{Algorithm: GCRA, Limit: 1 << 40, Rate: 1e9}, 1 << 40},
+	} {
+		if got := settledCap(c.p); got != c.want {
+			t.Errorf("settledCap(%+v) = %d, want %d", c.p, got, c.want)
+		}
+	}
 	for _, s := range []struct {
 		name string
 		st   Store

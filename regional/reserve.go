@@ -203,7 +203,7 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 
 // ErrTooManySettlements is returned by Settle when a counter keeps as many
 // settlements of reservations ending in the same minute as it may
-// (maxSettled): nothing was settled, and the estimate stays taken.
+// (settledCap): nothing was settled, and the estimate stays taken.
 var ErrTooManySettlements = errors.New("regional: too many settlements of reservations ending this minute")
 
 // limitOf reports whether p is the limit a counter key has under the rules

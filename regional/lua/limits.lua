@@ -35,7 +35,7 @@
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
 -- retry_after, taken, and for a global limit the region's P and N after;
 -- for 'settle', then 0 (settled now), 1 (settled before), 2 (ended) or 3
--- (refused: the counter keeps MAX_SETTLED settlements of that minute),
+-- (refused: the counter keeps settled_cap settlements of that minute),
 -- and what it charged}; for 'refund', {now, then per limit the amount
 -- given back}.
 --
@@ -58,10 +58,21 @@ local give_at = tonumber(ARGV[5]) or -1
 local region = ARGV[6]
 local GLOBAL = 10
 local not_after = mode == 'check' and tonumber(ARGV[7])
--- A settlement's mark (ARGV[7] of 'settle'), and how many settlements of
--- reservations that end in one minute a counter keeps (maxSettled in
--- reservation.go).
+-- A settlement's mark (ARGV[7] of 'settle'), and the least of how many
+-- settlements of reservations that end in one minute a counter keeps
+-- (maxSettled in reservation.go).
 local rsv_mark, MAX_SETTLED = ARGV[7], 10000
+-- settled_cap is settledCap in reservation.go: twice what a counter can
+-- admit in a minute, at least MAX_SETTLED, at most 2^40.
+local function settled_cap(alg, limit, rate, window)
+  local per = limit
+  if alg == TOKEN_BUCKET or alg == GCRA then
+    per = per + rate * 60
+  else
+    per = per * ceil(60000000 / window)
+  end
+  return max(MAX_SETTLED, floor(min(2 * per, 2 ^ 40)))
+end
 -- settled_until is when the settlements of reservations that end at
 -- until_us stop mattering: the end of the minute until_us is in
 -- (settledBucket in reservation.go).
@@ -410,7 +421,7 @@ while i + 6 <= #ARGV do
         again = 2 -- ended: unknown, its estimate charged
       elseif prev then
         again, charged = 1, tonumber(prev)
-      elseif kept >= MAX_SETTLED then
+      elseif kept >= settled_cap(alg, limit, rate, window) then
         again = 3 -- the counter keeps as many settlements as it may
       else
         call('HSET', marks, rsv_mark, format('%d', charged))
