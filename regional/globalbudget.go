@@ -131,8 +131,8 @@ type ruleDemand struct {
 	since            int64 // µs: when the region began counting
 	admitted, denied atomic.Int64
 	// hitCost is what a hit of the rule that counted something costs, on
-	// average (moving): what a denied check that counts nothing (the
-	// gateway's question before a metered request) asks for.
+	// average (moving, in 1/1024ths): what a denied check that counts
+	// nothing (the gateway's question before a metered request) asks for.
 	hitCost   atomic.Int64
 	usedEpoch atomic.Int64 // the window used is about, µs since the epoch / window
 	used      atomic.Int64 // the most any counter used in it, millionths
@@ -720,11 +720,12 @@ func pressed(it *item, start int64) bool {
 // its cost after, and only a denied question says the region wants more.
 func (d *ruleDemand) asked(it *item) int64 {
 	if it.cost > 0 {
-		for { // a moving average over about 16 hits
+		c := it.cost << 10
+		for { // a moving average over about 16 hits, in 1/1024ths
 			old := d.hitCost.Load()
-			avg := it.cost
+			avg := c
 			if old > 0 {
-				avg = old + (it.cost-old)/16
+				avg = old + (c-old)/16
 			}
 			if avg == old || d.hitCost.CompareAndSwap(old, avg) {
 				break
@@ -735,7 +736,7 @@ func (d *ruleDemand) asked(it *item) int64 {
 	if it.result.Allowed {
 		return 0
 	}
-	return d.hitCost.Load()
+	return d.hitCost.Load() >> 10
 }
 
 func (e *Engine) ruleDemand(id string) *ruleDemand {

@@ -460,14 +460,28 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	idx := m.lock(shards, lockBuf[:])
 	defer m.unlock(idx)
 	now := m.now()
-	for i := range ops {
-		op, sh := &ops[i], &m.shards[shards[i]]
-		k := settledKey(string(op.Key), until)
+	marks := func(i int) *settledMarks {
+		sh, k := &m.shards[shards[i]], settledKey(string(ops[i].Key), until)
 		mk := sh.settled[k]
 		if mk != nil && mk.until <= now {
 			delete(sh.settled, k)
 			mk = nil
 		}
+		return mk
+	}
+	// Refused whole if one counter keeps as many settlements of that
+	// minute as it may (and has not this one): nothing is written.
+	refused := false
+	for i := range ops {
+		if mk := marks(i); now < until && mk != nil {
+			_, settled := mk.charged[mark]
+			refused = refused || !settled && len(mk.charged) >= settledCap(ops[i].Params)
+		}
+	}
+	for i := range ops {
+		op, sh := &ops[i], &m.shards[shards[i]]
+		k := settledKey(string(op.Key), until)
+		mk := marks(i)
 		e, cur := m.get(sh, op.Key, op.Params.Algorithm, now)
 		out[i] = Settlement{Charged: max(0, actual), Result: inspect(op.Params, cur, now)}
 		var prev int64
@@ -482,7 +496,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 		case settled:
 			out[i].Again, out[i].Charged = true, prev
 			continue
-		case mk != nil && len(mk.charged) >= settledCap(op.Params):
+		case refused:
 			out[i].Full = true
 			continue
 		case mk == nil:

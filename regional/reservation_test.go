@@ -166,6 +166,22 @@ func TestSettlementsAreCapped(t *testing.T) {
 			if _, err := s.st.Settle(ctx, ops, "more", until, -1, out); err != nil || !out[0].Full {
 				t.Fatalf("a settlement past the cap: %+v, %v", out[0], err)
 			}
+			// Refused whole: another counter of the same reservation is
+			// left unsettled, and settles later on its own.
+			k2 := []byte("gq:{cap2:" + s.name + "}")
+			if _, err := s.st.Apply(ctx, []Op{{Key: k2, Params: fw, Cost: 7}}, make([]Result, 1)); err != nil {
+				t.Fatal(err)
+			}
+			pair, out2 := []SettleOp{{Key: k2, Params: fw, Estimate: 7, At: now}, ops[0]}, make([]Settlement, 2)
+			if _, err := s.st.Settle(ctx, pair, "pair", until, -1, out2); err != nil || !out2[0].Full || !out2[1].Full {
+				t.Fatalf("a reservation one of whose counters is full: %+v, %v", out2, err)
+			}
+			if r, err := s.st.Inspect(ctx, k2, fw); err != nil || r.Remaining != 993 {
+				t.Fatalf("the other counter after the refusal: %+v, %v, want its 7 still taken", r, err)
+			}
+			if _, err := s.st.Settle(ctx, pair[:1], "pair", until, -1, out2[:1]); err != nil || out2[0].Full || out2[0].Again || out2[0].Result.Remaining != 1000 {
+				t.Fatalf("the other counter settled alone: %+v, %v", out2[0], err)
+			}
 			if _, err := s.st.Settle(ctx, ops, "more", until+60e6, 1, out); err != nil || out[0].Full || out[0].Again {
 				t.Fatalf("a settlement of a reservation ending the minute after: %+v, %v", out[0], err)
 			}
@@ -253,8 +269,8 @@ rules:
 	if err := mem.Check(ctx, &Request{APIKey: "r", Cost: 90}, &d); err != nil || !d.Allowed {
 		t.Fatalf("a check under the new rules: %+v (%v)", d, err)
 	}
-	if s, err := mem.Settle(ctx, res.ID, -1); err != nil || len(s.Limits) != 0 {
-		t.Fatalf("release of a reservation of a limit since changed: %+v (%v), want no limit named", s, err)
+	if s, err := mem.Settle(ctx, res.ID, -1); err != nil || len(s.Limits) != 1 || s.Limits[0].Limit != 1_000_000 {
+		t.Fatalf("release of a reservation of a limit since changed: %+v (%v), want the limit it was made under", s, err)
 	}
 	if err := mem.Check(ctx, &Request{APIKey: "r", Cost: 10}, &d); err != nil || !d.Allowed || d.Limits[0].Remaining != 0 {
 		t.Fatalf("the bucket after the release: %+v (%v), want it left at 10 (the estimate not given back into it)", d, err)

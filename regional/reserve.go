@@ -104,7 +104,14 @@ func (e *Engine) Reserve(ctx context.Context, req *Request, ttl time.Duration, d
 		if _, err := e.settleStore().Settle(ctx, rq.ops, hex.EncodeToString(mark[:]), until, -1, out); err != nil {
 			return Reserved{}, fmt.Errorf("%w: giving back a reservation too large to hold: %w", ErrStoreUnavailable, err)
 		}
-		return Reserved{}, &RequestError{Field: "descriptors", Msg: fmt.Sprintf("the request meets %d limits whose keys make a reservation id of %d bytes, more than %d", len(rq.ops), len(id), maxReservationIDLen)}
+		back := "its estimate was given back"
+		for _, o := range out {
+			if o.Full || o.Ended {
+				back = "its estimate could not be given back and stays taken"
+			}
+		}
+		return Reserved{}, &RequestError{Field: "descriptors", Msg: fmt.Sprintf("the request meets %d limits whose keys make a reservation id of %d bytes, more than %d: nothing is reserved, and %s",
+			len(rq.ops), len(id), maxReservationIDLen, back)}
 	}
 	return Reserved{ID: id, Expires: d.Time.Add(ttl)}, nil
 }
@@ -125,7 +132,8 @@ type Settled struct {
 	Charged int64
 	// Limits are the counters that held it, as they stand after, the
 	// tightest first; not those whose limit has changed since (the rules
-	// changed: they were left alone).
+	// changed: they were left alone), unless all have: then those, with
+	// the limit they had when reserved.
 	Limits []SettledLimit
 }
 
@@ -174,6 +182,7 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 		return Settled{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	var s Settled
+	var stale []SettledLimit
 	ended := true
 	for i, o := range out {
 		if o.Full {
@@ -183,17 +192,21 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 			continue
 		}
 		ended = false
-		if r.ops[i].Stale {
-			s.Again, s.Charged = s.Again || o.Again, o.Charged
-			continue // settled; its limit is no longer this one
-		}
 		rule, _, _, _ := parseKey(string(r.ops[i].Key))
 		s.Again, s.Charged = s.Again || o.Again, o.Charged
-		s.Limits = append(s.Limits, SettledLimit{Rule: rule, Limit: r.ops[i].Params.Limit, Remaining: max(0, o.Result.Remaining),
-			Debt: max(0, -o.Result.Remaining), ResetAt: time.UnixMicro(o.Result.ResetAt)})
+		l := SettledLimit{Rule: rule, Limit: r.ops[i].Params.Limit, Remaining: max(0, o.Result.Remaining),
+			Debt: max(0, -o.Result.Remaining), ResetAt: time.UnixMicro(o.Result.ResetAt)}
+		if r.ops[i].Stale {
+			stale = append(stale, l) // settled; its limit is no longer this one
+			continue
+		}
+		s.Limits = append(s.Limits, l)
 	}
 	if ended {
 		return Settled{}, ErrReservationNotFound
+	}
+	if len(s.Limits) == 0 {
+		s.Limits = stale // as they were when reserved: the rules changed them all
 	}
 	slices.SortStableFunc(s.Limits, func(a, b SettledLimit) int {
 		return cmp.Or(cmp.Compare(b.Debt, a.Debt), cmp.Compare(a.Remaining, b.Remaining))
@@ -248,19 +261,33 @@ type keyStore interface {
 // get the store's one key.
 func (k *reservationKeys) key(ctx context.Context, e *Engine) ([]byte, error) {
 	k.mu.Lock()
-	val := k.val
+	val, refresh := k.val, false
+	if val != nil && e.shared && e.now().Sub(k.fetched) >= keyRefresh {
+		// Read again now and then: a store that lost its key made another,
+		// and replicas started since seal with it.
+		refresh, k.fetched = true, e.now()
+	}
 	k.mu.Unlock()
-	if val != nil {
+	if val != nil && !refresh {
 		return val, nil
 	}
-	return k.fetch(ctx, e)
+	v, err := k.fetch(ctx, e)
+	if err != nil && val != nil {
+		return val, nil // the store does not answer: the key known
+	}
+	return v, err
 }
+
+// keyRefresh is how often a replica reads the region's key again.
+const keyRefresh = 10 * time.Second
 
 // fetch reads the key from the store (a fresh one on its own memory).
 func (k *reservationKeys) fetch(ctx context.Context, e *Engine) ([]byte, error) {
 	fresh := make([]byte, 32)
 	rand.Read(fresh)
-	if ks, ok := e.store.(keyStore); ok && e.shared {
+	ks, shared := e.store.(keyStore)
+	shared = shared && e.shared
+	if shared {
 		ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 		defer cancel()
 		v, err := ks.reservationKey(ctx, fresh)
@@ -271,7 +298,7 @@ func (k *reservationKeys) fetch(ctx context.Context, e *Engine) ([]byte, error) 
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.val == nil || e.shared {
+	if k.val == nil || shared { // a key of this engine's own is made once
 		k.val, k.fetched = fresh, e.now()
 	}
 	return k.val, nil
@@ -289,8 +316,9 @@ func (k *reservationKeys) verify(ctx context.Context, e *Engine, r *reservation)
 	if err != nil || r.verify(key) {
 		return err == nil, err
 	}
+	_, shared := e.store.(keyStore)
 	k.mu.Lock()
-	stale := e.shared && e.now().Sub(k.fetched) >= refetchEvery
+	stale := shared && e.shared && e.now().Sub(k.fetched) >= refetchEvery
 	if stale {
 		k.fetched = e.now() // one caller reads again; the others answer now
 	}

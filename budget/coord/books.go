@@ -58,9 +58,9 @@ type OverAdmission struct {
 	Admitted  int64 `json:"admitted"`
 	CarryDebt bool  `json:"carry_debt"`
 	// Debt says the rule counts every hit (count_over_limit): the amount
-	// is usage reported past the limit — answers under way when the
-	// region reached its share, counted whole — that the key pays back,
-	// not admission past it.
+	// counts usage reported past the limit — answers under way when the
+	// region reached its share, counted whole, which the regions then deny
+	// the key for — and the books cannot tell it from admission past it.
 	Debt bool `json:"debt,omitempty"`
 }
 

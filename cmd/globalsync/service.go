@@ -557,15 +557,16 @@ func (s *Service) rebalance(ctx context.Context, now time.Time) error {
 	}
 	s.mu.Unlock()
 	for _, oa := range found {
+		s.overAdmitted.WithLabelValues(oa.Rule, oa.Region).Add(float64(oa.Amount))
 		if oa.Debt {
-			// Usage reported past the limit (count_over_limit): bounded by
-			// the answers under way, and paid back by the key.
+			// Usage reported past the limit (count_over_limit), expected
+			// up to the answers under way; the books cannot tell it from
+			// admission past the limit.
 			s.debtCounted.WithLabelValues(oa.Rule, oa.Region).Add(float64(oa.Amount))
 			s.cfg.Logger.Info("usage counted past the limit", "rule", oa.Rule, "region", oa.Region, "window_start", oa.WindowStart,
 				"counted", oa.Admitted, "past", oa.Amount, "carry_debt", oa.CarryDebt)
 			continue
 		}
-		s.overAdmitted.WithLabelValues(oa.Rule, oa.Region).Add(float64(oa.Amount))
 		s.cfg.Logger.Warn("over-admission", "rule", oa.Rule, "region", oa.Region, "window_start", oa.WindowStart,
 			"admitted", oa.Admitted, "over", oa.Amount, "carry_debt", oa.CarryDebt)
 	}
@@ -672,7 +673,7 @@ func newOverAdmittedMetric() *prometheus.CounterVec {
 
 func newDebtCountedMetric() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "geoquota_counted_past_limit_total",
-		Help: "Usage (in cost) a rule with count_over_limit counted past a global limit, found when a window's books close, by rule and region: answers under way when the region reached its share, paid back by the key; not in geoquota_over_admitted_total."},
+		Help: "Of geoquota_over_admitted_total, what rules with count_over_limit counted past a global limit, found when a window's books close, by rule and region: usage reported past the limit (answers under way when the region reached its share), which the books cannot tell from admission past it."},
 		[]string{"rule", "region"})
 }
 

@@ -354,6 +354,24 @@ end
 -- values a limit, what to store if the request goes ahead; owed (eight
 -- values a limit) and owedg (five, a global limit's), what limits that
 -- count debt store whatever happens.
+-- A settlement is refused whole if one of its counters keeps as many
+-- settlements of that minute as it may (and has not this one): nothing is
+-- written (refused).
+local refused = false
+if mode == 'settle' and now < give_at then
+  local kk, ii = 1, 8
+  while ii + 6 <= #ARGV do
+    local a = tonumber(ARGV[ii])
+    if a == LOG then kk = kk + 1 end
+    local marks = KEYS[kk + 1]
+    kk = kk + 2
+    if not call('HGET', marks, rsv_mark) and
+        call('HLEN', marks) >= settled_cap(a, tonumber(ARGV[ii + 1]), tonumber(ARGV[ii + 2]), tonumber(ARGV[ii + 3])) then
+      refused = true
+    end
+    ii = ii + 7
+  end
+end
 local out, commit, pending, np, owed, no, owedg, ng = {now}, true, {}, 0, {}, 0, {}, 0
 local k, i = 1, 8
 while i + 6 <= #ARGV do
@@ -421,8 +439,8 @@ while i + 6 <= #ARGV do
         again = 2 -- ended: unknown, its estimate charged
       elseif prev then
         again, charged = 1, tonumber(prev)
-      elseif kept >= settled_cap(alg, limit, rate, window) then
-        again = 3 -- the counter keeps as many settlements as it may
+      elseif refused then
+        again = 3 -- a counter keeps as many settlements as it may
       else
         call('HSET', marks, rsv_mark, format('%d', charged))
         if kept == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at))) end
