@@ -460,28 +460,26 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	idx := m.lock(shards, lockBuf[:])
 	defer m.unlock(idx)
 	now := m.now()
-	marks := func(i int) *settledMarks {
-		sh, k := &m.shards[shards[i]], settledKey(string(ops[i].Key), until)
-		mk := sh.settled[k]
-		if mk != nil && mk.until <= now {
-			delete(sh.settled, k)
-			mk = nil
-		}
-		return mk
-	}
-	// Refused whole if one counter keeps as many settlements of that
-	// minute as it may (and has not this one): nothing is written.
+	// Each counter's settlements of that minute, read first: refused whole
+	// if one keeps as many as it may (and has not this one), nothing is
+	// written.
+	keys, mks := make([]string, len(ops)), make([]*settledMarks, len(ops))
 	refused := false
 	for i := range ops {
-		if mk := marks(i); now < until && mk != nil {
+		sh := &m.shards[shards[i]]
+		keys[i] = settledKey(string(ops[i].Key), until)
+		mk := sh.settled[keys[i]]
+		if mk != nil && mk.until <= now {
+			delete(sh.settled, keys[i])
+			mk = nil
+		}
+		if mks[i] = mk; now < until && mk != nil {
 			_, settled := mk.charged[mark]
 			refused = refused || !settled && len(mk.charged) >= settledCap(ops[i].Params)
 		}
 	}
 	for i := range ops {
-		op, sh := &ops[i], &m.shards[shards[i]]
-		k := settledKey(string(op.Key), until)
-		mk := marks(i)
+		op, sh, k, mk := &ops[i], &m.shards[shards[i]], keys[i], mks[i]
 		e, cur := m.get(sh, op.Key, op.Params.Algorithm, now)
 		out[i] = Settlement{Charged: max(0, actual), Result: inspect(op.Params, cur, now)}
 		var prev int64

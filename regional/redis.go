@@ -781,21 +781,6 @@ func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 	var refunds []refund
 	for _, c := range batch {
 		c.err = nil
-		if len(c.settled) > 0 {
-			// A settlement is kept whatever its caller does: sent again,
-			// it is answered alike. Nothing to give back.
-			for gi := range c.groups {
-				if err := c.groups[gi].err; err != nil && c.err == nil {
-					c.err = fmt.Errorf("regional: redis: %w", err)
-				} else if err == nil {
-					if err := c.read(&c.groups[gi]); err != nil && c.err == nil {
-						c.err = err
-					}
-				}
-			}
-			c.state.CompareAndSwap(callPending, callDelivered)
-			continue
-		}
 		ok := make([]bool, len(c.groups))
 		for gi := range c.groups {
 			err := c.groups[gi].err
@@ -810,6 +795,10 @@ func (s *RedisStore) run(batch []*redisCall, checks *[]checksCall) {
 			ok[gi] = err == nil
 		}
 		switch {
+		case len(c.settled) > 0:
+			// A settlement is kept whatever its caller does: sent again,
+			// it is answered alike. Nothing to give back.
+			c.state.CompareAndSwap(callPending, callDelivered)
 		case c.state.CompareAndSwap(callPending, callDelivered):
 			if len(c.groups) > 1 {
 				refunds = c.refunds(refunds, ok, false)

@@ -413,14 +413,9 @@ func openReservation(s string) (*reservation, error) {
 		b = b[n:]
 		return v
 	}
-	varint := func() int64 {
-		v, n := binary.Varint(b)
-		if n <= 0 {
-			b = nil
-			return 0
-		}
-		b = b[n:]
-		return v
+	varint := func() int64 { // zig-zag, as binary.AppendVarint writes it
+		u := uvarint()
+		return int64(u>>1) ^ -int64(u&1)
 	}
 	bytes := func(n uint64) []byte {
 		if n > uint64(len(b)) {

@@ -139,11 +139,8 @@ func (s rateLimiter) Reserve(ctx context.Context, in *pb.ReserveRequest) (*pb.Re
 		return nil, grpcError(&FieldError{Field: "request", Msg: "required"})
 	}
 	req, err := requestFrom(in.Request.Domain, in.Request.Descriptors, in.Request.Cost, "request.descriptors")
-	switch {
-	case err != nil:
-	case in.Request.Cost <= 0 || in.Request.CountNothing:
-		err = &FieldError{Field: "request.cost", Msg: "required: the estimated cost, at least 1"}
-	case in.TtlMs <= 0 || in.TtlMs > regional.MaxReservationTTL.Milliseconds():
+	req.CountNothing = in.Request.CountNothing // refused by the engine: an estimate counts
+	if err == nil && (in.TtlMs <= 0 || in.TtlMs > regional.MaxReservationTTL.Milliseconds()) {
 		err = &FieldError{Field: "ttl_ms", Msg: fmt.Sprintf("%d: must be more than 0 and at most %d", in.TtlMs, regional.MaxReservationTTL.Milliseconds())}
 	}
 	if err != nil {

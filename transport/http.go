@@ -320,16 +320,11 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 // decide reads a /v1/check body (or /v1/report's, whose cost is required)
 // and decides it into d; it reports false when it answered an error.
 func (s *Server) decide(w http.ResponseWriter, r *http.Request, d *regional.Decision, report bool) bool {
-	if err := jsonBody(r); err != nil {
-		s.writeInputError(w, err)
+	var b checkBody
+	if !s.readJSON(w, r, &b) {
 		return false
 	}
-	body, err := readBody(w, r)
-	if err != nil {
-		s.writeInputError(w, err)
-		return false
-	}
-	req, err := parseCheck(body)
+	req, err := b.request()
 	if err == nil && report && req.Cost == 0 {
 		err = errCostRequired()
 	}

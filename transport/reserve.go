@@ -35,10 +35,7 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 	if !s.readJSON(w, r, &b) {
 		return
 	}
-	ttl, err := ttlOf(b.TTLSeconds)
-	if err == nil && b.Cost == nil {
-		err = &FieldError{Field: "cost", Msg: "required: the estimated cost"}
-	}
+	ttl, err := ttlOf(b.TTLSeconds) // the estimate's cost: the engine's to check
 	if err != nil {
 		s.writeInputError(w, err)
 		return

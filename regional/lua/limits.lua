@@ -354,24 +354,27 @@ end
 -- values a limit, what to store if the request goes ahead; owed (eight
 -- values a limit) and owedg (five, a global limit's), what limits that
 -- count debt store whatever happens.
--- A settlement is refused whole if one of its counters keeps as many
--- settlements of that minute as it may (and has not this one): nothing is
--- written (refused).
-local refused = false
+-- A settlement reads each counter's settlements first (prevs: this one's
+-- mark, if settled before; kept: how many that minute): it is refused
+-- whole if one counter keeps as many as it may and has not this one, and
+-- nothing is written (refused).
+local refused, prevs, kept = false, {}, {}
 if mode == 'settle' and now < give_at then
-  local kk, ii = 1, 8
+  local kk, ii, n = 1, 8, 1
   while ii + 6 <= #ARGV do
     local a = tonumber(ARGV[ii])
     if a == LOG then kk = kk + 1 end
     local marks = KEYS[kk + 1]
     kk = kk + 2
-    if not call('HGET', marks, rsv_mark) and
-        call('HLEN', marks) >= settled_cap(a, tonumber(ARGV[ii + 1]), tonumber(ARGV[ii + 2]), tonumber(ARGV[ii + 3])) then
-      refused = true
+    prevs[n], kept[n] = call('HGET', marks, rsv_mark), 0
+    if not prevs[n] then
+      kept[n] = call('HLEN', marks)
+      refused = refused or kept[n] >= settled_cap(a, tonumber(ARGV[ii + 1]), tonumber(ARGV[ii + 2]), tonumber(ARGV[ii + 3]))
     end
-    ii = ii + 7
+    ii, n = ii + 7, n + 1
   end
 end
+local settles = 0 -- settlements decided so far: the index into prevs and kept
 local out, commit, pending, np, owed, no, owedg, ng = {now}, true, {}, 0, {}, 0, {}, 0
 local k, i = 1, 8
 while i + 6 <= #ARGV do
@@ -432,9 +435,8 @@ while i + 6 <= #ARGV do
       k = k + 1
       charged = max(0, actual)
       shadow, owes, lm = true, false, 'inspect' -- settlements do not hold each other up
-      local prev, kept = false, 0
-      if now < give_at then prev = call('HGET', marks, rsv_mark) end
-      if not prev and now < give_at then kept = call('HLEN', marks) end
+      settles = settles + 1
+      local prev = prevs[settles]
       if now >= give_at then
         again = 2 -- ended: unknown, its estimate charged
       elseif prev then
@@ -443,7 +445,7 @@ while i + 6 <= #ARGV do
         again = 3 -- a counter keeps as many settlements as it may
       else
         call('HSET', marks, rsv_mark, format('%d', charged))
-        if kept == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at))) end
+        if kept[settles] == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at))) end
         if stale then
           -- The limit changed since: its state is another's.
         elseif actual < 0 or actual <= estimate then
