@@ -71,7 +71,7 @@ func decide(p *Params, s *State, now, cost int64, r *Result) {
 		fixedWindow(p, s, t, c, r)
 	case SlidingWindowCounter:
 		slidingCounter(p, s, t, c, r)
-	case SlidingWindowLog:
+	case SlidingWindowLog, Concurrency:
 		slidingLog(p, s, t, c, r)
 	default:
 		panic("regional: unknown algorithm " + p.Algorithm.String())
@@ -419,7 +419,7 @@ func ttl(p *Params, s *State, now int64) int64 {
 		until = s.A + float64(p.Window)
 	case SlidingWindowCounter:
 		until = s.A + 2*float64(p.Window)
-	case SlidingWindowLog:
+	case SlidingWindowLog, Concurrency:
 		if n := len(s.Log); n > 0 {
 			until = s.Log[n-1].At + float64(p.Window)
 		}

@@ -8,7 +8,7 @@ import (
 	"pgregory.net/rapid"
 )
 
-var algorithms = []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindowCounter, SlidingWindowLog}
+var algorithms = []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindowCounter, SlidingWindowLog, Concurrency}
 
 // genParams draws a limit of any algorithm: mostly with numbers small
 // enough to reach the edges often, sometimes at the far ends of what rules
@@ -28,7 +28,7 @@ func genParams() *rapid.Generator[Params] {
 			return p
 		}
 		p.Limit = rapid.SampledFrom([]int64{1, 3, 1000, 99_999, 1_000_000, 123_456_789, 1 << 40}).Draw(t, "wide limit")
-		if p.Algorithm == SlidingWindowLog {
+		if p.Algorithm.logged() {
 			p.Limit = min(p.Limit, 50) // a log of 2^40 entries is not a test
 		}
 		if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
@@ -158,7 +158,7 @@ func TestNeverOverLimit(t *testing.T) {
 					if b.at/window == a.at/window {
 						sum += b.cost
 					}
-				case p.Algorithm == SlidingWindowLog:
+				case p.Algorithm.logged():
 					if b.at-a.at < window {
 						sum += b.cost
 					}
@@ -246,7 +246,7 @@ func TestDecideDoesNotChangeADeniedState(t *testing.T) {
 // until the debt is paid, and RetryAfter says exactly when that is.
 func TestDebtIsPaidBackExactly(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		p := genParams().Filter(func(p Params) bool { return p.Algorithm != SlidingWindowLog }).Draw(t, "params")
+		p := genParams().Filter(func(p Params) bool { return !p.Algorithm.logged() }).Draw(t, "params")
 		s, now := genHistory(t, p)
 		before := inspect(p, s, now)
 		cost := rapid.OneOf(rapid.Int64Range(1, 3*p.Limit+3), rapid.SampledFrom([]int64{1 << 40, 1 << 53, 1 << 62})).Draw(t, "reported")

@@ -233,6 +233,10 @@ type Decision struct {
 	// A request denied from the denial cache lists only the limits that
 	// denied it.
 	Limits []LimitStatus
+	// Held is what a check that went ahead holds of concurrency limits:
+	// a slot in each, released by Settle with Held.ID (the request is
+	// over), or free by itself at Held.Expires. Empty when it holds none.
+	Held Reserved
 }
 
 // Limit returns the limit that speaks for the decision, or nil if none applied.
@@ -339,7 +343,7 @@ type item struct {
 // its Limits). It returns an error, wrapping ErrInvalidRequest and naming
 // the field, for a request that is malformed; nothing is counted then.
 func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
-	d.Allowed, d.Code, d.Degraded, d.Bypassed, d.Limits = false, CodeOK, false, false, d.Limits[:0]
+	d.Allowed, d.Code, d.Degraded, d.Bypassed, d.Limits, d.Held = false, CodeOK, false, false, d.Limits[:0], Reserved{}
 	rs := e.rules.Load()
 	addr, err := rs.validate(req)
 	if err != nil {
@@ -367,6 +371,10 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 	if len(sc.items) == 0 {
 		d.Allowed = true
 		return nil
+	}
+	var slots []byte // the region's key, to seal the slots the request takes
+	if sc.reserve == nil && !req.CountNothing {
+		slots = e.slotKey(ctx, sc)
 	}
 	us := now.UnixMicro()
 	// A batch in hand is spent before the denial cache is asked: a sibling
@@ -403,6 +411,9 @@ func (e *Engine) Check(ctx context.Context, req *Request, d *Decision) error {
 		}
 	}
 	e.fill(d, sc)
+	if slots != nil && d.Allowed {
+		d.Held = e.sealSlots(slots, sc.items)
+	}
 	if d.Degraded {
 		e.stats.Degraded.Add(1)
 	}
@@ -438,7 +449,7 @@ func (e *Engine) Validate(req *Request) error {
 // than its limit, or for a rule that counts it past its limit
 // (CountOverLimit), more than it counts at once.
 func costError(r *Rule, p Params, cost int64) error {
-	if cost == 0 {
+	if cost == 0 || r.Base.Algorithm == Concurrency {
 		cost = r.Cost
 	}
 	if r.CountOverLimit {
@@ -478,7 +489,7 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 		switch {
 		case req.CountNothing:
 			it.cost = 0
-		case it.cost == 0:
+		case it.cost == 0 || r.Base.Algorithm == Concurrency: // a slot a request
 			it.cost = r.Cost
 		}
 		if r.CountOverLimit && !r.Shadow && it.cost > maxLimit {
@@ -727,7 +738,10 @@ func (e *Engine) recordItem(it *item, req *Request, allowed bool, now int64) {
 		e.noteGlobal(it, allowed, now)
 	}
 	if !it.result.Allowed && !it.rule.Shadow && !it.degraded {
-		if !it.rule.CountOverLimit { // the next hit is counted in the store, denied or not
+		// Not cached: the next hit of a limit that counts every hit is
+		// counted in the store, denied or not; a concurrency limit's slot
+		// may be released any moment.
+		if !it.rule.CountOverLimit && it.rule.Base.Algorithm != Concurrency {
 			e.rememberDenial(it, now)
 		}
 		e.violation(it, req, now)
@@ -770,6 +784,9 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 			RetryAfter: time.Duration(r.RetryAfter) * time.Microsecond}
 		if it.storeNow == 0 {
 			st.ResetAt = time.UnixMicro(r.ResetAt)
+		}
+		if it.rule.Base.Algorithm == Concurrency {
+			st.RetryAfter = min(st.RetryAfter, slotRetry)
 		}
 		d.Limits = append(d.Limits, st)
 		if it.degraded {

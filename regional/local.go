@@ -175,6 +175,9 @@ func (e *Engine) NoteDenial(d Denial) error {
 		e.stats.DenialsUnknownRule.Add(1)
 		return fmt.Errorf("%w: key %.60q: of no rule in force", ErrInvalidDenial, d.Key)
 	}
+	if r.Base.Algorithm == Concurrency {
+		return nil // never cached (recordItem): a slot may be released any moment
+	}
 	now := e.now().UnixMicro()
 	hold := now + denialHold(r) + denialSkew
 	until := d.Until.UnixMicro()

@@ -481,7 +481,11 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	for i := range ops {
 		op, sh, k, mk := &ops[i], &m.shards[shards[i]], keys[i], mks[i]
 		e, cur := m.get(sh, op.Key, op.Params.Algorithm, now)
-		out[i] = Settlement{Charged: max(0, actual), Result: inspect(op.Params, cur, now)}
+		charged := max(0, actual)
+		if op.Params.Algorithm == Concurrency {
+			charged = 0 // a slot is freed (settle)
+		}
+		out[i] = Settlement{Charged: charged, Result: inspect(op.Params, cur, now)}
 		var prev int64
 		settled := false
 		if mk != nil {
@@ -501,7 +505,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until) * 60e6}
 			sh.settled[k] = mk
 		}
-		mk.charged[mark] = max(0, actual)
+		mk.charged[mark] = charged
 		if !op.Stale && settle(op, &cur, now, actual, &out[i]) {
 			m.put(sh, e, op.Key, &op.Params, &cur, now)
 		}
@@ -561,7 +565,7 @@ func giveBack(p Params, s State, now, n, at int64) (State, int64) {
 			return s, 0
 		}
 		return State{Exists: true, A: start, B: cur, C: prev}, n
-	case SlidingWindowLog:
+	case SlidingWindowLog, Concurrency:
 		sum, log := trimLog(&p, &s, t)
 		log = slices.Clone(log)
 		given := 0.0

@@ -504,7 +504,7 @@ func (s *RedisStore) refundArgs(l redisLimit, n, at int64) ([]string, []any) {
 
 func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 	keys = append(keys, l.key)
-	if l.params.Algorithm == SlidingWindowLog {
+	if l.params.Algorithm.logged() {
 		keys = append(keys, l.key+":log")
 	}
 	flags := 0 // lua/limits.lua's: 1 shadow, 2 debt
@@ -687,7 +687,7 @@ const reservationKeyName = "gq:reservation-key"
 // Reset implements Store.
 func (s *RedisStore) Reset(ctx context.Context, key []byte, p Params) error {
 	keys := []string{string(key)}
-	if p.Algorithm == SlidingWindowLog {
+	if p.Algorithm.logged() {
 		keys = append(keys, string(key)+":log")
 	}
 	return s.client.Del(ctx, keys...).Err()

@@ -86,7 +86,7 @@ func TestStoresDecideAlike(t *testing.T) {
 		// (count_over_limit), where the algorithm takes debt.
 		debt := rapid.SliceOfN(rapid.Bool(), len(limits), len(limits)).Draw(t, "debt")
 		for i, p := range limits {
-			debt[i] = debt[i] && p.Algorithm != SlidingWindowLog
+			debt[i] = debt[i] && !p.Algorithm.logged()
 		}
 		for range rapid.IntRange(1, 40).Draw(t, "steps") {
 			clock.Advance(rapid.SampledFrom([]int64{0, 1, 7, 999, 1000, 33_333, 1e6, 61e6}).Draw(t, "advance"))
@@ -110,7 +110,7 @@ func TestStoresDecideAlike(t *testing.T) {
 							op.Cost = rapid.SampledFrom([]int64{1 << 40, 1<<40 + 7, 1 << 53, 1 << 62}).Draw(t, "huge report")
 						}
 					}
-					if !debt[i] && op.Cost > 0 && p.Algorithm != SlidingWindowLog && rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
+					if !debt[i] && op.Cost > 0 && !p.Algorithm.logged() && rapid.IntRange(0, 3).Draw(t, "leased") == 0 {
 						op.Batch = rapid.Int64Range(1, p.Limit).Draw(t, "lease")
 					}
 					ops = append(ops, op)

@@ -91,9 +91,13 @@ type settledMarks struct {
 // settle settles op on the counter's state s at now (µs): a commit of the
 // actual cost (actual >= 0) or a release (actual < 0). It turns s into the
 // state to store and reports whether it changed. A sliding window log
-// takes no debt: a difference that does not fit is not counted.
+// takes no debt: a difference that does not fit is not counted. A
+// concurrency limit's slot is freed, committed or released.
 func settle(op *SettleOp, s *State, now, actual int64, out *Settlement) bool {
 	p := &op.Params
+	if p.Algorithm == Concurrency {
+		actual = -1 // the request is over, whatever it cost: its slot is free
+	}
 	*out = Settlement{Charged: max(0, actual)}
 	extra := actual - op.Estimate
 	if actual < 0 || extra <= 0 {

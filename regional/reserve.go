@@ -193,7 +193,7 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 		}
 		ended = false
 		rule, _, _, _ := parseKey(string(r.ops[i].Key))
-		s.Again, s.Charged = s.Again || o.Again, o.Charged
+		s.Again, s.Charged = s.Again || o.Again, max(s.Charged, o.Charged) // a slot charges nothing
 		l := SettledLimit{Rule: rule, Limit: r.ops[i].Params.Limit, Remaining: max(0, o.Result.Remaining),
 			Debt: max(0, -o.Result.Remaining), ResetAt: time.UnixMicro(o.Result.ResetAt)}
 		if r.ops[i].Stale {

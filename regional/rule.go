@@ -18,9 +18,17 @@ const (
 	SlidingWindowCounter
 	FixedWindow
 	GCRA
+	// Concurrency counts requests in flight (Rule: algorithm concurrency):
+	// a sliding window log of slots, one a request, whose window is the
+	// slots' TTL; releasing a slot forgets its entry early.
+	Concurrency
 )
 
-var algorithmNames = [...]string{"", "token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window", "gcra"}
+var algorithmNames = [...]string{"", "token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window", "gcra", "concurrency"}
+
+// logged reports whether an algorithm keeps an entry per request: the
+// sliding window log, and concurrency's slots.
+func (a Algorithm) logged() bool { return a == SlidingWindowLog || a == Concurrency }
 
 func (a Algorithm) String() string {
 	if int(a) < len(algorithmNames) {

@@ -74,6 +74,7 @@ type ruleSpec struct {
 	RefillPerSecond *float64         `yaml:"refill_per_second"`
 	Limit           *int64           `yaml:"limit"`
 	Window          *time.Duration   `yaml:"window"`
+	TTL             *time.Duration   `yaml:"ttl"`
 	Rate            *float64         `yaml:"rate"`
 	Burst           *int64           `yaml:"burst"`
 	Tiers           map[string]int64 `yaml:"tiers"`
@@ -122,7 +123,14 @@ const (
 	// minWindow and maxWindow bound windows and token-bucket periods.
 	minWindow = time.Millisecond
 	maxWindow = 366 * 24 * time.Hour
+	// maxSlotTTL bounds a concurrency limit's ttl: how long a request may
+	// hold its slot unreleased.
+	maxSlotTTL = 24 * time.Hour
 )
+
+// DefaultSlotTTL is a concurrency limit's ttl when its rule gives none:
+// a slot not released by then frees itself.
+const DefaultSlotTTL = time.Minute
 
 // LoadFile reads and compiles a rules file, or a directory of
 // envoyproxy/ratelimit domain files (see ReadRules). Any error wraps
@@ -347,6 +355,17 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 		return nil, err
 	}
 	smallest := r.smallestLimit()
+	if r.Base.Algorithm == Concurrency {
+		// A slot a request, whatever it costs.
+		switch {
+		case s.Cost != nil:
+			return nil, fail("cost", "a concurrency limit counts requests in flight, one slot each: it takes no cost")
+		case s.CountOverLimit:
+			return nil, fail("count_over_limit", "a concurrency limit counts requests in flight: a request denied is not in flight")
+		case s.Scope == "global":
+			return nil, fail("scope", "concurrency limits are regional: a global one is not supported yet")
+		}
+	}
 	if s.Cost != nil {
 		if *s.Cost < 1 || *s.Cost > smallest {
 			return nil, fail("cost", "must be between 1 and the rule's smallest limit (%d)", smallest)
@@ -408,8 +427,8 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 		switch {
 		case batch < 0 || batch > smallest:
 			return nil, fail(field, "must be between 1 and the rule's smallest limit (%d)", smallest)
-		case r.Base.Algorithm == SlidingWindowLog:
-			return nil, fail(field, "sliding_window_log keeps each request's time and cannot take batches")
+		case r.Base.Algorithm.logged():
+			return nil, fail(field, "%s keeps each request's time and cannot take batches", r.Base.Algorithm)
 		case r.Scope == ScopeGlobal:
 			return nil, fail(field, "global rules are counted in their region's budget and cannot take batches")
 		}
@@ -461,9 +480,9 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 }
 
 // limitMax is the largest limit an algorithm takes: a log keeps an entry
-// per request.
+// per request (concurrency, per request in flight).
 func limitMax(a Algorithm) int64 {
-	if a == SlidingWindowLog {
+	if a.logged() {
 		return maxLogLimit
 	}
 	return maxLimit
@@ -486,7 +505,7 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 		for _, f := range []field{
 			{"capacity", s.Capacity != nil}, {"refill_per_second", s.RefillPerSecond != nil},
 			{"limit", s.Limit != nil}, {"window", s.Window != nil},
-			{"rate", s.Rate != nil}, {"burst", s.Burst != nil},
+			{"rate", s.Rate != nil}, {"burst", s.Burst != nil}, {"ttl", s.TTL != nil},
 		} {
 			if f.set && !slices.Contains(allowed, f.name) {
 				return fail(f.name, "does not apply to %s (it takes %s)", algorithm, strings.Join(allowed, ", "))
@@ -552,8 +571,22 @@ func (r *Rule) compileLimit(s ruleSpec) *RuleError {
 				p.Window = w.Microseconds()
 			}
 		}
+	case "concurrency":
+		p.Algorithm = Concurrency
+		if err = only("limit", "ttl"); err == nil {
+			if p.Limit, err = number("limit", s.Limit, limitMax(p.Algorithm)); err == nil {
+				ttl := DefaultSlotTTL
+				if s.TTL != nil {
+					ttl = *s.TTL
+				}
+				if ttl < minWindow || ttl > maxSlotTTL || ttl%time.Microsecond != 0 {
+					err = fail("ttl", "%v: must be between %v and %v, in whole microseconds", ttl, minWindow, maxSlotTTL)
+				}
+				p.Window = ttl.Microseconds()
+			}
+		}
 	default:
-		return fail("algorithm", "%q: want token_bucket, sliding_window_log, sliding_window_counter, fixed_window or gcra", s.Algorithm)
+		return fail("algorithm", "%q: want token_bucket, sliding_window_log, sliding_window_counter, fixed_window, gcra or concurrency", s.Algorithm)
 	}
 	if err != nil {
 		return err

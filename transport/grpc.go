@@ -216,6 +216,9 @@ func decisionProto(d *regional.Decision) *pb.Decision {
 	for i := range d.Limits {
 		out.Limits = append(out.Limits, limitProto(&d.Limits[i]))
 	}
+	if d.Held.ID != "" {
+		out.Reservation, out.ExpiresAtUnixMs = d.Held.ID, d.Held.Expires.UnixMilli()
+	}
 	return out
 }
 

@@ -75,10 +75,15 @@ func appendRateLimitHeaders(hs []header, d *regional.Decision, now time.Time) []
 				}
 				first = false
 				b = strconv.AppendQuote(b, x.Rule.ID)
-				if pass == 0 {
+				switch {
+				case pass == 0 && x.Rule.Base.Algorithm == regional.Concurrency:
+					// Requests in flight, not in a window.
+					b = strconv.AppendInt(append(b, ";q="...), x.Limit, 10)
+					b = append(b, `;qu="concurrent-requests"`...)
+				case pass == 0:
 					b = strconv.AppendInt(append(b, ";q="...), x.Limit, 10)
 					b = strconv.AppendInt(append(b, ";w="...), ceilSeconds(x.Window), 10)
-				} else {
+				default:
 					b = strconv.AppendInt(append(b, ";r="...), x.Remaining, 10)
 					b = strconv.AppendInt(append(b, ";t="...), ceilSeconds(x.ResetAt.Sub(now)), 10)
 				}

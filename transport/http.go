@@ -288,6 +288,11 @@ type decisionBody struct {
 	RetryAfterSeconds int64       `json:"retry_after_seconds"`
 	Degraded          bool        `json:"degraded"`
 	Limits            []limitBody `json:"limits,omitempty"`
+	// Reservation is what the request holds until it is released or
+	// committed (/v1/release, /v1/commit): a reservation's estimate, or a
+	// check's slots in concurrency limits; ExpiresAt, when it frees itself.
+	Reservation string `json:"reservation,omitempty"`
+	ExpiresAt   string `json:"expires_at,omitempty"`
 }
 
 type limitBody struct {
@@ -396,7 +401,15 @@ func allowedBody(d *regional.Decision) decisionBody {
 		b.Limits = append(b.Limits, limitBody{Rule: x.Rule.ID, Allowed: x.Allowed, Shadow: x.Shadow, Limit: x.Limit,
 			Remaining: x.Remaining, WindowSeconds: ceilSeconds(x.Window), ResetAt: rfc3339(x.ResetAt)})
 	}
+	b.held(d.Held)
 	return b
+}
+
+// held sets what the request holds.
+func (b *decisionBody) held(r regional.Reserved) {
+	if r.ID != "" {
+		b.Reservation, b.ExpiresAt = r.ID, r.Expires.UTC().Format(time.RFC3339Nano)
+	}
 }
 
 // writeDecision answers with a decision: 200 and its body when allowed;
@@ -439,8 +452,11 @@ func writeDecision(w http.ResponseWriter, d *regional.Decision, now time.Time) {
 			// elsewhere: say whose limit it is.
 			scope = " worldwide, of which this region admits its share"
 		}
-		writeError(w, http.StatusTooManyRequests, "RATE_LIMIT_EXCEEDED",
-			fmt.Sprintf("rate limit of rule %q exceeded: %d per %ds%s; retry in %ds", l.Rule.ID, l.Limit, ceilSeconds(l.Window), scope, retry),
+		msg := fmt.Sprintf("rate limit of rule %q exceeded: %d per %ds%s; retry in %ds", l.Rule.ID, l.Limit, ceilSeconds(l.Window), scope, retry)
+		if l.Rule.Base.Algorithm == regional.Concurrency {
+			msg = fmt.Sprintf("concurrency limit of rule %q reached: %d requests in flight at once; retry in %ds", l.Rule.ID, l.Limit, retry)
+		}
+		writeError(w, http.StatusTooManyRequests, "RATE_LIMIT_EXCEEDED", msg,
 			map[string]any{"rule": l.Rule.ID, "limit": l.Limit, "window_seconds": ceilSeconds(l.Window),
 				"retry_after_seconds": retry, "reset_at": rfc3339(l.ResetAt)})
 	}

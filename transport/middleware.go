@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -89,7 +91,8 @@ func clientIP(peer string, forwarded []string, trusted []netip.Prefix) string {
 
 // Middleware checks every request against the engine before next sees it.
 // A request allowed goes on with the rate-limit headers set on its
-// response; one denied gets 429 (or 403 for a blocked key, 503 when a
+// response, and the slots it takes in concurrency limits are released
+// when next returns (the response written, or its client gone); one denied gets 429 (or 403 for a blocked key, 503 when a
 // fail_closed rule cannot reach its store) with the JSON error body of the
 // HTTP API; a malformed one gets 400.
 func Middleware(e *regional.Engine, opts MiddlewareOptions) func(http.Handler) http.Handler {
@@ -124,8 +127,34 @@ func Middleware(e *regional.Engine, opts MiddlewareOptions) func(http.Handler) h
 				return
 			}
 			setHeaders(w.Header(), rateLimitHeaders(&d, time.Now()))
+			if d.Held.ID != "" {
+				// Over when next returns: answered, streamed to its end, or
+				// its client gone.
+				defer releaseHeld(e, opts.Metrics, r, d.Held.ID)
+			}
 			next.ServeHTTP(w, r)
 		})
+	}
+}
+
+// releaseTimeout bounds a release at the end of a request: the slots free
+// themselves at their ttl if the store cannot be told sooner.
+const releaseTimeout = 2 * time.Second
+
+// releaseHeld frees the slots in concurrency limits a request held, once
+// it is over, whether or not its client is still there.
+func releaseHeld(e *regional.Engine, m *Metrics, r *http.Request, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
+	defer cancel()
+	st, err := e.Settle(ctx, id, -1)
+	switch {
+	case m == nil:
+	case err == nil:
+		m.settlement(false, st.Again)
+	case errors.Is(err, regional.ErrReservationNotFound):
+		m.reservation("not_found") // its slots freed themselves already
+	default:
+		m.reservation("refused")
 	}
 }
 

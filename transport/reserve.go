@@ -22,14 +22,6 @@ type reserveBody struct {
 	TTLSeconds *float64 `json:"ttl_seconds"`
 }
 
-// reservedBody is /v1/reserve's 200 answer: a check's, with the
-// reservation (none when no limit applied) and when it ends.
-type reservedBody struct {
-	decisionBody
-	Reservation string `json:"reservation,omitempty"`
-	ExpiresAt   string `json:"expires_at,omitempty"`
-}
-
 func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 	var b reserveBody
 	if !s.readJSON(w, r, &b) {
@@ -69,10 +61,8 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setHeaders(w.Header(), rateLimitHeaders(&d, time.Now()))
-	out := reservedBody{decisionBody: allowedBody(&d), Reservation: res.ID}
-	if res.ID != "" {
-		out.ExpiresAt = res.Expires.UTC().Format(time.RFC3339Nano)
-	}
+	out := allowedBody(&d) // the reservation (none when no limit applied) and when it ends
+	out.held(res)
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -2,8 +2,9 @@
 -- operation for operation, so that the Redis and in-memory stores decide
 -- alike to the bit.
 --
--- KEYS: per limit, its counter key; a sliding_window_log limit also its log
---       key (a sorted set of "seq:cost" members scored by time).
+-- KEYS: per limit, its counter key; a sliding_window_log or concurrency
+--       limit also its log key (a sorted set of "seq:cost" members scored
+--       by time: for concurrency, a slot per request in flight).
 -- ARGV[1]: now in microseconds (tests only), or '' to use the server's TIME
 -- ARGV[2]: minimum TTL in milliseconds (tests only), or ''
 -- ARGV[3]: mode: 'check', 'inspect', 'grant', 'refund' or 'settle'
@@ -49,7 +50,10 @@
 -- when a request needs them.
 
 local format, match, tonumber, call = string.format, string.match, tonumber, redis.call
-local TOKEN_BUCKET, LOG, COUNTER, FIXED, GCRA = 1, 2, 3, 4, 5
+local TOKEN_BUCKET, LOG, COUNTER, FIXED, GCRA, SLOTS = 1, 2, 3, 4, 5, 6
+-- SLOTS (concurrency) is a sliding window log whose window is its slots'
+-- TTL, each request one slot; settling a reservation frees its slot,
+-- whatever the cost committed.
 
 -- now and min_ttl: head.lua, which the store puts first, then wait.lua.
 local mode = ARGV[3]
@@ -363,7 +367,7 @@ if mode == 'settle' and now < give_at then
   local kk, ii, n = 1, 8, 1
   while ii + 6 <= #ARGV do
     local a = tonumber(ARGV[ii])
-    if a == LOG then kk = kk + 1 end
+    if a == LOG or a == SLOTS then kk = kk + 1 end
     local marks = KEYS[kk + 1]
     kk = kk + 2
     prevs[n], kept[n] = call('HGET', marks, rsv_mark), 0
@@ -423,7 +427,7 @@ while i + 6 <= #ARGV do
     end
     i = i + 10
   else
-    if alg == LOG then
+    if alg == LOG or alg == SLOTS then
       logkey = KEYS[k]
       k = k + 1
     end
@@ -433,6 +437,7 @@ while i + 6 <= #ARGV do
     if mode == 'settle' then
       local actual, estimate, marks, stale = give_n, cost, KEYS[k], flags % 2 == 1
       k = k + 1
+      if alg == SLOTS then actual = -1 end -- the request is over: its slot is free
       charged = max(0, actual)
       shadow, owes, lm = true, false, 'inspect' -- settlements do not hold each other up
       settles = settles + 1
@@ -461,7 +466,7 @@ while i + 6 <= #ARGV do
     if lm == 'grant' or lm == 'refund' then
       local given
       a, b, c, given = give_back(alg, limit, rate, window, ex, a, b, c, logkey, lm_n, lm_at)
-      if alg == LOG then
+      if alg == LOG or alg == SLOTS then
         -- give_back trimmed the log's expired entries: its sum is stored
         -- whether or not anything was given back.
         if a == 0 and call('ZCARD', logkey) == 0 then
@@ -589,7 +594,7 @@ if commit then
       out[a], out[a + 1] = gadd(key, alg - GLOBAL, window, region, cost)
     else
       store(key, alg, limit, rate, window, a, b, c, now)
-      if alg == LOG then
+      if alg == LOG or alg == SLOTS then
         call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
         call('ZADD', logkey, format('%.17g', now), format('%d:%d', b, cost))
         call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))

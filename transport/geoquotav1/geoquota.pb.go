@@ -261,9 +261,14 @@ type Decision struct {
 	// The request was not checked and counted nothing: its batch ran out of
 	// time before it (code RATE_LIMITER_UNAVAILABLE). A batch answers every
 	// request it counted.
-	NotCounted    bool `protobuf:"varint,6,opt,name=not_counted,json=notCounted,proto3" json:"not_counted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NotCounted bool `protobuf:"varint,6,opt,name=not_counted,json=notCounted,proto3" json:"not_counted,omitempty"`
+	// The slots a check that went ahead took in concurrency limits: release
+	// them (Release) when the request is over; they free themselves at
+	// expires_at_unix_ms. Empty when it took none.
+	Reservation     string `protobuf:"bytes,7,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	ExpiresAtUnixMs int64  `protobuf:"varint,8,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Decision) Reset() {
@@ -336,6 +341,20 @@ func (x *Decision) GetNotCounted() bool {
 		return x.NotCounted
 	}
 	return false
+}
+
+func (x *Decision) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+func (x *Decision) GetExpiresAtUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixMs
+	}
+	return 0
 }
 
 type LimitStatus struct {
@@ -2432,7 +2451,7 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\fCheckRequest\x120\n" +
 	"\brequests\x18\x01 \x03(\v2\x14.geoquota.v1.RequestR\brequests\"D\n" +
 	"\rCheckResponse\x123\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x15.geoquota.v1.DecisionR\tdecisions\"\xd6\x01\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x15.geoquota.v1.DecisionR\tdecisions\"\xa5\x02\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12%\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x11.geoquota.v1.CodeR\x04code\x12\x1a\n" +
@@ -2440,7 +2459,9 @@ const file_transport_geoquotav1_geoquota_proto_rawDesc = "" +
 	"\bbypassed\x18\x04 \x01(\bR\bbypassed\x120\n" +
 	"\x06limits\x18\x05 \x03(\v2\x18.geoquota.v1.LimitStatusR\x06limits\x12\x1f\n" +
 	"\vnot_counted\x18\x06 \x01(\bR\n" +
-	"notCounted\"\xbd\x02\n" +
+	"notCounted\x12 \n" +
+	"\vreservation\x18\a \x01(\tR\vreservation\x12+\n" +
+	"\x12expires_at_unix_ms\x18\b \x01(\x03R\x0fexpiresAtUnixMs\"\xbd\x02\n" +
 	"\vLimitStatus\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x18\n" +
 	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x16\n" +
