@@ -146,6 +146,9 @@ func Restrict(sc *Scenario, names []string) (*Scenario, error) {
 	}
 	c.Traffic = c.Traffic[:0]
 	for _, t := range sc.Traffic {
+		if t.Tokens != nil {
+			return nil, fmt.Errorf("%w: %s: traffic with tokens runs in the simulator only: a live run does not report answers' tokens yet", ErrInvalidScenario, sc.Name)
+		}
 		if t.Kind == "tenants" {
 			// Homed over whichever regions remain.
 			c.Traffic = append(c.Traffic, t)

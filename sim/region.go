@@ -30,6 +30,9 @@ type region struct {
 	srcs   []*source
 	req    regional.Request
 	dec    regional.Decision
+	// answers are the answers under way (traffic with tokens), whose
+	// tokens are reported when they end: a heap by end.
+	answers answerHeap
 
 	holding bool // held a lease at the last sample
 	// expiries are its leases' expiries seen in the samples (recorder).
@@ -189,6 +192,65 @@ type source struct {
 	ahead []arrival
 	pos   int
 	after time.Duration
+	// tokens, if set, draws each request's answer (TrafficSpec.Tokens)
+	// from trng, apart from the arrivals' rng.
+	tokens *TokensSpec
+	trng   *rand.Rand
+}
+
+// answer draws a request's answer: its tokens, and how long it lasts.
+func (src *source) answer() (int64, time.Duration) {
+	k := src.tokens
+	n := int64(math.Round(k.Median * math.Exp(k.Sigma*src.trng.NormFloat64())))
+	n = min(max(n, 1), k.Max)
+	return n, time.Duration(float64(n) / k.PerSecond * 1e9)
+}
+
+// pendingAnswer is an answer under way: its tokens are reported at end.
+type pendingAnswer struct {
+	end  time.Duration
+	key  int32
+	cost int32
+}
+
+// answerHeap is a min-heap of answers by end.
+type answerHeap []pendingAnswer
+
+func (h *answerHeap) push(a pendingAnswer) {
+	*h = append(*h, a)
+	x := *h
+	for i := len(x) - 1; i > 0; {
+		p := (i - 1) / 2
+		if x[p].end <= x[i].end {
+			break
+		}
+		x[p], x[i] = x[i], x[p]
+		i = p
+	}
+}
+
+func (h *answerHeap) pop() pendingAnswer {
+	x := *h
+	top := x[0]
+	n := len(x) - 1
+	x[0] = x[n]
+	x = x[:n]
+	for i := 0; ; {
+		l, small := 2*i+1, i
+		if l < n && x[l].end < x[small].end {
+			small = l
+		}
+		if r := l + 1; r < n && x[r].end < x[small].end {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		x[i], x[small] = x[small], x[i]
+		i = small
+	}
+	*h = x
+	return top
 }
 
 // arrival is one request a source has drawn: its time and key.
@@ -289,6 +351,9 @@ func trafficSources(t TrafficSpec, regions []string, end time.Duration, rng func
 		src := &source{rate: rate, peak: peak, end: end, keys: t.Keys, hot: t.Hot, rng: r}
 		if t.Zipf > 0 && t.Keys > 1 {
 			src.zipf = rand.NewZipf(r, t.Zipf, 1, uint64(t.Keys-1))
+		}
+		if t.Tokens != nil {
+			src.tokens, src.trng = t.Tokens, rand.New(rand.NewPCG(r.Uint64(), r.Uint64()))
 		}
 		return src
 	}
@@ -393,16 +458,42 @@ func (r *region) requests(end time.Duration) {
 				src = x
 			}
 		}
+		if len(r.answers) > 0 && r.answers[0].end < end && (src == nil || r.answers[0].end <= src.next) {
+			// An answer ends: its tokens are reported, and counted
+			// whatever the decision (the rule counts past its limit).
+			a := r.answers.pop()
+			r.now = a.end
+			r.req.APIKey, r.req.Cost, r.req.CountNothing = r.s.keys[a.key], int64(a.cost), false
+			r.check()
+			tr.recordCost(r.idx, r.dec.Time.UnixMicro()/r.s.window, int(a.key), true, int64(a.cost))
+			continue
+		}
 		if src == nil {
 			return
 		}
 		r.now = src.next
 		k := src.take()
-		r.req.APIKey = r.s.keys[k]
-		if err := r.engine.Check(background, &r.req, &r.dec); err != nil {
-			panic(err) // the scenario's requests are well formed
-		}
+		r.req.APIKey, r.req.Cost, r.req.CountNothing = r.s.keys[k], 0, src.tokens != nil
+		r.check()
 		epoch := r.dec.Time.UnixMicro() / r.s.window
-		tr.record(r.idx, epoch, k, r.dec.Allowed)
+		if src.tokens == nil {
+			tr.record(r.idx, epoch, k, r.dec.Allowed)
+			continue
+		}
+		// Is the tenant already over? Allowed, the answer goes on;
+		// denied, its tokens are what the tenant asked for in vain.
+		cost, lasts := src.answer()
+		if !r.dec.Allowed {
+			tr.recordCost(r.idx, epoch, k, false, cost)
+			continue
+		}
+		r.answers.push(pendingAnswer{end: r.now + lasts, key: int32(k), cost: int32(cost)})
+	}
+}
+
+// check decides the region's request.
+func (r *region) check() {
+	if err := r.engine.Check(background, &r.req, &r.dec); err != nil {
+		panic(err) // the scenario's requests are well formed
 	}
 }

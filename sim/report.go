@@ -20,18 +20,22 @@ type Report struct {
 	Seed        uint64
 	Regions     []string
 	Limit       int64
-	Window      time.Duration
-	Algorithm   string
-	Duration    time.Duration
-	Gossip      time.Duration
-	Latency     [2]time.Duration // the shortest and longest link
-	Links       []LinkLatency    // every link between two regions
-	Windows     []Window
-	Samples     []Sample
-	Notes       []Note
-	Heals       []Heal
-	Expiries    []Expiry
-	Found       []OverAdmission
+	// Unit is what the limit counts: "" for requests, or "tokens"
+	// (traffic with tokens: every figure of requests and admissions is
+	// then in tokens).
+	Unit      string
+	Window    time.Duration
+	Algorithm string
+	Duration  time.Duration
+	Gossip    time.Duration
+	Latency   [2]time.Duration // the shortest and longest link
+	Links     []LinkLatency    // every link between two regions
+	Windows   []Window
+	Samples   []Sample
+	Notes     []Note
+	Heals     []Heal
+	Expiries  []Expiry
+	Found     []OverAdmission
 	// BooksClosed is the end of the last window whose books globalsync
 	// closed (Found covers the windows that ended by then).
 	BooksClosed time.Duration
@@ -207,6 +211,11 @@ func (s *sim) report() *Report {
 			rep.Links = append(rep.Links, LinkLatency{A: a, B: b, Latency: d})
 		}
 	}
+	for _, t := range sc.Traffic {
+		if t.Tokens != nil {
+			rep.Unit = "tokens"
+		}
+	}
 	epochs := map[int64]bool{}
 	for e := range s.truth.global {
 		epochs[e] = true
@@ -369,8 +378,12 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(&b, "  %s\n", line)
 		}
 	}
-	fmt.Fprintf(&b, "%d regions (%s), limit %d per %v (%s), %v of virtual time, gossip every %v, links %v to %v one way\n\n",
-		len(r.Regions), strings.Join(r.Regions, " "), r.Limit, r.Window, r.Algorithm, r.Duration, r.Gossip, r.Latency[0].Round(time.Millisecond), r.Latency[1].Round(time.Millisecond))
+	unit := ""
+	if r.Unit != "" {
+		unit = " " + r.Unit
+	}
+	fmt.Fprintf(&b, "%d regions (%s), limit %d%s per %v (%s), %v of virtual time, gossip every %v, links %v to %v one way\n\n",
+		len(r.Regions), strings.Join(r.Regions, " "), r.Limit, unit, r.Window, r.Algorithm, r.Duration, r.Gossip, r.Latency[0].Round(time.Millisecond), r.Latency[1].Round(time.Millisecond))
 	fmt.Fprintf(&b, "%-8s %8s %9s %8s %6s %10s", "window", "limit", "requests", "admitted", "over%", "false-rej%")
 	for _, name := range r.Regions {
 		fmt.Fprintf(&b, " %6s", name)

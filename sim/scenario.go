@@ -102,6 +102,9 @@ type RuleSpec struct {
 	// memory) when empty; fail_closed, local_only (the same as the
 	// default), or, in elastic mode, fail_open.
 	Fallback string `yaml:"fallback"`
+	// CountOverLimit counts every hit, past the limit as debt: a limit of
+	// tokens reported after the response (traffic with tokens).
+	CountOverLimit bool `yaml:"count_over_limit"`
 }
 
 // TrafficSpec is one source of requests.
@@ -137,6 +140,21 @@ type TrafficSpec struct {
 	// order of the scenario's regions); the rest spread evenly over the
 	// others. A tenants source names no region: Rate is its total.
 	Home float64 `yaml:"home"`
+	// Tokens, if set, makes each request an answer whose cost is known
+	// only at its end, as an LLM gateway meters it: a check that counts
+	// nothing before it ("is the tenant already over?"), and the answer's
+	// tokens reported when it ends. The rule must count_over_limit.
+	Tokens *TokensSpec `yaml:"tokens"`
+}
+
+// TokensSpec draws an answer's tokens: log-normal, heavy-tailed (most
+// answers short, a few very long), between 1 and Max; the answer lasts
+// its tokens at PerSecond a second.
+type TokensSpec struct {
+	Median    float64 `yaml:"median"`
+	Sigma     float64 `yaml:"sigma"`
+	Max       int64   `yaml:"max"`
+	PerSecond float64 `yaml:"per_second"`
 }
 
 // FaultSpec is one fault, or the end of one.
@@ -182,6 +200,11 @@ type ExpectSpec struct {
 	// counter asked for more than its limit in a full window must admit
 	// in it, from UtilizationFrom on (see Window.Tenants).
 	TenantUtilization float64 `yaml:"tenant_utilization"`
+	// MaxStrictOver, for traffic with tokens, is strict mode's worst
+	// count past the limit in a window, percent of the limit: the answers
+	// under way when their regions reached their allowance report past
+	// it (docs/design.md). 0 (none) by default.
+	MaxStrictOver float64 `yaml:"max_strict_over"`
 }
 
 // MaxKeys bounds a source's keys.
@@ -359,6 +382,9 @@ func (s *Scenario) check(src string) error {
 		if err := s.Traffic[i].check(src, fmt.Sprintf("traffic[%d]", i), region); err != nil {
 			return err
 		}
+		if s.Traffic[i].Tokens != nil && !s.Rule.CountOverLimit {
+			return invalid(src, fmt.Sprintf("traffic[%d].tokens", i), "tokens are reported after the answer: the rule must say count_over_limit")
+		}
 	}
 	for i := range s.Faults {
 		if err := s.Faults[i].check(src, fmt.Sprintf("faults[%d]", i), region, s.Duration); err != nil {
@@ -393,6 +419,16 @@ func (t *TrafficSpec) check(src, field string, region func(string, string) error
 		return invalid(src, field+".zipf", "%v: want 0 (uniform) or more than 1, at most 10", t.Zipf)
 	case !(t.Hot >= 0 && t.Hot <= 1):
 		return invalid(src, field+".hot", "%v: want 0 to 1", t.Hot)
+	}
+	if k := t.Tokens; k != nil {
+		switch {
+		case !(k.Median >= 1 && k.Median <= 1e6) || !(k.Sigma >= 0 && k.Sigma <= 5):
+			return invalid(src, field+".tokens", "median %v, sigma %v: want a median of 1 to 1,000,000 and a sigma of 0 to 5", k.Median, k.Sigma)
+		case k.Max < int64(k.Median) || k.Max > 1<<20:
+			return invalid(src, field+".tokens.max", "%d: want the median (%v) to 1,048,576", k.Max, k.Median)
+		case !(k.PerSecond > 0 && k.PerSecond <= 1e6):
+			return invalid(src, field+".tokens.per_second", "%v: want more than 0, at most 1,000,000", k.PerSecond)
+		}
 	}
 	switch t.Kind {
 	case "steady", "tenants":

@@ -181,7 +181,8 @@ func ruleYAML(sc *Scenario, mode string) []byte {
     limit: %d
     window: %dms
     carry_debt: %t
-%s`, ruleID, mode, sc.Rule.Algorithm, sc.Rule.Limit, sc.Rule.Window.Milliseconds(), sc.Rule.CarryDebt, fallbackYAML(sc.Rule.Fallback, "    "))
+    count_over_limit: %t
+%s`, ruleID, mode, sc.Rule.Algorithm, sc.Rule.Limit, sc.Rule.Window.Milliseconds(), sc.Rule.CarryDebt, sc.Rule.CountOverLimit, fallbackYAML(sc.Rule.Fallback, "    "))
 }
 
 // fallbackYAML is a rule's fallback line, if the scenario names one.

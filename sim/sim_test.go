@@ -100,8 +100,8 @@ func checkGuarantees(t *testing.T, sc *Scenario, rep *Report) {
 	t.Helper()
 	for _, w := range rep.Windows {
 		switch {
-		case rep.Mode == "strict" && w.Over > 0:
-			t.Errorf("strict: window %s admitted %d over the limit of %d (worst counter)", clockString(w.Start), w.Over, rep.Limit)
+		case rep.Mode == "strict" && w.Over > 0 && w.OverPct(rep.Limit) > sc.Expect.MaxStrictOver:
+			t.Errorf("strict: window %s admitted %d over the limit of %d (worst counter), want at most %v%%", clockString(w.Start), w.Over, rep.Limit, sc.Expect.MaxStrictOver)
 		case rep.Mode == "elastic" && w.OverPct(rep.Limit) > *sc.Expect.MaxElasticOver:
 			t.Errorf("elastic: window %s %.2f%% over the limit, want at most %v%%", clockString(w.Start), w.OverPct(rep.Limit), *sc.Expect.MaxElasticOver)
 		case rep.Mode == "elastic" && sc.Expect.SettledElasticOver != nil && w.Start >= sc.Expect.SettledFrom &&

@@ -38,6 +38,9 @@ type regionTruth struct {
 	// kept once a run, not once a request.
 	pend []uint32
 	runs []pendRun
+	// costs are the pending requests' costs, beside pend, once a request
+	// of a cost other than 1 was recorded (recordCost).
+	costs []uint32
 }
 
 // pendRun is the window of the pending requests from start to the next
@@ -89,6 +92,30 @@ func (t *truth) record(region int, epoch int64, key int, allowed bool) {
 		rt.runs = append(rt.runs, pendRun{epoch: epoch, start: len(rt.pend)})
 	}
 	rt.pend = append(rt.pend, pendKey(key, allowed))
+	if rt.costs != nil {
+		rt.costs = append(rt.costs, 1)
+	}
+}
+
+// recordCost notes what a request cost in a region — counted (admitted),
+// or asked for and denied — as record notes a request of cost 1.
+func (t *truth) recordCost(region int, epoch int64, key int, counted bool, cost int64) {
+	rt := t.regions[region]
+	if rt.costs == nil {
+		rt.costs = make([]uint32, len(rt.pend), cap(rt.pend))
+		for i := range rt.costs {
+			rt.costs[i] = 1
+		}
+	}
+	t.record(region, epoch, key, counted)
+	rt.costs[len(rt.costs)-1] = uint32(cost)
+	w := rt.windows[epoch]
+	w.requests += cost - 1
+	if counted {
+		w.admitted += cost - 1
+	} else {
+		w.denied += cost - 1
+	}
 }
 
 // fold adds every region's pending requests to the per-counter counts.
@@ -117,21 +144,27 @@ func (t *truth) foldRegion(i int) {
 		}
 		g := t.window(run.epoch)
 		denied := g.deniedIn[i] // the region's own: no other writes it
-		for _, p := range rt.pend[run.start:end] {
-			key := p >> 1
+		for j, p := range rt.pend[run.start:end] {
+			key, n := p>>1, int32(1)
+			if rt.costs != nil {
+				n = int32(rt.costs[run.start+j])
+			}
 			if p&1 != 0 {
-				atomic.AddInt32(&g.admitted[key], 1)
+				atomic.AddInt32(&g.admitted[key], n)
 				continue
 			}
-			atomic.AddInt32(&g.denied[key], 1)
+			atomic.AddInt32(&g.denied[key], n)
 			if denied == nil {
 				denied = make([]int32, t.nkeys)
 				g.deniedIn[i] = denied
 			}
-			denied[key]++
+			denied[key] += n
 		}
 	}
 	rt.pend, rt.runs = rt.pend[:0], rt.runs[:0]
+	if rt.costs != nil {
+		rt.costs = rt.costs[:0]
+	}
 }
 
 // window is the counts of window epoch, made if new.
