@@ -385,7 +385,11 @@ func slidingLog(p *Params, s *State, now, cost float64, r *Result) {
 		r.Allowed = true
 		if cost > 0 {
 			sum += cost
-			log = append(log, LogEntry{At: now, Cost: cost})
+			at := now
+			if n := len(log); n > 0 && p.Algorithm == Concurrency && log[n-1].At >= now {
+				at = log[n-1].At + 1 // a slot's time is its own (slotAt)
+			}
+			log = append(log, LogEntry{At: at, Cost: cost})
 			*s = State{Exists: true, A: sum, B: s.B + 1, Log: log}
 		}
 	} else {

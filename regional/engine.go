@@ -476,7 +476,7 @@ func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Req
 		}
 	}
 	for _, r := range rs.candidates(req) {
-		if !r.matches(req, tier, addr) {
+		if !r.matches(req, tier, addr) || req.Report && r.Base.Algorithm == Concurrency {
 			continue
 		}
 		sc.items = append(sc.items, item{rule: r, start: len(sc.keys)})
@@ -710,8 +710,12 @@ var errBreakerOpen = fmt.Errorf("regional: circuit breaker open")
 func (e *Engine) record(sc *scratch, req *Request, now int64) {
 	allowed := true
 	for i := range sc.items {
-		if it := &sc.items[i]; !it.rule.Shadow && !it.result.Allowed {
+		it := &sc.items[i]
+		if !it.rule.Shadow && !it.result.Allowed {
 			allowed = false
+		}
+		if it.rule.Base.Algorithm == Concurrency && !it.unavailable {
+			it.result.RetryAfter = min(it.result.RetryAfter, slotRetry.Microseconds())
 		}
 	}
 	for i := range sc.items {
@@ -784,9 +788,6 @@ func (e *Engine) fill(d *Decision, sc *scratch) {
 			RetryAfter: time.Duration(r.RetryAfter) * time.Microsecond}
 		if it.storeNow == 0 {
 			st.ResetAt = time.UnixMicro(r.ResetAt)
-		}
-		if it.rule.Base.Algorithm == Concurrency {
-			st.RetryAfter = min(st.RetryAfter, slotRetry)
 		}
 		d.Limits = append(d.Limits, st)
 		if it.degraded {

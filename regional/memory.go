@@ -473,6 +473,9 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			delete(sh.settled, keys[i])
 			mk = nil
 		}
+		if ops[i].Params.Algorithm == Concurrency {
+			continue // a slot keeps no settlement: it is freed once
+		}
 		if mks[i] = mk; now < until && mk != nil {
 			_, settled := mk.charged[mark]
 			refused = refused || !settled && len(mk.charged) >= settledCap(ops[i].Params)
@@ -486,6 +489,18 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			charged = 0 // a slot is freed (settle)
 		}
 		out[i] = Settlement{Charged: charged, Result: inspect(op.Params, cur, now)}
+		if op.Params.Algorithm == Concurrency {
+			switch {
+			case now >= until:
+				out[i].Ended = true
+			case op.Stale:
+			case settle(op, &cur, now, actual, &out[i]):
+				m.put(sh, e, op.Key, &op.Params, &cur, now)
+			default:
+				out[i].Again = true // freed before, or freed itself
+			}
+			continue
+		}
 		var prev int64
 		settled := false
 		if mk != nil {

@@ -310,8 +310,10 @@ type redisLimit struct {
 	cost               int64
 	shadow, debt       bool
 	batch              int64
-	mark               string // a settlement's: the key that keeps it (mode settle)
+	mark               string // a settlement's: the key that keeps it (mode settle; none for a slot)
+	settle             bool   // mode settle: the reply says what it did
 	global             bool
+	at                 int64 // when the store decided it: its group's time (µs)
 	allowance, ceiling int64
 	known              [3]int64 // window start (ms), P, N
 }
@@ -505,7 +507,7 @@ func (s *RedisStore) refundArgs(l redisLimit, n, at int64) ([]string, []any) {
 func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 	keys = append(keys, l.key)
 	if l.params.Algorithm.logged() {
-		keys = append(keys, l.key+":log")
+		keys = append(keys, logKey(l.key, l.params.Algorithm))
 	}
 	flags := 0 // lua/limits.lua's: 1 shadow, 2 debt
 	if l.shadow {
@@ -657,8 +659,11 @@ func (s *RedisStore) Settle(ctx context.Context, ops []SettleOp, mark string, un
 		g.keys, g.args = g.keys[:0], s.appendArgsHead(g.args[:0], "settle", actual, until)
 		g.args[notAfterArg] = mark
 		for _, i := range g.limits {
-			c.limits[i].mark = settledKey(c.limits[i].key, until)
-			g.keys, g.args = c.limits[i].appendArgs(g.keys, g.args)
+			l := &c.limits[i]
+			if l.settle = true; l.params.Algorithm != Concurrency { // a slot is freed once without one
+				l.mark = settledKey(l.key, until)
+			}
+			g.keys, g.args = l.appendArgs(g.keys, g.args)
 		}
 	}
 	results := make([]Result, len(ops))
@@ -688,9 +693,19 @@ const reservationKeyName = "gq:reservation-key"
 func (s *RedisStore) Reset(ctx context.Context, key []byte, p Params) error {
 	keys := []string{string(key)}
 	if p.Algorithm.logged() {
-		keys = append(keys, string(key)+":log")
+		keys = append(keys, logKey(string(key), p.Algorithm))
 	}
 	return s.client.Del(ctx, keys...).Err()
+}
+
+// logKey is where a logged algorithm keeps its entries: a sliding window
+// log's, and concurrency's slots apart (a rule changed from one to the
+// other starts afresh, as its state does).
+func logKey(key string, a Algorithm) string {
+	if a == Concurrency {
+		return key + ":slots"
+	}
+	return key + ":log"
 }
 
 // admitKey counts a rule's keys across the region's replicas (see
@@ -972,11 +987,12 @@ func (c *redisCall) read(g *redisGroup) error {
 	c.now = g.now
 	v := g.vals
 	for _, i := range g.limits {
+		c.limits[i].at = g.now
 		c.results[i] = Result{Allowed: v[0] == 1, Remaining: v[1], ResetAt: v[2], RetryAfter: v[3], Taken: v[4]}
 		switch {
 		case c.limits[i].global:
 			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
-		case c.limits[i].mark != "":
+		case c.limits[i].settle:
 			c.settled[i] = Settlement{Again: v[5] == 1, Ended: v[5] == 2, Full: v[5] == 3, Charged: v[6], Result: c.results[i]}
 		}
 		v = v[c.limits[i].replyLen():]
@@ -990,7 +1006,7 @@ const globalAlgorithm = 10
 
 // replyLen is how many numbers the script answers for the limit.
 func (l *redisLimit) replyLen() int {
-	if l.global || l.mark != "" {
+	if l.global || l.settle {
 		return 7
 	}
 	return 5
@@ -1039,7 +1055,7 @@ func (c *redisCall) refunds(dst []refund, ok []bool, abandoned bool) []refund {
 			case r.Taken <= 0:
 			case l.debt && !(l.global && (errored || abandoned)):
 			case l.debt || !denied(g.limits):
-				dst = append(dst, refund{limit: *l, n: r.Taken, at: c.now})
+				dst = append(dst, refund{limit: *l, n: r.Taken, at: takenAt(l, &r)})
 			}
 		}
 	}
@@ -1066,10 +1082,19 @@ func (c *redisCall) takenBack(dst []refund, committed bool) []refund {
 	for i := range c.limits {
 		l, r := &c.limits[i], c.results[i]
 		if r.Taken > 0 && (l.debt && l.global || !l.debt && committed) {
-			dst = append(dst, refund{limit: *l, n: r.Taken, at: c.now})
+			dst = append(dst, refund{limit: *l, n: r.Taken, at: takenAt(l, &r)})
 		}
 	}
 	return dst
+}
+
+// takenAt is when a limit took what a refund gives back: its group's time,
+// or a slot's own (slotAt).
+func takenAt(l *redisLimit, r *Result) int64 {
+	if l.params.Algorithm == Concurrency {
+		return slotAt(l.params, r)
+	}
+	return l.at
 }
 
 // refund gives back what split requests took, on a deadline of its own:

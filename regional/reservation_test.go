@@ -56,7 +56,11 @@ func TestStoresSettleAlike(t *testing.T) {
 				if action == 0 && commits(ops, mres) {
 					h := held{mark: fmt.Sprintf("r%d-%d", run, step), until: mnow + rapid.SampledFrom([]int64{1e6, 5e6, 60e6}).Draw(t, "ttl")}
 					for i, op := range ops {
-						h.ops = append(h.ops, SettleOp{Key: op.Key, Params: op.Params, Estimate: mres[i].Taken, At: mnow})
+						at := mnow
+						if op.Params.Algorithm == Concurrency {
+							at = slotAt(op.Params, &mres[i])
+						}
+						h.ops = append(h.ops, SettleOp{Key: op.Key, Params: op.Params, Estimate: mres[i].Taken, At: at})
 					}
 					made = append(made, h)
 				}

@@ -50,7 +50,11 @@ func (rq *reserveReq) noteHeld(items []item) {
 	}
 	for i := range items {
 		if it := &items[i]; it.decided && !it.degraded && it.result.Taken > 0 {
-			rq.ops = append(rq.ops, SettleOp{Key: slices.Clone(it.key), Params: it.params, Estimate: it.result.Taken, At: it.storeNow})
+			at := it.storeNow
+			if it.params.Algorithm == Concurrency {
+				at = slotAt(it.params, &it.result)
+			}
+			rq.ops = append(rq.ops, SettleOp{Key: slices.Clone(it.key), Params: it.params, Estimate: it.result.Taken, At: at})
 		}
 	}
 }
@@ -173,7 +177,11 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 	}
 	rs := e.rules.Load()
 	for i := range r.ops {
-		r.ops[i].Stale = !rs.limitOf(r.ops[i].Key, r.ops[i].Params)
+		if op := &r.ops[i]; op.Params.Algorithm == Concurrency {
+			op.Params, op.Stale = rs.slotParams(op.Key, op.Params)
+		} else {
+			op.Stale = !rs.limitOf(op.Key, op.Params)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
@@ -239,6 +247,23 @@ func (rs *RuleSet) limitOf(key []byte, p Params) bool {
 		}
 	}
 	return false
+}
+
+// slotParams returns the numbers a slot of a concurrency limit is freed
+// with: a slot is its counter's entry whatever the limit's numbers, so one
+// taken before the rules changed its limit or ttl is freed all the same,
+// with the ttl in force (its counter's entries leave by it). Stale: the
+// rule is gone, or no longer counts slots.
+func (rs *RuleSet) slotParams(key []byte, p Params) (Params, bool) {
+	id, _, _, ok := parseKey(string(key))
+	r := rs.Rule(id)
+	if !ok || r == nil || r.Base.Algorithm != Concurrency {
+		return p, true
+	}
+	if !rs.limitOf(key, p) {
+		p.Window = r.Base.Window
+	}
+	return p, false
 }
 
 // reservationKeys holds the region's reservation key once known.

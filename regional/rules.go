@@ -364,6 +364,8 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 			return nil, fail("count_over_limit", "a concurrency limit counts requests in flight: a request denied is not in flight")
 		case s.Scope == "global":
 			return nil, fail("scope", "concurrency limits are regional: a global one is not supported yet")
+		case s.Penalty != nil:
+			return nil, fail("penalty", "a concurrency limit's denials are not held (a slot may be freed any moment), so no cooldown follows them")
 		}
 	}
 	if s.Cost != nil {

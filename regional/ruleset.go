@@ -178,6 +178,10 @@ type Request struct {
 	// its Cost: is the key past its limit already? (Envoy's descriptor
 	// hits_addend of 0.) A limit past its limit by a debt denies it.
 	CountNothing bool
+	// Report makes the request usage reported once it has run
+	// (/v1/report): it counts its cost, and takes no slot in concurrency
+	// limits (the request is no longer in flight).
+	Report bool
 
 	// reserve, set by Engine.Reserve, holds each limit's cost as a
 	// reservation.

@@ -17,6 +17,13 @@ import (
 // reservation (Engine.Reserve) takes a slot as well, freed when it is
 // settled.
 
+// slotAt is when the slot a concurrency limit's allowing result took was
+// logged: the newest entry, whose end is the result's ResetAt. No two
+// slots of a counter share a time (a slot taken at the newest's time or
+// before it goes a microsecond after it), so that a release forgets its
+// own slot, once, and a Cluster's groups, each at its own clock, agree.
+func slotAt(p Params, r *Result) int64 { return r.ResetAt - p.Window }
+
 // slotRetry bounds the wait a concurrency limit's denial asks for: a slot
 // may be released any moment, and the store knows only when the oldest
 // would free itself.
@@ -65,8 +72,9 @@ func (e *Engine) sealSlots(key []byte, items []item) Reserved {
 		if it.rule.Base.Algorithm != Concurrency || !it.decided || it.degraded || it.result.Taken == 0 {
 			continue
 		}
-		ops = append(ops, SettleOp{Key: append([]byte(nil), it.key...), Params: it.params, Estimate: it.result.Taken, At: it.storeNow})
-		if u := it.storeNow + it.params.Window; u > until {
+		at := slotAt(it.params, &it.result)
+		ops = append(ops, SettleOp{Key: append([]byte(nil), it.key...), Params: it.params, Estimate: it.result.Taken, At: at})
+		if u := at + it.params.Window; u > until {
 			until, ttl = u, it.params.Window
 		}
 	}

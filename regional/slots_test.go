@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/geoquota/geoquota/deploy/local/harness"
 )
 
 // TestConcurrencyLimits follows a concurrency limit of 3 in memory and on
@@ -78,7 +80,7 @@ rules:
 			check("in flight after a commit", true)
 			// Slots never released free themselves at their ttl; their ids
 			// are then unknown.
-			clock.AdvanceBy(30 * time.Second)
+			clock.AdvanceBy(30*time.Second + time.Millisecond) // slots of one µs go a µs apart
 			held[2] = check("in flight once the others' ttl has passed", true)
 			if _, err := e.Settle(ctx, held[0].ID, -1); !errors.Is(err, ErrReservationNotFound) {
 				t.Fatalf("a release past the slot's ttl: %v, want ErrReservationNotFound", err)
@@ -113,6 +115,7 @@ rules:
 		"count_over_limit": "{ id: x, algorithm: concurrency, limit: 5, count_over_limit: true }",
 		"scope":            "{ id: x, algorithm: concurrency, limit: 5, scope: global }",
 		"batch":            "{ id: x, by: [api_key], algorithm: concurrency, limit: 5, batch: 2 }",
+		"penalty":          "{ id: x, algorithm: concurrency, limit: 5, penalty: { base: 1s, max: 1m } }",
 	} {
 		_, err := Parse("", []byte("rules:\n  - "+rule+"\n"))
 		var re *RuleError
@@ -120,4 +123,155 @@ rules:
 			t.Errorf("%s: %v, want an error naming %s", rule, err, field)
 		}
 	}
+}
+
+// eachStore runs a test of an engine on a store, in memory and on a
+// redis-server, both at a virtual clock.
+func eachStore(t *testing.T, yaml string, test func(t *testing.T, e *Engine, clock *virtualClock)) {
+	rs, clock := newVirtualRedisStore(t, RedisOptions{})
+	rules := mustParse(t, yaml)
+	for _, s := range []struct {
+		name  string
+		store Store
+	}{{"memory", NewMemoryStore(clock.Now)}, {"redis", rs}} {
+		t.Run(s.name, func(t *testing.T) {
+			rs.Client().FlushDB(t.Context())
+			test(t, New(Config{Region: "us", Replica: "us-1", Store: s.store, Clock: clock.Now, Timeout: slowOK}, rules), clock)
+		})
+	}
+}
+
+// Slots taken in the same microsecond are each their own: a release frees
+// its own, once, however often it is sent.
+func TestSlotsOfOneMicrosecond(t *testing.T) {
+	eachStore(t, `
+rules:
+  - { id: streams, by: [api_key], algorithm: concurrency, limit: 3, ttl: 1m }
+`, func(t *testing.T, e *Engine, _ *virtualClock) {
+		ctx := t.Context()
+		var d Decision
+		var ids []string
+		for range 3 {
+			if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil || !d.Allowed {
+				t.Fatalf("%+v (%v)", d, err)
+			}
+			ids = append(ids, d.Held.ID)
+		}
+		for i := range 3 {
+			st, err := e.Settle(ctx, ids[0], -1)
+			if err != nil || st.Again != (i > 0) || st.Limits[0].Remaining != 1 {
+				t.Fatalf("release %d of the first of three taken at once: %+v (%v), want one slot free", i+1, st, err)
+			}
+		}
+		if st, err := e.Settle(ctx, ids[2], -1); err != nil || st.Again || st.Limits[0].Remaining != 2 {
+			t.Fatalf("release of the third: %+v (%v)", st, err)
+		}
+	})
+}
+
+// Slots are freed however many were: a counter's releases are not
+// capped as reservations' settlements are (each slot is freed once, with
+// no settlement kept).
+func TestSlotsPastTheSettlementCap(t *testing.T) {
+	eachStore(t, `
+rules:
+  - { id: streams, by: [api_key], algorithm: concurrency, limit: 1, ttl: 5m }
+`, func(t *testing.T, e *Engine, clock *virtualClock) {
+		ctx := t.Context()
+		var d Decision
+		for i := range maxSettled + 10 {
+			clock.Advance(1000) // a request a millisecond, each over at once
+			if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil || !d.Allowed {
+				t.Fatalf("request %d, nothing in flight: %+v (%v)", i+1, d, err)
+			}
+			if _, err := e.Settle(ctx, d.Held.ID, -1); err != nil {
+				t.Fatalf("release %d: %v", i+1, err)
+			}
+		}
+	})
+}
+
+// Rules that change while slots are held: a limit raised frees them all
+// the same; a rule that was a sliding window log starts afresh as a
+// concurrency limit, alike in both stores.
+func TestSlotsThroughRuleChanges(t *testing.T) {
+	eachStore(t, `
+rules:
+  - { id: streams, by: [api_key], algorithm: concurrency, limit: 3, ttl: 10m }
+  - { id: log, by: [api_key], algorithm: sliding_window_log, limit: 5, window: 1h }
+`, func(t *testing.T, e *Engine, clock *virtualClock) {
+		ctx := t.Context()
+		var d Decision
+		var ids []string
+		for range 3 {
+			e.Check(ctx, &Request{APIKey: "k"}, &d)
+			ids = append(ids, d.Held.ID)
+		}
+		e.SetRules(mustParse(t, `
+rules:
+  - { id: streams, by: [api_key], algorithm: concurrency, limit: 5, ttl: 5m }
+  - { id: log, by: [api_key], algorithm: concurrency, limit: 2, ttl: 1m }
+`))
+		for _, id := range ids {
+			if st, err := e.Settle(ctx, id, -1); err != nil || st.Again {
+				t.Fatalf("a release after the limit changed: %+v (%v)", st, err)
+			}
+		}
+		admitted := map[string]int{}
+		for range 10 {
+			if e.Check(ctx, &Request{APIKey: "k"}, &d); d.Allowed {
+				admitted["both"]++
+			}
+		}
+		// The log's five entries are not slots: the new limit of 2 admits 2.
+		if admitted["both"] != 2 {
+			t.Fatalf("in flight after the change: %d, want 2 (the former log's limit)", admitted["both"])
+		}
+		if l, err := e.Inspect(ctx, "streams", &Request{APIKey: "k"}); err != nil || l.Remaining != 3 {
+			t.Fatalf("streams after its three were released and two taken: %+v (%v)", l, err)
+		}
+	})
+}
+
+// A request split over Redis Cluster slots, each decided at its own
+// clock: a release frees the slot it took, and a request another slot
+// denied gives its slot back.
+func TestSlotsAcrossClusterSlots(t *testing.T) {
+	ctx := t.Context()
+	rs, _ := newTestRedisStore(t, RedisOptions{Region: "us", Timeout: slowOK})
+	rs.cluster = true // a script a slot, on one server (as TestAbandonedSplitCallsGiveBack)
+	if keySlot([]byte("gq:{streams:k}")) == keySlot([]byte("gq:{calls:k}")) {
+		t.Fatal("the two counters share a slot: the test splits nothing")
+	}
+	e := New(Config{Region: "us", Replica: "us-1", Store: rs, Timeout: slowOK}, mustParse(t, `
+rules:
+  - { id: streams, by: [api_key], algorithm: concurrency, limit: 1, ttl: 1m }
+  - { id: calls, by: [api_key], algorithm: fixed_window, limit: 2, window: 1h }
+`))
+	free := func() int64 {
+		l, err := e.Inspect(ctx, "streams", &Request{APIKey: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Remaining
+	}
+	var d Decision
+	if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil || !d.Allowed || d.Held.ID == "" {
+		t.Fatalf("the first: %+v (%v)", d, err)
+	}
+	if st, err := e.Settle(ctx, d.Held.ID, -1); err != nil || st.Again || free() != 1 {
+		t.Fatalf("its release: %+v (%v), %d free", st, err, free())
+	}
+	if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil || !d.Allowed {
+		t.Fatalf("the second: %+v (%v)", d, err)
+	}
+	e.Settle(ctx, d.Held.ID, -1)
+	// calls has had its 2: denied there, the slot taken on the other
+	// Cluster slot is given back (after the answer).
+	for range 3 {
+		if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil || d.Allowed {
+			t.Fatalf("past calls' limit: %+v (%v)", d, err)
+		}
+	}
+	harness.WaitFor(t, 5*time.Second, "the denied requests' slots given back", func() bool { return free() == 1 })
 }

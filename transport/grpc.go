@@ -89,7 +89,7 @@ func (s rateLimiter) check(ctx context.Context, in *pb.CheckRequest, report bool
 	reqs := make([]regional.Request, len(in.Requests))
 	for i, r := range in.Requests {
 		req, err := requestFrom(r.Domain, r.Descriptors, r.Cost, "descriptors")
-		req.CountNothing = r.CountNothing
+		req.CountNothing, req.Report = r.CountNothing, report
 		switch {
 		case err != nil:
 		case report && r.CountNothing:

@@ -330,6 +330,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request, d *regional.Deci
 		return false
 	}
 	req, err := b.request()
+	req.Report = report
 	if err == nil && report && req.Cost == 0 {
 		err = errCostRequired()
 	}

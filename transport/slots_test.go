@@ -142,3 +142,24 @@ func TestProxyReleasesSlots(t *testing.T) {
 		t.Fatalf("a fourth again: %s", resp.Status)
 	}
 }
+
+// Usage reported after a request (/v1/report) is of a request no longer
+// in flight: it takes no slot.
+func TestReportsTakeNoSlot(t *testing.T) {
+	v := newEnv(t, envOptions{rules: `
+rules:
+  - { id: streams, match: { endpoint: /stream }, by: [api_key], algorithm: concurrency, limit: 2, ttl: 30s }
+  - { id: tokens, match: { endpoint: /stream }, by: [api_key], algorithm: fixed_window, limit: 100000, window: 1h, count_over_limit: true }
+`})
+	for i := range 3 {
+		if resp := v.post("/v1/report", `{"descriptors":{"api_key":"sk_r","endpoint":"/stream"},"cost":500}`); resp.StatusCode != http.StatusOK {
+			t.Fatalf("report %d: %d %v", i+1, resp.StatusCode, decodeBody(t, resp))
+		}
+	}
+	if u := decodeBody(t, v.get("/v1/usage?rule=streams&api_key=sk_r")); u["used"] != 0.0 {
+		t.Fatalf("after three reports: %v slots used, want none", u["used"])
+	}
+	if u := decodeBody(t, v.get("/v1/usage?rule=tokens&api_key=sk_r")); u["used"] != 1500.0 {
+		t.Fatalf("tokens after three reports of 500: %v", u["used"])
+	}
+}

@@ -161,20 +161,27 @@ local log_helpers
 local function logs()
   if log_helpers then return log_helpers end
   local function member_cost(m) return tonumber(match(m, ':(.+)$')) end
-  -- decide: allowed, remaining, reset_at, retry_after, sum, seq.
-  local function decide(limit, window, ex, a, b, logkey, cost)
+  -- decide: allowed, remaining, reset_at, retry_after, sum, seq, and
+  -- the time the entry is logged at: now, or for a slot (unique) just
+  -- after the newest entry if that is not before now (slotAt in
+  -- algorithm.go).
+  local function decide(limit, window, ex, a, b, logkey, cost, slot)
     local cut = now - window
     local sum, seq = 0, 0
     if ex then sum, seq = a, b end
     local expired = call('ZRANGEBYSCORE', logkey, '-inf', format('%.17g', cut))
     for i = 1, #expired do sum = sum - member_cost(expired[i]) end
-    local allowed, retry, newest = false, 0, nil
+    local allowed, retry, newest, at = false, 0, nil, now
     if sum + cost <= limit then
       allowed = true
       if cost > 0 then
         sum = sum + cost
         seq = seq + 1
-        newest = now
+        if slot then
+          local last = call('ZREVRANGEBYSCORE', logkey, '+inf', '(' .. format('%.17g', cut), 'WITHSCORES', 'LIMIT', 0, 1)
+          if #last > 0 and tonumber(last[2]) >= now then at = tonumber(last[2]) + 1 end
+        end
+        newest = at
       end
     else
       local live = call('ZRANGEBYSCORE', logkey, '(' .. format('%.17g', cut), '+inf', 'WITHSCORES')
@@ -193,7 +200,7 @@ local function logs()
     end
     local reset = now
     if newest then reset = newest + window end
-    return allowed, limit - sum, reset, retry, sum, seq
+    return allowed, limit - sum, reset, retry, sum, seq, at
   end
   -- forget: the log forgets n units, the newest (at < 0) or those logged
   -- at at; returns the sum left, and what it forgot.
@@ -354,8 +361,8 @@ local function charge(alg, limit, rate, window, ex, a, b, c, cost)
     exactWait(now, start + window - now, swc_fits, window, true, start, cur, prev, 0, limit), start, cur, prev
 end
 
--- Decide every limit, changing nothing yet; pending lists, flattened ten
--- values a limit, what to store if the request goes ahead; owed (eight
+-- Decide every limit, changing nothing yet; pending lists, flattened
+-- eleven values a limit, what to store if the request goes ahead; owed (eight
 -- values a limit) and owedg (five, a global limit's), what limits that
 -- count debt store whatever happens.
 -- A settlement reads each counter's settlements first (prevs: this one's
@@ -367,13 +374,17 @@ if mode == 'settle' and now < give_at then
   local kk, ii, n = 1, 8, 1
   while ii + 6 <= #ARGV do
     local a = tonumber(ARGV[ii])
-    if a == LOG or a == SLOTS then kk = kk + 1 end
-    local marks = KEYS[kk + 1]
-    kk = kk + 2
-    prevs[n], kept[n] = call('HGET', marks, rsv_mark), 0
-    if not prevs[n] then
-      kept[n] = call('HLEN', marks)
-      refused = refused or kept[n] >= settled_cap(a, tonumber(ARGV[ii + 1]), tonumber(ARGV[ii + 2]), tonumber(ARGV[ii + 3]))
+    if a == LOG then kk = kk + 1 end
+    if a == SLOTS then
+      kk = kk + 2 -- a slot keeps no settlement: it is freed once (below)
+    else
+      local marks = KEYS[kk + 1]
+      kk = kk + 2
+      prevs[n], kept[n] = call('HGET', marks, rsv_mark), 0
+      if not prevs[n] then
+        kept[n] = call('HLEN', marks)
+        refused = refused or kept[n] >= settled_cap(a, tonumber(ARGV[ii + 1]), tonumber(ARGV[ii + 2]), tonumber(ARGV[ii + 3]))
+      end
     end
     ii, n = ii + 7, n + 1
   end
@@ -419,7 +430,8 @@ while i + 6 <= #ARGV do
       elseif allowed and mode == 'check' and cost > 0 then
         pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg + GLOBAL, 0, 0, window
         pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, #out + 6, 0, 0, ''
-        np = np + 10
+        pending[np + 11] = now
+        np = np + 11
       end
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, rem, reset, retry
@@ -434,10 +446,20 @@ while i + 6 <= #ARGV do
     -- lm is this limit's mode: a settlement chooses its own, and what to
     -- give back (lm_n, lm_at).
     local lm, lm_n, lm_at, again, charged = mode, give_n, give_at, 0, 0
-    if mode == 'settle' then
+    if mode == 'settle' and alg == SLOTS then
+      -- The request is over, committed or released: its slot, logged at
+      -- a time no other slot of the counter has, is forgotten once
+      -- (again: none was left), unless the reservation has ended.
+      shadow, owes, lm, settles = true, false, 'inspect', settles + 1
+      if now >= give_at then
+        again = 2
+      elseif flags % 2 == 0 then
+        lm, lm_at, lm_n = 'grant', batch, cost
+      end
+      batch = 0
+    elseif mode == 'settle' then
       local actual, estimate, marks, stale = give_n, cost, KEYS[k], flags % 2 == 1
       k = k + 1
-      if alg == SLOTS then actual = -1 end -- the request is over: its slot is free
       charged = max(0, actual)
       shadow, owes, lm = true, false, 'inspect' -- settlements do not hold each other up
       settles = settles + 1
@@ -456,6 +478,9 @@ while i + 6 <= #ARGV do
         elseif actual < 0 or actual <= estimate then
           lm, lm_at, lm_n = 'grant', batch, estimate
           if actual >= 0 then lm_n = estimate - actual end
+          -- Nothing to give back: the counter is read as it is (a grant of
+          -- 0 would write a bucket's tokens anew as of now, rounded).
+          if lm_n <= 0 then lm = 'inspect' end
         else
           lm, cost, owes = 'check', actual - estimate, alg ~= LOG
         end
@@ -466,6 +491,7 @@ while i + 6 <= #ARGV do
     if lm == 'grant' or lm == 'refund' then
       local given
       a, b, c, given = give_back(alg, limit, rate, window, ex, a, b, c, logkey, lm_n, lm_at)
+      if mode == 'settle' and alg == SLOTS and given == 0 then again = 1 end
       if alg == LOG or alg == SLOTS then
         -- give_back trimmed the log's expired entries: its sum is stored
         -- whether or not anything was given back.
@@ -488,7 +514,7 @@ while i + 6 <= #ARGV do
     end
     if lm ~= 'refund' then
       local take = lm == 'check' and batch > 0
-      local allowed, remaining, reset, retry, na, nb, nc = false, 0, now, 0, 0, 0, 0
+      local allowed, remaining, reset, retry, na, nb, nc, entry_at = false, 0, now, 0, 0, 0, 0, now
 
       if alg == TOKEN_BUCKET then
         local tokens
@@ -557,7 +583,7 @@ while i + 6 <= #ARGV do
         na, nb, nc = start, cur, prev
 
       else
-        allowed, remaining, reset, retry, na, nb = logs().decide(limit, window, ex, a, b, logkey, cost)
+        allowed, remaining, reset, retry, na, nb, entry_at = logs().decide(limit, window, ex, a, b, logkey, cost, alg == SLOTS)
       end
 
       if not allowed and not shadow then commit = false end
@@ -573,7 +599,8 @@ while i + 6 <= #ARGV do
       elseif allowed and lm == 'check' and cost > 0 then
         pending[np + 1], pending[np + 2], pending[np + 3], pending[np + 4], pending[np + 5] = key, alg, limit, rate, window
         pending[np + 6], pending[np + 7], pending[np + 8], pending[np + 9], pending[np + 10] = cost, na, nb, nc, logkey or ''
-        np = np + 10
+        pending[np + 11] = entry_at
+        np = np + 11
       end
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry
@@ -586,18 +613,18 @@ end
 
 -- Then, if the request goes ahead, take its cost from every limit that allowed.
 if commit then
-  for j = 1, np, 10 do
+  for j = 1, np, 11 do
     local key, alg, limit, rate, window = pending[j], pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4]
-    local cost, a, b, c, logkey = pending[j + 5], pending[j + 6], pending[j + 7], pending[j + 8], pending[j + 9]
+    local cost, a, b, c, logkey, at = pending[j + 5], pending[j + 6], pending[j + 7], pending[j + 8], pending[j + 9], pending[j + 10]
     if alg > GLOBAL then
       -- a is where the region's P and N go in the reply.
       out[a], out[a + 1] = gadd(key, alg - GLOBAL, window, region, cost)
     else
-      store(key, alg, limit, rate, window, a, b, c, now)
+      store(key, alg, limit, rate, window, a, b, c, at)
       if alg == LOG or alg == SLOTS then
         call('ZREMRANGEBYSCORE', logkey, '-inf', format('%.17g', now - window))
-        call('ZADD', logkey, format('%.17g', now), format('%d:%d', b, cost))
-        call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, now))
+        call('ZADD', logkey, format('%.17g', at), format('%d:%d', b, cost))
+        call('PEXPIRE', logkey, ttl_ms(alg, limit, rate, window, a, b, at))
       end
     end
   end
