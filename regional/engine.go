@@ -467,14 +467,6 @@ func costError(r *Rule, p Params, cost int64) error {
 // collect finds the limits that apply, their keys, numbers and costs.
 func (e *Engine) collect(ctx context.Context, sc *scratch, rs *RuleSet, req *Request, addr netip.Addr, now time.Time) error {
 	tier := rs.Tier(req)
-	if req.reserve != nil {
-		// Before any key is tracked: a refused request changes nothing.
-		for _, r := range rs.candidates(req) {
-			if r.Scope == ScopeGlobal && r.matches(req, tier, addr) {
-				return &RequestError{Field: "descriptors", Msg: fmt.Sprintf("rule %q has scope global: reservations hold regional limits only", r.ID)}
-			}
-		}
-	}
 	for _, r := range rs.candidates(req) {
 		if !r.matches(req, tier, addr) || req.Report && r.Base.Algorithm == Concurrency {
 			continue
@@ -562,7 +554,7 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64, onlyDebt bo
 			op := &sc.ops[len(sc.ops)-1]
 			e.globalOp(op, it.rule, e.heldFor(it, now), time.UnixMicro(now))
 			it.allowance = op.Allowance
-			if e.shared && e.global.degraded.episode.Load() && it.rule.Fallback != FailClosed {
+			if e.shared && e.global.degraded.episode.Load() && it.rule.Fallback != FailClosed && sc.reserve == nil {
 				sc.ops = sc.ops[:len(sc.ops)-1]
 				e.degradedGlobal(it, it.allowance, now)
 				inMemory = true
@@ -602,7 +594,7 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64, onlyDebt bo
 	sc.local, sc.localAt = sc.local[:0], sc.localAt[:0]
 	for j, i := range sc.opItem {
 		it := &sc.items[i]
-		if it.rule.Scope == ScopeGlobal {
+		if it.rule.Scope == ScopeGlobal && sc.reserve == nil { // a reservation lives in the store, or nowhere
 			e.degradedGlobal(it, it.allowance, now)
 			continue
 		}

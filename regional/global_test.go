@@ -696,3 +696,83 @@ rules:
 		})
 	}
 }
+
+// TestGlobalStoresSettleAlike holds the two stores' settlements of global
+// limits alike: estimates reserved as checks, committed under, at and over
+// them, released, settled twice, after their window or their end, of
+// limits changed since, with other regions' slots merged in between; the
+// same answers, and the same region's slot after.
+func TestGlobalStoresSettleAlike(t *testing.T) {
+	rs, clock := newVirtualRedisStore(t, RedisOptions{Region: "eu", Timeout: 5 * time.Second})
+	ctx := t.Context()
+	run := 0
+	rapid.Check(t, func(t *rapid.T) {
+		run++
+		mem := NewMemoryStore(clock.Now)
+		mem.SetRegion("eu")
+		p := Params{
+			Algorithm: rapid.SampledFrom([]Algorithm{FixedWindow, SlidingWindowCounter}).Draw(t, "algorithm"),
+			Limit:     rapid.Int64Range(1, 100).Draw(t, "limit"),
+			Window:    rapid.SampledFrom([]int64{1e6, 7e6, 60e6}).Draw(t, "window"),
+		}
+		key := []byte(fmt.Sprintf("gq:{gs%d:a}", run))
+		type held struct {
+			mark  string
+			until int64
+			op    SettleOp
+		}
+		var made []held
+		for step := range rapid.IntRange(1, 30).Draw(t, "steps") {
+			clock.Advance(rapid.SampledFrom([]int64{0, 1, 999, 250e3, 1e6, 7e6, 61e6}).Draw(t, "advance"))
+			allowance := rapid.Int64Range(0, p.Limit).Draw(t, "allowance")
+			ceiling := int64(-1)
+			if rapid.Bool().Draw(t, "elastic") {
+				ceiling = rapid.Int64Range(0, p.Limit).Draw(t, "ceiling")
+			}
+			switch action := rapid.IntRange(0, 3).Draw(t, "action"); {
+			case action == 0:
+				r := rapid.SampledFrom([]string{"us", "ap"}).Draw(t, "region")
+				start := clock.micros() / p.Window * p.Window
+				w := GlobalWindow{Key: key, StartMillis: start / 1000, TTL: time.Hour,
+					Slots: []crdt.Slot{{Region: r, P: rapid.Uint64Range(0, 30).Draw(t, "p")}}}
+				if _, err := mem.MergeGlobal(ctx, []GlobalWindow{w}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := rs.MergeGlobal(ctx, []GlobalWindow{w}); err != nil {
+					t.Fatal(err)
+				}
+			case action == 1 || len(made) == 0:
+				ops := []Op{{Key: key, Params: p, Cost: rapid.Int64Range(1, 5).Draw(t, "cost"), Global: true, Allowance: allowance, Ceiling: ceiling}}
+				mres, rres := make([]Result, 1), make([]Result, 1)
+				mnow, err1 := mem.Apply(ctx, ops, mres)
+				_, err2 := rs.Apply(ctx, ops, rres)
+				if err1 != nil || err2 != nil || mres[0] != rres[0] {
+					t.Fatalf("reserve: memory %+v (%v), redis %+v (%v)", mres[0], err1, rres[0], err2)
+				}
+				if mres[0].Allowed {
+					made = append(made, held{mark: fmt.Sprintf("g%d-%d", run, step), until: mnow + rapid.SampledFrom([]int64{1e6, 5e6, 60e6}).Draw(t, "ttl"),
+						op: SettleOp{Key: key, Params: p, Estimate: mres[0].Taken, At: mnow, Global: true}})
+				}
+			default:
+				h := made[rapid.IntRange(0, len(made)-1).Draw(t, "which")]
+				op := h.op
+				op.Allowance, op.Ceiling, op.Stale = allowance, ceiling, rapid.IntRange(0, 5).Draw(t, "stale") == 0
+				actual := rapid.SampledFrom([]int64{-1, 0, 1, op.Estimate - 1, op.Estimate, op.Estimate + 1, 3 * op.Estimate}).Draw(t, "actual")
+				mout, rout := make([]Settlement, 1), make([]Settlement, 1)
+				_, err1 := mem.Settle(ctx, []SettleOp{op}, h.mark, h.until, actual, mout)
+				_, err2 := rs.Settle(ctx, []SettleOp{op}, h.mark, h.until, actual, rout)
+				if err1 != nil || err2 != nil || mout[0] != rout[0] {
+					t.Fatalf("settle %d of %+v: memory %+v (%v), redis %+v (%v)", actual, op, mout[0], err1, rout[0], err2)
+				}
+			}
+			start := clock.micros() / p.Window * p.Window / 1000
+			for _, s := range []int64{start, start - p.Window/1000} {
+				ms, _ := mem.ReadGlobal(ctx, key, s)
+				rsl, err := rs.ReadGlobal(ctx, key, s)
+				if err != nil || !slices.Equal(ms, rsl) {
+					t.Fatalf("window %d: memory %v, redis %v (%v)", s, ms, rsl, err)
+				}
+			}
+		}
+	})
+}

@@ -483,6 +483,30 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	}
 	for i := range ops {
 		op, sh, k, mk := &ops[i], &m.shards[shards[i]], keys[i], mks[i]
+		if op.Global {
+			var prev int64
+			settled := false
+			if mk != nil {
+				prev, settled = mk.charged[mark]
+			}
+			out[i] = Settlement{Charged: max(0, actual)}
+			switch {
+			case now >= until:
+				out[i].Ended = true
+			case settled:
+				out[i].Again, out[i].Charged = true, prev
+			case refused:
+				out[i].Full = true
+			default:
+				if mk == nil {
+					mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until) * 60e6}
+					sh.settled[k] = mk
+				}
+				mk.charged[mark] = max(0, actual)
+			}
+			m.settleGlobal(sh, op, now, actual, !out[i].Ended && !out[i].Again && !out[i].Full && !op.Stale, &out[i].Result)
+			continue
+		}
 		e, cur := m.get(sh, op.Key, op.Params.Algorithm, now)
 		charged := max(0, actual)
 		if op.Params.Algorithm == Concurrency {
@@ -527,6 +551,47 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	}
 	m.sweep(&m.shards[shards[0]], now)
 	return now, nil
+}
+
+// settleGlobal settles a reservation's part of a global limit, if apply
+// (limits.lua's 'settle' of a global limit, alike): what comes back goes
+// to the region's N in the window the estimate was taken in, while that
+// window holds; what a commit charges past the estimate, to its P now.
+// r is the limit as a check of cost 0 sees it after. The caller holds the
+// shard's lock.
+func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64, apply bool, r *Result) {
+	start, _ := globalWindows(&op.Params, float64(now))
+	taken, _ := globalWindows(&op.Params, float64(op.At))
+	var back, extra uint64
+	switch {
+	case !apply:
+	case actual < 0 || actual <= op.Estimate:
+		if actual < 0 {
+			actual = 0
+		}
+		if taken == start {
+			back = uint64(op.Estimate - actual)
+		}
+	default:
+		extra = uint64(actual - op.Estimate)
+	}
+	gop := Op{Key: op.Key, Params: op.Params, Global: true, Allowance: op.Allowance, Ceiling: op.Ceiling}
+	if m.copy != nil {
+		m.copy.mu.Lock()
+		defer m.copy.mu.Unlock()
+		id := crdt.ID{Key: string(op.Key), Epoch: int64(start) / 1000}
+		m.copy.c.Dec(id, back)
+		m.copy.c.Inc(id, extra)
+		decideInCopy(m.copy.c, &gop, now, r)
+		return
+	}
+	if back > 0 {
+		m.addGlobal(sh, nil, op.Key, &op.Params, now, true, back)
+	}
+	if extra > 0 {
+		m.addGlobal(sh, nil, op.Key, &op.Params, now, false, extra)
+	}
+	m.decideGlobal(sh, &gop, now, r)
 }
 
 // settledKey is where a counter keeps its settlements of reservations that

@@ -651,6 +651,10 @@ func (s *RedisStore) Settle(ctx context.Context, ops []SettleOp, mark string, un
 	converted := make([]Op, len(ops))
 	for i, op := range ops {
 		converted[i] = Op{Key: op.Key, Params: op.Params, Cost: op.Estimate, Batch: op.At, Shadow: op.Stale}
+		if op.Global { // when taken, in the known window's place (limits.lua)
+			converted[i] = Op{Key: op.Key, Params: op.Params, Cost: op.Estimate, Shadow: op.Stale, Global: true,
+				Allowance: op.Allowance, Ceiling: op.Ceiling, KnownStart: op.At}
+		}
 	}
 	c := s.newCall(converted, "settle", actual, until)
 	c.settled = slices.Grow(c.settled[:0], len(ops))[:len(ops)]
@@ -990,6 +994,9 @@ func (c *redisCall) read(g *redisGroup) error {
 		c.limits[i].at = g.now
 		c.results[i] = Result{Allowed: v[0] == 1, Remaining: v[1], ResetAt: v[2], RetryAfter: v[3], Taken: v[4]}
 		switch {
+		case c.limits[i].global && c.limits[i].settle:
+			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
+			c.settled[i] = Settlement{Again: v[7] == 1, Ended: v[7] == 2, Full: v[7] == 3, Charged: v[8], Result: c.results[i]}
 		case c.limits[i].global:
 			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
 		case c.limits[i].settle:
@@ -1006,7 +1013,10 @@ const globalAlgorithm = 10
 
 // replyLen is how many numbers the script answers for the limit.
 func (l *redisLimit) replyLen() int {
-	if l.global || l.settle {
+	switch {
+	case l.global && l.settle:
+		return 9
+	case l.global || l.settle:
 		return 7
 	}
 	return 5

@@ -61,6 +61,14 @@ type SettleOp struct {
 	// changed): the settlement is kept, the counter is not touched (its
 	// state is another limit's), and the estimate stays taken.
 	Stale bool
+	// Global marks a global limit's counter (global.go): the estimate was
+	// counted in the region's P; what comes back goes to its N, in the
+	// window the estimate was taken in while that window holds, and what
+	// a commit charges past the estimate to its P. Allowance and Ceiling
+	// are the limit's as a check would have them now (Op's), for the
+	// answer.
+	Global             bool
+	Allowance, Ceiling int64
 }
 
 // Settlement is what settling a reservation did to one of its counters.

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/geoquota/geoquota/crdt"
 )
 
 // Reservations, as the engine serves them (reservation.go says what the
@@ -54,7 +56,8 @@ func (rq *reserveReq) noteHeld(items []item) {
 			if it.params.Algorithm == Concurrency {
 				at = slotAt(it.params, &it.result)
 			}
-			rq.ops = append(rq.ops, SettleOp{Key: slices.Clone(it.key), Params: it.params, Estimate: it.result.Taken, At: at})
+			rq.ops = append(rq.ops, SettleOp{Key: slices.Clone(it.key), Params: it.params, Estimate: it.result.Taken, At: at,
+				Global: it.rule.Scope == ScopeGlobal})
 		}
 	}
 }
@@ -69,10 +72,10 @@ type Reserved struct {
 // Reserve decides req as Check does, with req.Cost the estimate, and if
 // it is allowed, holds the estimate as a reservation for ttl (at most
 // MaxReservationTTL): Settle commits or releases it. A denied request
-// reserves nothing. Reservations hold regional limits: a request a
-// global rule applies to is refused (an error naming descriptors). They
-// are taken from the region's store: when it cannot answer, the request
-// is denied as unavailable, whatever the rules' fallbacks. d is the
+// reserves nothing. A global limit's estimate is taken as a check's is,
+// within what the region may admit of it, and counted in the region's
+// slot. They are taken from the region's store: when it cannot answer,
+// the request is denied as unavailable, whatever the rules' fallbacks. d is the
 // decision, as Check's.
 func (e *Engine) Reserve(ctx context.Context, req *Request, ttl time.Duration, d *Decision) (Reserved, error) {
 	switch {
@@ -176,11 +179,18 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 		return Settled{}, ErrReservationNotFound
 	}
 	rs := e.rules.Load()
+	now := e.now()
 	for i := range r.ops {
-		if op := &r.ops[i]; op.Params.Algorithm == Concurrency {
+		switch op := &r.ops[i]; {
+		case op.Params.Algorithm == Concurrency:
 			op.Params, op.Stale = rs.slotParams(op.Key, op.Params)
-		} else {
-			op.Stale = !rs.limitOf(op.Key, op.Params)
+		case op.Global:
+			op.Stale = !rs.limitOf(op.Key, op.Params, true)
+			if !op.Stale {
+				e.settleAllowance(op, now)
+			}
+		default:
+			op.Stale = !rs.limitOf(op.Key, op.Params, false)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
@@ -192,6 +202,15 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 	var s Settled
 	var stale []SettledLimit
 	ended := true
+	for i := range out {
+		if op := &r.ops[i]; op.Global && e.shared && !out[i].Ended && (out[i].Result.OwnP != 0 || out[i].Result.OwnN != 0) {
+			// The region's slot as the store has it after: for the gossip.
+			start := out[i].Result.ResetAt - op.Params.Window
+			e.global.usage.with(func(c *crdt.Counters) {
+				c.ObserveKey(op.Key, start/1000, out[i].Result.OwnP, out[i].Result.OwnN)
+			})
+		}
+	}
 	for i, o := range out {
 		if o.Full {
 			return Settled{}, ErrTooManySettlements
@@ -227,14 +246,26 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 // (settledCap): nothing was settled, and the estimate stays taken.
 var ErrTooManySettlements = errors.New("regional: too many settlements of reservations ending this minute")
 
+// settleAllowance sets a global limit's allowance and ceiling, as a check
+// of its counter would have them now, for a settlement's answer.
+func (e *Engine) settleAllowance(op *SettleOp, now time.Time) {
+	id, _, _, _ := parseKey(string(op.Key))
+	r := e.rules.Load().Rule(id)
+	it := item{rule: r, key: op.Key, params: op.Params}
+	gop := Op{Key: op.Key, Params: op.Params}
+	e.globalOp(&gop, r, e.heldFor(&it, now.UnixMicro()), now)
+	op.Allowance, op.Ceiling = gop.Allowance, gop.Ceiling
+}
+
 // limitOf reports whether p is the limit a counter key has under the rules
-// in force, for a tier or an override: a reservation made under a limit
-// since changed leaves the counter alone when settled.
-func (rs *RuleSet) limitOf(key []byte, p Params) bool {
+// in force, for a tier or an override, of a global rule or a regional
+// one: a reservation made under a limit since changed leaves the counter
+// alone when settled.
+func (rs *RuleSet) limitOf(key []byte, p Params, global bool) bool {
 	id, values, overflow, ok := parseKey(string(key))
 	r := rs.Rule(id)
 	switch {
-	case !ok || r == nil || r.Scope == ScopeGlobal:
+	case !ok || r == nil || (r.Scope == ScopeGlobal) != global:
 		return false
 	case overflow:
 		return r.overflow == p
@@ -260,7 +291,7 @@ func (rs *RuleSet) slotParams(key []byte, p Params) (Params, bool) {
 	if !ok || r == nil || r.Base.Algorithm != Concurrency {
 		return p, true
 	}
-	if !rs.limitOf(key, p) {
+	if !rs.limitOf(key, p, false) {
 		p.Window = r.Base.Window
 	}
 	return p, false
@@ -374,6 +405,9 @@ const (
 	maxReservationIDLen = 32 << 10
 )
 
+// globalFlag marks a global limit's algorithm in an id.
+const globalFlag = 0x80
+
 // reservation is an id's content.
 type reservation struct {
 	region string
@@ -390,8 +424,12 @@ func sealReservation(key []byte, region string, mark []byte, until int64, ops []
 	b = binary.AppendVarint(b, until)
 	for _, op := range ops {
 		p := &op.Params
+		alg := byte(p.Algorithm)
+		if op.Global {
+			alg |= globalFlag
+		}
 		b = binary.AppendUvarint(b, uint64(len(op.Key)))
-		b = append(append(b, op.Key...), byte(p.Algorithm))
+		b = append(append(b, op.Key...), alg)
 		b = binary.AppendVarint(b, p.Limit)
 		b = binary.AppendUvarint(b, math.Float64bits(p.Rate))
 		b = binary.AppendVarint(b, p.Window)
@@ -460,7 +498,7 @@ func openReservation(s string) (*reservation, error) {
 		if len(b) == 0 {
 			return bad("truncated")
 		}
-		op.Params.Algorithm, b = Algorithm(b[0]), b[1:]
+		op.Params.Algorithm, op.Global, b = Algorithm(b[0]&^globalFlag), b[0]&globalFlag != 0, b[1:]
 		op.Params.Limit = varint()
 		op.Params.Rate = math.Float64frombits(uvarint())
 		op.Params.Window = varint()

@@ -206,11 +206,21 @@ func (src *source) answer() (int64, time.Duration) {
 	return n, time.Duration(float64(n) / k.PerSecond * 1e9)
 }
 
-// pendingAnswer is an answer under way: its tokens are reported at end.
+// pendingAnswer is an answer under way: its tokens are reported at end,
+// or, reserved, committed then.
 type pendingAnswer struct {
 	end  time.Duration
 	key  int32
 	cost int32
+	// rsv is its reservation, if reserved: the id, the estimate, and the
+	// window (epoch) it was taken in.
+	rsv *reservedAnswer
+}
+
+type reservedAnswer struct {
+	id       string
+	estimate int64
+	epoch    int64
 }
 
 // answerHeap is a min-heap of answers by end.
@@ -463,6 +473,10 @@ func (r *region) requests(end time.Duration) {
 			// whatever the decision (the rule counts past its limit).
 			a := r.answers.pop()
 			r.now = a.end
+			if a.rsv != nil {
+				r.commit(a)
+				continue
+			}
 			r.req.APIKey, r.req.Cost, r.req.CountNothing = r.s.keys[a.key], int64(a.cost), false
 			r.check()
 			tr.recordCost(r.idx, r.dec.Time.UnixMicro()/r.s.window, int(a.key), true, int64(a.cost))
@@ -473,6 +487,10 @@ func (r *region) requests(end time.Duration) {
 		}
 		r.now = src.next
 		k := src.take()
+		if src.tokens != nil && src.tokens.Reserve > 0 {
+			r.reserve(src, k)
+			continue
+		}
 		r.req.APIKey, r.req.Cost, r.req.CountNothing = r.s.keys[k], 0, src.tokens != nil
 		r.check()
 		epoch := r.dec.Time.UnixMicro() / r.s.window
@@ -488,6 +506,45 @@ func (r *region) requests(end time.Duration) {
 			continue
 		}
 		r.answers.push(pendingAnswer{end: r.now + lasts, key: int32(k), cost: int32(cost)})
+	}
+}
+
+// reserve reserves an answer's estimate for a request of key k; denied,
+// the answer's tokens are what the tenant asked for in vain.
+func (r *region) reserve(src *source, k int) {
+	cost, lasts := src.answer()
+	est := src.tokens.Reserve
+	r.req.APIKey, r.req.Cost, r.req.CountNothing = r.s.keys[k], est, false
+	ttl := time.Duration(float64(src.tokens.Max)/src.tokens.PerSecond*float64(time.Second)) + 10*time.Second
+	res, err := r.engine.Reserve(background, &r.req, ttl, &r.dec)
+	if err != nil {
+		panic(err) // the scenario's requests are well formed
+	}
+	epoch := r.dec.Time.UnixMicro() / r.s.window
+	if !r.dec.Allowed || res.ID == "" {
+		r.s.truth.recordCost(r.idx, epoch, k, false, cost)
+		return
+	}
+	r.answers.push(pendingAnswer{end: r.now + lasts, key: int32(k), cost: int32(cost), rsv: &reservedAnswer{id: res.ID, estimate: est, epoch: epoch}})
+}
+
+// commit commits a reserved answer's tokens, and counts what the store
+// counted: the estimate in the window it was taken in, less what came
+// back (only while that window holds), or more past it, now.
+func (r *region) commit(a pendingAnswer) {
+	if _, err := r.engine.Settle(background, a.rsv.id, int64(a.cost)); err != nil {
+		panic(err) // made here, within its time
+	}
+	tr, k, cost, est := r.s.truth, int(a.key), int64(a.cost), a.rsv.estimate
+	now := r.clock().UnixMicro() / r.s.window
+	switch {
+	case cost <= est && now == a.rsv.epoch:
+		tr.recordCost(r.idx, a.rsv.epoch, k, true, cost)
+	case cost <= est:
+		tr.recordCost(r.idx, a.rsv.epoch, k, true, est)
+	default:
+		tr.recordCost(r.idx, a.rsv.epoch, k, true, est)
+		tr.recordCost(r.idx, now, k, true, cost-est)
 	}
 }
 

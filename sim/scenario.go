@@ -150,11 +150,16 @@ type TrafficSpec struct {
 // TokensSpec draws an answer's tokens: log-normal, heavy-tailed (most
 // answers short, a few very long), between 1 and Max; the answer lasts
 // its tokens at PerSecond a second.
+//
+// With Reserve set, the gateway reserves that estimate before each answer
+// instead of asking whether the tenant is over, and commits the answer's
+// tokens at its end (the difference given back, or taken past the limit).
 type TokensSpec struct {
 	Median    float64 `yaml:"median"`
 	Sigma     float64 `yaml:"sigma"`
 	Max       int64   `yaml:"max"`
 	PerSecond float64 `yaml:"per_second"`
+	Reserve   int64   `yaml:"reserve"`
 }
 
 // FaultSpec is one fault, or the end of one.
@@ -428,6 +433,10 @@ func (t *TrafficSpec) check(src, field string, region func(string, string) error
 			return invalid(src, field+".tokens.max", "%d: want the median (%v) to 1,048,576", k.Max, k.Median)
 		case !(k.PerSecond > 0 && k.PerSecond <= 1e6):
 			return invalid(src, field+".tokens.per_second", "%v: want more than 0, at most 1,000,000", k.PerSecond)
+		case k.Reserve < 0 || k.Reserve > k.Max:
+			return invalid(src, field+".tokens.reserve", "%d: want 0 (ask, then report) to max (%d)", k.Reserve, k.Max)
+		case k.Reserve > 0 && float64(k.Max)/k.PerSecond > 3000:
+			return invalid(src, field+".tokens", "the longest answer lasts %.0fs: a reservation holds an hour at most", float64(k.Max)/k.PerSecond)
 		}
 	}
 	switch t.Kind {

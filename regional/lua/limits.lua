@@ -31,11 +31,14 @@
 --            A global limit (global.go) has algorithm 10 + its own, its
 --            allowance in place of the rate, its ceiling (-1: strict) in
 --            place of the batch, and 3 more: the window (ms) the engine
---            knows this region's slot of, and that slot's P and N.
+--            knows this region's slot of, and that slot's P and N; for
+--            'settle', when the estimate was taken (µs) in that window's
+--            place, and it too has the settlements' key after its own.
 --
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
 -- retry_after, taken, and for a global limit the region's P and N after;
--- for 'settle', then 0 (settled now), 1 (settled before), 2 (ended) or 3
+-- for 'settle', then (after P and N for a global limit) 0 (settled now),
+-- 1 (settled before), 2 (ended) or 3
 -- (refused: the counter keeps settled_cap settlements of that minute),
 -- and what it charged}; for 'refund', {now, then per limit the amount
 -- given back}.
@@ -375,7 +378,17 @@ if mode == 'settle' and now < give_at then
   while ii + 6 <= #ARGV do
     local a = tonumber(ARGV[ii])
     if a == LOG then kk = kk + 1 end
-    if a == SLOTS then
+    if a > GLOBAL then
+      -- A global limit's: its key, then its settlements'.
+      local marks = KEYS[kk + 1]
+      kk = kk + 2
+      prevs[n], kept[n] = call('HGET', marks, rsv_mark), 0
+      if not prevs[n] then
+        kept[n] = call('HLEN', marks)
+        refused = refused or kept[n] >= settled_cap(a - GLOBAL, tonumber(ARGV[ii + 1]), 0, tonumber(ARGV[ii + 3]))
+      end
+      ii = ii + 3 -- and the 7 below
+    elseif a == SLOTS then
       kk = kk + 2 -- a slot keeps no settlement: it is freed once (below)
     else
       local marks = KEYS[kk + 1]
@@ -400,7 +413,42 @@ while i + 6 <= #ARGV do
   k = k + 1
   if alg > GLOBAL then
     alg = alg - GLOBAL
-    if mode == 'refund' or mode == 'grant' then
+    if mode == 'settle' then
+      -- A reservation's part of a global limit: the estimate was counted
+      -- in the region's P when reserved. What comes back goes to its N,
+      -- in the window it was taken in (while that window holds); what
+      -- the commit charges past the estimate, to its P now, as debt.
+      -- Its taken-at time is where a check's known window is.
+      local actual, estimate, taken_at, marks = give_n, cost, tonumber(ARGV[i + 7]), KEYS[k]
+      k = k + 1
+      settles = settles + 1
+      local prev, again, charged = prevs[settles], 0, max(0, actual)
+      if now >= give_at then
+        again = 2
+      elseif prev then
+        again, charged = 1, tonumber(prev)
+      elseif refused then
+        again = 3
+      else
+        call('HSET', marks, rsv_mark, format('%d', charged))
+        if kept[settles] == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at))) end
+        if flags % 2 == 1 then
+          -- The limit changed since: its window is another's.
+        elseif actual < 0 or actual <= estimate then
+          local back = estimate
+          if actual >= 0 then back = estimate - actual end
+          if back > 0 and floor(taken_at / window) * window == floor(now / window) * window then
+            gadd(key, alg, window, '-' .. region, back)
+          end
+        else
+          gadd(key, alg, window, region, actual - estimate)
+        end
+      end
+      local allowed, rem, reset, retry, p, n = gdecide(key, alg, limit, window, 0, rate, batch)
+      local o = #out
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = allowed and 1 or 0, rem, reset, retry, 0
+      out[o + 6], out[o + 7], out[o + 8], out[o + 9] = p, n, again, charged
+    elseif mode == 'refund' or mode == 'grant' then
       -- Given back as N, into the window it was taken in (a refund), or
       -- the current one (a grant).
       local start = floor(now / window) * window
