@@ -494,7 +494,7 @@ func figures(reps []*Report) []figure {
 func (r *Report) regionChart(i int) chart {
 	name := r.Regions[i]
 	c := chart{title: fmt.Sprintf("%s (%s): demand per window and what became of it", name, r.Mode),
-		ylabel: fmt.Sprintf("requests per %s window", regional.ShortDuration(r.Window)), faults: r.Faults, end: r.Duration, plotH: 170}
+		ylabel: fmt.Sprintf("%s per %s window", r.units(), regional.ShortDuration(r.Window)), faults: r.Faults, end: r.Duration, plotH: 170}
 	wsec := r.Window.Seconds()
 	demand := series{id: "demand", name: "demand (asked)", color: colorDemand, bars: true, outline: true, barW: wsec}
 	adm := series{id: "admitted", name: "admitted", color: colorAdmitted, bars: true, barW: wsec}
@@ -547,7 +547,7 @@ func (r *Report) regionChart(i int) chart {
 func (r *Report) admittedChart() chart {
 	wsec := r.Window.Seconds()
 	c := chart{title: fmt.Sprintf("%s (%s): the busiest counter against the limit", r.Scenario, r.Mode),
-		ylabel: fmt.Sprintf("admitted per %s window", regional.ShortDuration(r.Window)), faults: r.Faults, end: r.Duration, plotH: 200}
+		ylabel: fmt.Sprintf("%s admitted per %s window", r.units(), regional.ShortDuration(r.Window)), faults: r.Faults, end: r.Duration, plotH: 200}
 	adm := series{id: "admitted", name: "admitted (busiest counter)", color: colorAdmitted, bars: true, barW: wsec}
 	lim := series{id: "limit", name: fmt.Sprintf("limit (%s)", group(r.Limit)), color: colorLimit, dash: true}
 	for _, w := range r.Windows {

@@ -158,7 +158,11 @@ func page(reps []*Report) string {
 	figs := figures(reps)
 	colHeads := func() {
 		for _, r := range reps {
-			fmt.Fprintf(&b, `<div class="colhead"><h3>%s</h3><p>%s</p></div>`+"\n", r.Mode, html.EscapeString(modeWords[r.Mode]))
+			words := modeWords[r.Mode]
+			if r.Unit != "" {
+				words += "; what is counted after an answer (its tokens, or what it used past its estimate) may go past it"
+			}
+			fmt.Fprintf(&b, `<div class="colhead"><h3>%s</h3><p>%s</p></div>`+"\n", r.Mode, html.EscapeString(words))
 		}
 	}
 	nreg := len(r0.Regions)
@@ -250,7 +254,7 @@ type outcomeRow struct {
 
 // outcomeRows are the rows of the outcomes table, in order.
 var outcomeRows = []outcomeRow{
-	{"Demand (requests asked)", false, func(r *Report) string { return group(r.Requests) }},
+	{"Demand (asked)", false, func(r *Report) string { return group(r.Requests) + " " + r.units() }},
 	{"Admitted", true, func(r *Report) string {
 		return fmt.Sprintf("%s (%.1f%% of demand)", group(r.Admitted), pct(r.Admitted, r.Requests))
 	}},
@@ -274,7 +278,7 @@ var outcomeRows = []outcomeRow{
 			return "none"
 		}
 		w := r.Windows[worst]
-		return fmt.Sprintf("%s: %s (%.2f%% of its requests)", r.windowString(w), group(w.FalseRejected), w.FalseRejPct())
+		return fmt.Sprintf("%s: %s (%.2f%% of its %s)", r.windowString(w), group(w.FalseRejected), w.FalseRejPct(), r.units())
 	}},
 	{"Over-admission, worst window<sup>2</sup>", true, func(r *Report) string {
 		worst := r.worstWindow(func(w *Window) int64 { return w.Over })
@@ -285,8 +289,11 @@ var outcomeRows = []outcomeRow{
 		return fmt.Sprintf("%.2f%% of the limit (%s)", w.OverPct(r.Limit), r.windowString(w))
 	}},
 	{"Over-admission allowed", false, func(r *Report) string {
-		if r.Mode == "elastic" {
+		switch {
+		case r.Mode == "elastic":
 			return fmt.Sprintf("up to %g%% of the limit", r.ElasticBound)
+		case r.StrictBound > 0:
+			return fmt.Sprintf("up to %g%% of the limit (what is counted after the answers)", r.StrictBound)
 		}
 		return "none"
 	}},

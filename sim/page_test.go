@@ -346,9 +346,9 @@ func TestPageSideBySide(t *testing.T) {
 			t.Fatalf("%s: a refused %d of %d falsely, b %d of %d: want b the worst", rep.Mode, falseRej[0], asked[0], falseRej[1], asked[1])
 		}
 		for row, want := range map[string]string{
-			"Demand (requests asked)":                     group(rep.Requests),
-			"Admitted":                                    fmt.Sprintf("%s (%.1f%% of demand)", group(rep.Admitted), pct(rep.Admitted, rep.Requests)),
-			"False rejections<sup>1</sup>":                fmt.Sprintf("%s (%.2f%% of demand)", group(rep.FalseRejected), pct(rep.FalseRejected, rep.Requests)),
+			"Demand (asked)":               group(rep.Requests) + " requests",
+			"Admitted":                     fmt.Sprintf("%s (%.1f%% of demand)", group(rep.Admitted), pct(rep.Admitted, rep.Requests)),
+			"False rejections<sup>1</sup>": fmt.Sprintf("%s (%.2f%% of demand)", group(rep.FalseRejected), pct(rep.FalseRejected, rep.Requests)),
 			"Region refused falsely the most<sup>1</sup>": fmt.Sprintf("b: %s (%.2f%% of its demand)", group(falseRej[1]), pct(falseRej[1], asked[1])),
 			"Window refused falsely the most<sup>1</sup>": fmt.Sprintf("1:00–2:00: %s", group(rep.Windows[1].FalseRejected)),
 			"Over-admission, worst window<sup>2</sup>":    "none",

@@ -40,8 +40,9 @@ type Report struct {
 	// closed (Found covers the windows that ended by then).
 	BooksClosed time.Duration
 	// ElasticBound is the scenario's bound on elastic over-admission,
-	// percent of the limit.
-	ElasticBound float64
+	// percent of the limit; StrictBound, on strict's (traffic with
+	// tokens: what is counted after the answers).
+	ElasticBound, StrictBound float64
 	// Requests, Admitted and FalseRejected are over the whole run.
 	Requests, Admitted, FalseRejected int64
 	// MessagesCut and MessagesLost count gossip and budget messages that
@@ -165,6 +166,14 @@ type TenantUse struct {
 	Worst            string // the key of the one that got least
 }
 
+// units is what the report's figures count: requests, or its Unit.
+func (r *Report) units() string {
+	if r.Unit == "" {
+		return "requests"
+	}
+	return r.Unit
+}
+
 // OverPct is the worst counter's over-admission, percent of the limit.
 func (w Window) OverPct(limit int64) float64 { return 100 * float64(w.Over) / float64(limit) }
 
@@ -197,8 +206,8 @@ func (s *sim) report() *Report {
 		Regions: sc.Regions, Limit: sc.Rule.Limit, Window: sc.Rule.Window, Algorithm: sc.Rule.Algorithm,
 		Duration: s.duration, Gossip: sc.Gossip.Interval, Samples: s.rec.samples, Notes: s.rec.notes,
 		Heals: s.rec.heals, Expiries: s.rec.expiries(), Found: s.gs.found, BooksClosed: s.gs.closedThrough,
-		ElasticBound: *sc.Expect.MaxElasticOver,
-		MessagesCut:  s.net.cut.Load(), MessagesLost: s.net.lost.Load(), Faults: FaultsOf(sc, s.duration)}
+		ElasticBound: *sc.Expect.MaxElasticOver, StrictBound: sc.Expect.MaxStrictOver,
+		MessagesCut: s.net.cut.Load(), MessagesLost: s.net.lost.Load(), Faults: FaultsOf(sc, s.duration)}
 	for _, sh := range s.gs.shards {
 		rep.Shards = append(rep.Shards, ShardFigures{Budgets: sh.budgets, Copied: sh.copied, Largest: sh.largest,
 			Rebalances: sh.rebalances, Work: sh.work})
