@@ -554,7 +554,18 @@ func (e *Engine) decide(ctx context.Context, sc *scratch, now int64, onlyDebt bo
 			op := &sc.ops[len(sc.ops)-1]
 			e.globalOp(op, it.rule, e.heldFor(it, now), time.UnixMicro(now))
 			it.allowance = op.Allowance
-			if e.shared && e.global.degraded.episode.Load() && it.rule.Fallback != FailClosed && sc.reserve == nil {
+			if e.shared && e.global.degraded.episode.Load() && sc.reserve != nil {
+				// What replicas admitted in memory is not all in the store
+				// yet, and the store would hold the estimate against what
+				// it has: a reservation waits until it is (unavailable),
+				// and the store is not asked for the others.
+				sc.ops = sc.ops[:len(sc.ops)-1]
+				it.decided, it.degraded, it.unavailable, it.storeNow = true, true, true, now
+				it.result = Result{ResetAt: it.params.resetAt(now), RetryAfter: e.breakerWait()}
+				inMemory = true
+				continue
+			}
+			if e.shared && e.global.degraded.episode.Load() && it.rule.Fallback != FailClosed {
 				sc.ops = sc.ops[:len(sc.ops)-1]
 				e.degradedGlobal(it, it.allowance, now)
 				inMemory = true

@@ -66,7 +66,13 @@ func TestRedisAuthEveryForm(t *testing.T) {
 		if err := storeChecks(t, c.Spec(), RedisAuth{Password: pw}); err != nil {
 			t.Fatalf("with the password: %v", err)
 		}
-		if err := storeChecks(t, c.Spec(), RedisAuth{}); !refusedUnauthenticated(err) {
+		// A node may reset a connection now and then (seen once in a
+		// run of the whole package): tried again, it must refuse.
+		err := storeChecks(t, c.Spec(), RedisAuth{})
+		for try := 0; try < 3 && err != nil && strings.Contains(err.Error(), "connection reset"); try++ {
+			err = storeChecks(t, c.Spec(), RedisAuth{})
+		}
+		if !refusedUnauthenticated(err) {
 			t.Fatalf("without the password: %v, want a refusal for want of AUTH", err)
 		}
 	})

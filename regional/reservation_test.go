@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -355,5 +356,152 @@ rules:
 				t.Fatalf("after a commit of 100 of 10: slot %+v, want 90 more in P", s)
 			}
 		})
+	}
+}
+
+// switchedStore is a memory store whose Apply fails while down.
+type switchedStore struct {
+	*MemoryStore
+	down bool
+}
+
+func (s *switchedStore) Apply(ctx context.Context, ops []Op, res []Result) (int64, error) {
+	if s.down {
+		return 0, errors.New("down")
+	}
+	return s.MemoryStore.Apply(ctx, ops, res)
+}
+
+// A reservation of a global limit waits out a degraded episode: until
+// what the replicas admitted in memory while the store was down is
+// written back, the store does not hold it, and would take the estimate
+// out of room the region has spent.
+func TestGlobalReservationsWaitOutAnEpisode(t *testing.T) {
+	ctx := t.Context()
+	clock := newVirtualClock()
+	st := &switchedStore{MemoryStore: NewMemoryStore(clock.Now)}
+	st.SetRegion("us")
+	e := New(Config{Region: "us", Replica: "us-1", Store: st, Clock: clock.Now, Timeout: 50 * time.Millisecond,
+		Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, mustParse(t, `
+rules:
+  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 3000, window: 1h }
+`))
+	var d Decision
+	check := func(cost int64) {
+		if err := e.Check(ctx, &Request{APIKey: "t", Cost: cost}, &d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(20) // through the store, of an allowance of 100 (the region's floor)
+	st.down = true
+	for i := 0; i < 200 && (i < 2 || d.Allowed || !d.Degraded); i++ {
+		check(1) // admitted in memory until the allowance is spent
+		clock.AdvanceBy(time.Millisecond)
+	}
+	st.down = false
+	clock.AdvanceBy(time.Minute) // past the breaker's cooldown, in the same window
+	if check(50); d.Allowed {
+		t.Fatalf("a check of 50 once the store is back: %+v", d)
+	}
+	res, err := e.Reserve(ctx, &Request{APIKey: "t", Cost: 50}, time.Minute, &d)
+	if err != nil || d.Allowed || d.Code != CodeUnavailable || res.ID != "" {
+		t.Fatalf("a reservation of 50 while the episode lasts: %+v %+v (%v), want unavailable", res, d, err)
+	}
+}
+
+// Settlements of global reservations while the rules change under them:
+// a limit changed alone keeps what comes back (the slots are the same), a
+// rule gone leaves them alone, and nothing fails.
+func TestGlobalSettlementsWhileRulesChange(t *testing.T) {
+	ctx := t.Context()
+	with := mustParse(t, `
+rules:
+  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 30000000, window: 1h }
+`)
+	e := New(Config{Region: "us", Global: GlobalConfig{Regions: []string{"us", "eu", "ap"}}}, with)
+	var d Decision
+	res, err := e.Reserve(ctx, &Request{APIKey: "t", Cost: 50}, time.Minute, &d)
+	if err != nil || res.ID == "" {
+		t.Fatal(err)
+	}
+	e.SetRules(mustParse(t, `
+rules:
+  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 40000000, window: 1h }
+`))
+	if _, err := e.Settle(ctx, res.ID, 20); err != nil {
+		t.Fatal(err)
+	}
+	start := e.now().UnixMicro() / 3600e6 * 3600e3
+	var p, n uint64
+	e.global.usage.with(func(c *crdt.Counters) { p, n = c.Own(crdt.ID{Key: "gq:{g:t}", Epoch: start}) })
+	if p != 50 || n != 30 {
+		t.Fatalf("slot P=%d N=%d after a commit of 20 of 50 across a change of the limit alone, want 30 back", p, n)
+	}
+	// Settled while another goroutine takes the rule away and back.
+	e.SetRules(with)
+	var ids []string
+	for range 300 {
+		res, err := e.Reserve(ctx, &Request{APIKey: "t", Cost: 1}, time.Hour, &d)
+		if err != nil || res.ID == "" {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	without := mustParse(t, `
+rules:
+  - { id: h, by: [api_key], algorithm: fixed_window, limit: 30000000, window: 1h }
+`)
+	done := make(chan struct{})
+	stop := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				e.SetRules(without)
+				e.SetRules(with)
+			}
+		}
+	}()
+	for _, id := range ids {
+		if _, err := e.Settle(ctx, id, 1); err != nil {
+			t.Errorf("settle while the rules change: %v", err)
+		}
+	}
+	close(stop)
+	<-done
+}
+
+// One reservation of a sliding log, a concurrency slot, a global limit and
+// a fixed window is settled in one script call: each limit its own part.
+func TestMixedReservation(t *testing.T) {
+	ctx := t.Context()
+	e, store, _ := oneReplicaRegion(t, `
+rules:
+  - { id: l, by: [api_key], algorithm: sliding_window_log, limit: 1000, window: 1h }
+  - { id: c, by: [api_key], algorithm: concurrency, limit: 3, ttl: 30s }
+  - { id: g, by: [api_key], scope: global, algorithm: fixed_window, limit: 30000, window: 1h }
+  - { id: f, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
+`)
+	var d Decision
+	res, err := e.Reserve(ctx, &Request{APIKey: "t", Cost: 50}, time.Minute, &d)
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v (%v)", d, err)
+	}
+	st, err := e.Settle(ctx, res.ID, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"l": 980, "c": 3, "f": 980}
+	for _, l := range st.Limits {
+		if w, ok := want[l.Rule]; ok && l.Remaining != w {
+			t.Errorf("%s after a commit of 20 of 50: %+v, want %d left", l.Rule, l, w)
+		}
+	}
+	start := e.now().UnixMicro() / 3600e6 * 3600e3
+	if slots, err := store.ReadGlobal(ctx, []byte("gq:{g:t}"), start); err != nil || len(slots) != 1 || slots[0].P != 50 || slots[0].N != 30 {
+		t.Fatalf("the global limit's slot: %v (%v)", slots, err)
 	}
 }

@@ -185,12 +185,9 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 		case op.Params.Algorithm == Concurrency:
 			op.Params, op.Stale = rs.slotParams(op.Key, op.Params)
 		case op.Global:
-			op.Stale = !rs.limitOf(op.Key, op.Params, true)
-			if !op.Stale {
-				e.settleAllowance(op, now)
-			}
+			e.settleGlobal(rs, op, now)
 		default:
-			op.Stale = !rs.limitOf(op.Key, op.Params, false)
+			op.Stale = !rs.limitOf(op.Key, op.Params)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
@@ -246,26 +243,32 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 // (settledCap): nothing was settled, and the estimate stays taken.
 var ErrTooManySettlements = errors.New("regional: too many settlements of reservations ending this minute")
 
-// settleAllowance sets a global limit's allowance and ceiling, as a check
-// of its counter would have them now, for a settlement's answer.
-func (e *Engine) settleAllowance(op *SettleOp, now time.Time) {
+// settleGlobal readies a global limit's part of a settlement under the
+// rules rs: stale if the rule is gone, or counts in other windows now (its
+// algorithm or window changed: its slots are another's; a limit changed
+// alone keeps them, and what comes back comes back), and otherwise its
+// allowance and ceiling as a check of its counter would have them now,
+// for the answer.
+func (e *Engine) settleGlobal(rs *RuleSet, op *SettleOp, now time.Time) {
 	id, _, _, _ := parseKey(string(op.Key))
-	r := e.rules.Load().Rule(id)
+	r := rs.Rule(id)
+	if op.Stale = r == nil || r.Scope != ScopeGlobal || r.Base.Algorithm != op.Params.Algorithm || r.Base.Window != op.Params.Window; op.Stale {
+		return
+	}
 	it := item{rule: r, key: op.Key, params: op.Params}
 	gop := Op{Key: op.Key, Params: op.Params}
 	e.globalOp(&gop, r, e.heldFor(&it, now.UnixMicro()), now)
 	op.Allowance, op.Ceiling = gop.Allowance, gop.Ceiling
 }
 
-// limitOf reports whether p is the limit a counter key has under the rules
-// in force, for a tier or an override, of a global rule or a regional
-// one: a reservation made under a limit since changed leaves the counter
-// alone when settled.
-func (rs *RuleSet) limitOf(key []byte, p Params, global bool) bool {
+// limitOf reports whether p is the limit a counter key of a regional rule
+// has under the rules in force, for a tier or an override: a reservation
+// made under a limit since changed leaves the counter alone when settled.
+func (rs *RuleSet) limitOf(key []byte, p Params) bool {
 	id, values, overflow, ok := parseKey(string(key))
 	r := rs.Rule(id)
 	switch {
-	case !ok || r == nil || (r.Scope == ScopeGlobal) != global:
+	case !ok || r == nil || r.Scope == ScopeGlobal:
 		return false
 	case overflow:
 		return r.overflow == p
@@ -291,7 +294,7 @@ func (rs *RuleSet) slotParams(key []byte, p Params) (Params, bool) {
 	if !ok || r == nil || r.Base.Algorithm != Concurrency {
 		return p, true
 	}
-	if !rs.limitOf(key, p, false) {
+	if !rs.limitOf(key, p) {
 		p.Window = r.Base.Window
 	}
 	return p, false

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -532,12 +533,16 @@ func (r *region) reserve(src *source, k int) {
 // counted: the estimate in the window it was taken in, less what came
 // back (only while that window holds), or more past it, now.
 func (r *region) commit(a pendingAnswer) {
-	if _, err := r.engine.Settle(background, a.rsv.id, int64(a.cost)); err != nil {
-		panic(err) // made here, within its time
-	}
+	_, err := r.engine.Settle(background, a.rsv.id, int64(a.cost))
 	tr, k, cost, est := r.s.truth, int(a.key), int64(a.cost), a.rsv.estimate
 	now := r.clock().UnixMicro() / r.s.window
 	switch {
+	case errors.Is(err, regional.ErrStoreUnavailable), errors.Is(err, regional.ErrReservationNotFound):
+		// Not settled (the store down, or the reservation ended by a
+		// clock that jumped): the estimate stays counted.
+		tr.recordCost(r.idx, a.rsv.epoch, k, true, est)
+	case err != nil:
+		panic(err) // made here
 	case cost <= est && now == a.rsv.epoch:
 		tr.recordCost(r.idx, a.rsv.epoch, k, true, cost)
 	case cost <= est:

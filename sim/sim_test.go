@@ -620,3 +620,30 @@ func freeTier(t *testing.T, scenario string, keys, shards int) {
 		t.Log(b.String())
 	}
 }
+
+// Reservations through a region's store failing and a clock jumping past
+// their end: what is not settled stays counted, and the run goes on.
+func TestReservationsThroughFaults(t *testing.T) {
+	for _, fault := range []string{"{ at: 10s, kind: redis-down, region: us, for: 5s }", "{ at: 10s, kind: clock-jump, region: us, by: 5m }"} {
+		sc, err := Parse("faults", []byte(`
+name: faults
+duration: 40s
+regions: [us, eu]
+rule: { limit: 100000, window: 1m, count_over_limit: true }
+traffic:
+  - { kind: tenants, rate: 100, keys: 100, zipf: 1.1, home: 0.8,
+      tokens: { median: 200, sigma: 1.0, max: 4000, per_second: 50, reserve: 1000 } }
+faults:
+  - `+fault+`
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mode := range sc.Modes {
+			rep, err := Run(sc, mode, 1, Options{})
+			if err != nil || rep.Admitted == 0 {
+				t.Fatalf("%s, %s: %v, %d admitted", fault, mode, err, rep.Admitted)
+			}
+		}
+	}
+}
