@@ -321,6 +321,9 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	us := now.UnixMicro()
 	e.expireGlobal(now)
 	var errs []error
+	if _, err := e.refundExpired(ctx); err != nil {
+		e.storeError(err, us) // logged at most once a second, as a check's failure
+	}
 	if gs, ok := e.store.(GlobalStore); ok && e.shared {
 		// What fails here fails while the store does: logged as a
 		// check's failure is, at most once a second.

@@ -286,6 +286,9 @@ type Stats struct {
 	// Siblings' denials refused: a key too long, a key of no rule in
 	// force; and those held for less than they asked (see NoteDenial).
 	DenialsTooLong, DenialsUnknownRule, DenialsCapped atomic.Int64
+	// Reservations refunded when they ended unsettled (on_expiry:
+	// refund), and those found too late to be (they stayed charged).
+	ReservationsRefunded, ReservationsExpiredLate atomic.Int64
 }
 
 // Stats returns the engine's counters.

@@ -757,7 +757,7 @@ func TestGlobalStoresSettleAlike(t *testing.T) {
 				h := made[rapid.IntRange(0, len(made)-1).Draw(t, "which")]
 				op := h.op
 				op.Allowance, op.Ceiling, op.Stale = allowance, ceiling, rapid.IntRange(0, 5).Draw(t, "stale") == 0
-				actual := rapid.SampledFrom([]int64{-1, 0, 1, op.Estimate - 1, op.Estimate, op.Estimate + 1, 3 * op.Estimate}).Draw(t, "actual")
+				actual := rapid.SampledFrom([]int64{settleExpired, -1, 0, 1, op.Estimate - 1, op.Estimate, op.Estimate + 1, 3 * op.Estimate}).Draw(t, "actual")
 				mout, rout := make([]Settlement, 1), make([]Settlement, 1)
 				_, err1 := mem.Settle(ctx, []SettleOp{op}, h.mark, h.until, actual, mout)
 				_, err2 := rs.Settle(ctx, []SettleOp{op}, h.mark, h.until, actual, rout)

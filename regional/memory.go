@@ -33,6 +33,8 @@ type MemoryStore struct {
 
 	replicasMu sync.Mutex
 	replicas   map[string]ReplicaState // Heartbeat's
+	// expiries are the reservations to refund when they end (expiry.go).
+	expiries memExpiries
 }
 
 const (
@@ -460,6 +462,9 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	idx := m.lock(shards, lockBuf[:])
 	defer m.unlock(idx)
 	now := m.now()
+	// An expiry is made until the counters' settlements of its minute are
+	// no longer kept (settledMarks.until), as in limits.lua.
+	ended := now >= until && (actual != settleExpired || now >= settledBucket(until)*60e6+60e6)
 	// Each counter's settlements of that minute, read first: refused whole
 	// if one keeps as many as it may (and has not this one), nothing is
 	// written.
@@ -476,7 +481,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 		if ops[i].Params.Algorithm == Concurrency {
 			continue // a slot keeps no settlement: it is freed once
 		}
-		if mks[i] = mk; now < until && mk != nil {
+		if mks[i] = mk; !ended && mk != nil {
 			_, settled := mk.charged[mark]
 			refused = refused || !settled && len(mk.charged) >= settledCap(ops[i].Params)
 		}
@@ -491,7 +496,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			}
 			out[i] = Settlement{Charged: max(0, actual)}
 			switch {
-			case now >= until:
+			case ended:
 				out[i].Ended = true
 			case settled:
 				out[i].Again, out[i].Charged = true, prev
@@ -499,7 +504,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 				out[i].Full = true
 			default:
 				if mk == nil {
-					mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until) * 60e6}
+					mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until)*60e6 + 60e6}
 					sh.settled[k] = mk
 				}
 				mk.charged[mark] = max(0, actual)
@@ -515,7 +520,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 		out[i] = Settlement{Charged: charged, Result: inspect(op.Params, cur, now)}
 		if op.Params.Algorithm == Concurrency {
 			switch {
-			case now >= until:
+			case ended:
 				out[i].Ended = true
 			case op.Stale:
 			case settle(op, &cur, now, actual, &out[i]):
@@ -531,7 +536,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			prev, settled = mk.charged[mark]
 		}
 		switch {
-		case now >= until:
+		case ended:
 			out[i].Ended = true
 			continue
 		case settled:
@@ -541,7 +546,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			out[i].Full = true
 			continue
 		case mk == nil:
-			mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until) * 60e6}
+			mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until)*60e6 + 60e6}
 			sh.settled[k] = mk
 		}
 		mk.charged[mark] = charged

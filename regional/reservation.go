@@ -46,9 +46,16 @@ func settledCap(p Params) int {
 	return int(max(maxSettled, math.Floor(math.Min(2*per, 1<<40))))
 }
 
+// settleExpired, as a settlement's actual cost, releases a reservation
+// that ended unsettled, whose rule refunds it (Rule.RefundOnExpiry): made
+// past its end, once, as any settlement — after a commit or release it
+// changes nothing.
+const settleExpired = -2
+
 // settledBucket is the minute (from the Unix epoch) in which a
 // reservation that ends at until (µs) ends: a counter keeps the
-// settlements of such reservations together, until that minute ends.
+// settlements of such reservations together, until a minute after that
+// minute ends.
 func settledBucket(until int64) int64 { return (until-1)/60e6 + 1 }
 
 // SettleOp is one counter of a reservation to settle: what its id says.
@@ -89,8 +96,9 @@ type Settlement struct {
 }
 
 // settledMarks are a counter's settlements of reservations that end in one
-// minute (settledBucket), by mark, as the memory store keeps them until
-// that minute ends; limits.lua keeps a hash.
+// minute (settledBucket), by mark, as the memory store keeps them until a
+// minute after that minute ends (an expiry comes after the end);
+// limits.lua keeps a hash.
 type settledMarks struct {
 	charged map[string]int64
 	until   int64 // µs

@@ -70,7 +70,7 @@ func TestStoresSettleAlike(t *testing.T) {
 			}
 			h := made[rapid.IntRange(0, len(made)-1).Draw(t, "which")]
 			est := h.ops[0].Estimate
-			actual := rapid.SampledFrom([]int64{-1, 0, 1, est - 1, est, est + 1, 3 * est, 100 * est}).Draw(t, "actual")
+			actual := rapid.SampledFrom([]int64{settleExpired, -1, 0, 1, est - 1, est, est + 1, 3 * est, 100 * est}).Draw(t, "actual")
 			ops := slices.Clone(h.ops)
 			for i := range ops { // a limit changed since: its counter is left alone
 				ops[i].Stale = rapid.IntRange(0, 5).Draw(t, "stale") == 0

@@ -120,7 +120,31 @@ func (e *Engine) Reserve(ctx context.Context, req *Request, ttl time.Duration, d
 		return Reserved{}, &RequestError{Field: "descriptors", Msg: fmt.Sprintf("the request meets %d limits whose keys make a reservation id of %d bytes, more than %d: nothing is reserved, and %s",
 			len(rq.ops), len(id), maxReservationIDLen, back)}
 	}
+	if err := e.keepExpiry(ctx, rq.ops, id, until); err != nil {
+		out := make([]Settlement, len(rq.ops))
+		if _, rerr := e.settleStore().Settle(ctx, rq.ops, hex.EncodeToString(mark[:]), until, -1, out); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return Reserved{}, fmt.Errorf("%w: keeping a reservation to refund when it ends (its estimate was given back): %w", ErrStoreUnavailable, err)
+	}
 	return Reserved{ID: id, Expires: d.Time.Add(ttl)}, nil
+}
+
+// keepExpiry keeps, in the store's index, a reservation that one of its
+// limits' rules refunds when it ends unsettled (expiry.go).
+func (e *Engine) keepExpiry(ctx context.Context, ops []SettleOp, id string, until int64) error {
+	ix, ok := e.settleStore().(expiryIndex)
+	if !ok {
+		return nil
+	}
+	rs := e.rules.Load()
+	for i := range ops {
+		rid, _, _, _ := parseKey(string(ops[i].Key))
+		if r := rs.Rule(rid); r != nil && r.RefundOnExpiry {
+			return ix.addExpiry(ctx, id, until)
+		}
+	}
+	return nil
 }
 
 // settleStore is the store reservations are settled in.
@@ -199,15 +223,7 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 	var s Settled
 	var stale []SettledLimit
 	ended := true
-	for i := range out {
-		if op := &r.ops[i]; op.Global && e.shared && !out[i].Ended && (out[i].Result.OwnP != 0 || out[i].Result.OwnN != 0) {
-			// The region's slot as the store has it after: for the gossip.
-			start := out[i].Result.ResetAt - op.Params.Window
-			e.global.usage.with(func(c *crdt.Counters) {
-				c.ObserveKey(op.Key, start/1000, out[i].Result.OwnP, out[i].Result.OwnN)
-			})
-		}
-	}
+	e.observeSettled(r.ops, out)
 	for i, o := range out {
 		if o.Full {
 			return Settled{}, ErrTooManySettlements
@@ -242,6 +258,18 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 // settlements of reservations ending in the same minute as it may
 // (settledCap): nothing was settled, and the estimate stays taken.
 var ErrTooManySettlements = errors.New("regional: too many settlements of reservations ending this minute")
+
+// observeSettled notes, of the global limits a settlement touched, the
+// region's slot as the store has it after: for the gossip. (The engine's
+// own memory counts in the copy itself.)
+func (e *Engine) observeSettled(ops []SettleOp, out []Settlement) {
+	for i := range out {
+		if op, r := &ops[i], &out[i].Result; op.Global && e.shared && !out[i].Ended && (r.OwnP != 0 || r.OwnN != 0) {
+			start := r.ResetAt - op.Params.Window
+			e.global.usage.with(func(c *crdt.Counters) { c.ObserveKey(op.Key, start/1000, r.OwnP, r.OwnN) })
+		}
+	}
+}
 
 // settleGlobal readies a global limit's part of a settlement under the
 // rules rs: stale if the rule is gone, or counts in other windows now (its

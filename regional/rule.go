@@ -140,6 +140,9 @@ type Rule struct {
 	// decision: past the limit as debt, which the key pays back before it
 	// is allowed again (usage known after the response, such as tokens).
 	CountOverLimit bool
+	// RefundOnExpiry gives a reservation's estimate back when it ends
+	// unsettled (on_expiry: refund); by default it stays charged.
+	RefundOnExpiry bool
 	// Batch is the batch of tokens a replica takes from the store at once
 	// for a hot key (the rule's batch: N, or lease: N), served from memory.
 	Batch    int64

@@ -85,6 +85,7 @@ type ruleSpec struct {
 	Cost            *int64           `yaml:"cost"`
 	Shadow          bool             `yaml:"shadow"`
 	CountOverLimit  bool             `yaml:"count_over_limit"`
+	OnExpiry        string           `yaml:"on_expiry"`
 	Batch           int64            `yaml:"batch"`
 	Lease           int64            `yaml:"lease"` // batch's older name
 	Fallback        string           `yaml:"fallback"`
@@ -314,6 +315,7 @@ func compile(name string, spec fileSpec, src []byte) (*RuleSet, error) {
 		}
 		rs.byID[r.ID] = r
 		rs.rules = append(rs.rules, r)
+		rs.refunds = rs.refunds || r.RefundOnExpiry
 		for d := range s.Match.Descriptors {
 			rs.descriptors[d] = true
 		}
@@ -367,6 +369,16 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 		case s.Penalty != nil:
 			return nil, fail("penalty", "a concurrency limit's denials are not held (a slot may be freed any moment), so no cooldown follows them")
 		}
+	}
+	switch s.OnExpiry {
+	case "", "charge":
+	case "refund":
+		if r.Base.Algorithm == Concurrency {
+			return nil, fail("on_expiry", "a concurrency limit's slot frees itself at its ttl: there is no estimate to refund")
+		}
+		r.RefundOnExpiry = true
+	default:
+		return nil, fail("on_expiry", "%q: want charge or refund", s.OnExpiry)
 	}
 	if s.Cost != nil {
 		if *s.Cost < 1 || *s.Cost > smallest {

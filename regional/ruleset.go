@@ -22,6 +22,7 @@ type RuleSet struct {
 	block       []glob
 	tierOf      []tierOf
 	descriptors map[string]bool // names a request may carry
+	refunds     bool            // a rule refunds reservations when they end (on_expiry)
 
 	// Rules are indexed by the first segment of their endpoint prefix. Each
 	// list holds, in rule order, the rules of that segment and the rules

@@ -116,6 +116,7 @@ rules:
 		"scope":            "{ id: x, algorithm: concurrency, limit: 5, scope: global }",
 		"batch":            "{ id: x, by: [api_key], algorithm: concurrency, limit: 5, batch: 2 }",
 		"penalty":          "{ id: x, algorithm: concurrency, limit: 5, penalty: { base: 1s, max: 1m } }",
+		"on_expiry":        "{ id: x, algorithm: concurrency, limit: 5, on_expiry: refund }",
 	} {
 		_, err := Parse("", []byte("rules:\n  - "+rule+"\n"))
 		var re *RuleError
@@ -169,26 +170,36 @@ rules:
 	})
 }
 
-// Slots are freed however many were: a counter's releases are not
-// capped as reservations' settlements are (each slot is freed once, with
-// no settlement kept).
-func TestSlotsPastTheSettlementCap(t *testing.T) {
-	eachStore(t, `
+// Slots are freed however many were: a slot keeps no settlement, so a
+// counter's releases are never capped as reservations' settlements are.
+func TestSlotsKeepNoSettlement(t *testing.T) {
+	rs, clock := newVirtualRedisStore(t, RedisOptions{})
+	mem := NewMemoryStore(clock.Now)
+	rules := mustParse(t, `
 rules:
   - { id: streams, by: [api_key], algorithm: concurrency, limit: 1, ttl: 5m }
-`, func(t *testing.T, e *Engine, clock *virtualClock) {
-		ctx := t.Context()
+`)
+	for name, store := range map[string]Store{"memory": mem, "redis": rs} {
+		e := New(Config{Region: "us", Replica: "us-1", Store: store, Clock: clock.Now, Timeout: slowOK}, rules)
 		var d Decision
-		for i := range maxSettled + 10 {
+		for i := range 200 {
 			clock.Advance(1000) // a request a millisecond, each over at once
-			if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil || !d.Allowed {
-				t.Fatalf("request %d, nothing in flight: %+v (%v)", i+1, d, err)
+			if err := e.Check(t.Context(), &Request{APIKey: "k"}, &d); err != nil || !d.Allowed {
+				t.Fatalf("%s: request %d, nothing in flight: %+v (%v)", name, i+1, d, err)
 			}
-			if _, err := e.Settle(ctx, d.Held.ID, -1); err != nil {
-				t.Fatalf("release %d: %v", i+1, err)
+			if st, err := e.Settle(t.Context(), d.Held.ID, -1); err != nil || st.Again {
+				t.Fatalf("%s: release %d: %+v (%v)", name, i+1, st, err)
 			}
 		}
-	})
+	}
+	if keys, err := rs.Client().Keys(t.Context(), "*:settled:*").Result(); err != nil || len(keys) != 0 {
+		t.Fatalf("redis keeps settlements of slots: %v (%v)", keys, err)
+	}
+	for i := range mem.shards {
+		if n := len(mem.shards[i].settled); n != 0 {
+			t.Fatalf("memory keeps %d settlements of slots", n)
+		}
+	}
 }
 
 // Rules that change while slots are held: a limit raised frees them all
@@ -274,4 +285,65 @@ rules:
 		}
 	}
 	harness.WaitFor(t, 5*time.Second, "the denied requests' slots given back", func() bool { return free() == 1 })
+}
+
+// Reservations that end unsettled: charged their estimate, or refunded
+// where the rule says on_expiry: refund — once, at the first maintenance
+// after their end, not after a commit, and not when found too late.
+func TestReservationsEndingUnsettled(t *testing.T) {
+	eachStore(t, `
+rules:
+  - { id: refunded, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h, on_expiry: refund }
+  - { id: charged, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
+`, func(t *testing.T, e *Engine, clock *virtualClock) {
+		ctx := t.Context()
+		left := func() (int64, int64) {
+			r, err1 := e.Inspect(ctx, "refunded", &Request{APIKey: "k"})
+			c, err2 := e.Inspect(ctx, "charged", &Request{APIKey: "k"})
+			if err1 != nil || err2 != nil {
+				t.Fatal(err1, err2)
+			}
+			return r.Remaining, c.Remaining
+		}
+		var d Decision
+		reserve := func(cost int64) string {
+			t.Helper()
+			res, err := e.Reserve(ctx, &Request{APIKey: "k", Cost: cost}, time.Minute, &d)
+			if err != nil || res.ID == "" {
+				t.Fatalf("reserve %d: %+v (%v)", cost, res, err)
+			}
+			return res.ID
+		}
+		maintain := func() {
+			t.Helper()
+			if err := e.Maintain(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		abandoned := reserve(100)
+		committed := reserve(100)
+		if _, err := e.Settle(ctx, committed, 30); err != nil {
+			t.Fatal(err)
+		}
+		maintain() // before their end: nothing
+		if r, c := left(); r != 870 || c != 870 {
+			t.Fatalf("100 held, 30 committed: %d and %d left, want 870", r, c)
+		}
+		clock.AdvanceBy(time.Minute + time.Second)
+		maintain()
+		maintain() // once
+		if r, c := left(); r != 970 || c != 870 {
+			t.Fatalf("after the end, refunded %d left (want 970), charged %d (want 870)", r, c)
+		}
+		if _, err := e.Settle(ctx, abandoned, -1); !errors.Is(err, ErrReservationNotFound) {
+			t.Fatalf("a release after the end: %v, want not found", err)
+		}
+		// Found too late (its settlements no longer kept): charged.
+		reserve(100)
+		clock.AdvanceBy(time.Minute + expiryLate + time.Second)
+		maintain()
+		if r, _ := left(); r != 870 || e.Stats().ReservationsRefunded.Load() != 1 || e.Stats().ReservationsExpiredLate.Load() != 1 {
+			t.Fatalf("a reservation found too late: %d left, want 870 (refunded %d, late %d)", r, e.Stats().ReservationsRefunded.Load(), e.Stats().ReservationsExpiredLate.Load())
+		}
+	})
 }

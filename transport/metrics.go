@@ -125,6 +125,8 @@ func (m *Metrics) Attach(e *regional.Engine) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "geoquota_sibling_denials_refused_total", Help: siblingHelp,
 			ConstLabels: prometheus.Labels{"reason": "unknown_rule"}}, func() float64 { return float64(st.DenialsUnknownRule.Load()) }),
 		counter("geoquota_sibling_denials_capped_total", "Siblings' denials held for less than they asked: no longer than one of the rule's can last.", st.DenialsCapped.Load),
+		counter("geoquota_reservations_refunded_total", "Reservations that ended unsettled and were refunded (on_expiry: refund) by this replica.", st.ReservationsRefunded.Load),
+		counter("geoquota_reservations_expired_late_total", "Reservations to refund found more than a minute after their end: they stayed charged.", st.ReservationsExpiredLate.Load),
 		keyCaps{e},
 	)
 }

@@ -206,3 +206,30 @@ func TestReservationsOverGRPC(t *testing.T) {
 		}
 	}
 }
+
+// Reservations that end unsettled over HTTP, on a real redis-server: one
+// of a rule that refunds comes back, one of a rule that charges stays.
+func TestReservationsEndingUnsettledOverHTTP(t *testing.T) {
+	v := newEnv(t, envOptions{rules: `
+rules:
+  - { id: refunded, match: { endpoint: /refund }, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h, on_expiry: refund }
+  - { id: charged, match: { endpoint: /charge }, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
+`})
+	left := func(rule string) float64 {
+		return decodeBody(t, v.get("/v1/usage?rule="+rule+"&api_key=sk_e"))["remaining"].(float64)
+	}
+	for _, ep := range []string{"/refund", "/charge"} {
+		if resp := v.post("/v1/reserve", `{"descriptors":{"api_key":"sk_e","endpoint":"`+ep+`"},"cost":300,"ttl_seconds":0.2}`); resp.StatusCode != 200 {
+			t.Fatalf("reserve on %s: %d %v", ep, resp.StatusCode, decodeBody(t, resp))
+		}
+	}
+	waitFor(t, 10*time.Second, "the refunding rule's estimate back once its reservation ended", func() bool {
+		if err := v.engine.Maintain(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return left("refunded") == 1000
+	})
+	if n := left("charged"); n != 700 {
+		t.Fatalf("the charging rule after its reservation ended: %v left, want 700", n)
+	}
+}

@@ -80,9 +80,9 @@ local function settled_cap(alg, limit, rate, window)
   end
   return max(MAX_SETTLED, floor(min(2 * per, 2 ^ 40)))
 end
--- settled_until is when the settlements of reservations that end at
--- until_us stop mattering: the end of the minute until_us is in
--- (settledBucket in reservation.go).
+-- settled_until is the end of the minute until_us is in (settledBucket in
+-- reservation.go): the settlements of reservations that end then are
+-- kept a minute past it (an expiry comes after the end).
 local function settled_until(until_us)
   return (floor((until_us - 1) / 60000000) + 1) * 60000000
 end
@@ -373,7 +373,12 @@ end
 -- whole if one counter keeps as many as it may and has not this one, and
 -- nothing is written (refused).
 local refused, prevs, kept = false, {}, {}
-if mode == 'settle' and now < give_at then
+-- An expiry (ARGV[4] = -2: a release of a reservation that ended
+-- unsettled, whose rule refunds it) is made past its end, once, as any
+-- settlement.
+local expiry = mode == 'settle' and give_n == -2
+local ended = mode == 'settle' and now >= give_at and (not expiry or now >= settled_until(give_at) + 60000000)
+if mode == 'settle' and not ended then
   local kk, ii, n = 1, 8, 1
   while ii + 6 <= #ARGV do
     local a = tonumber(ARGV[ii])
@@ -423,7 +428,7 @@ while i + 6 <= #ARGV do
       k = k + 1
       settles = settles + 1
       local prev, again, charged = prevs[settles], 0, max(0, actual)
-      if now >= give_at then
+      if ended then
         again = 2
       elseif prev then
         again, charged = 1, tonumber(prev)
@@ -431,7 +436,7 @@ while i + 6 <= #ARGV do
         again = 3
       else
         call('HSET', marks, rsv_mark, format('%d', charged))
-        if kept[settles] == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at))) end
+        if kept[settles] == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at) + 60000000)) end
         if flags % 2 == 1 then
           -- The limit changed since: its window is another's.
         elseif actual < 0 or actual <= estimate then
@@ -499,7 +504,7 @@ while i + 6 <= #ARGV do
       -- a time no other slot of the counter has, is forgotten once
       -- (again: none was left), unless the reservation has ended.
       shadow, owes, lm, settles = true, false, 'inspect', settles + 1
-      if now >= give_at then
+      if ended then
         again = 2
       elseif flags % 2 == 0 then
         lm, lm_at, lm_n = 'grant', batch, cost
@@ -512,7 +517,7 @@ while i + 6 <= #ARGV do
       shadow, owes, lm = true, false, 'inspect' -- settlements do not hold each other up
       settles = settles + 1
       local prev = prevs[settles]
-      if now >= give_at then
+      if ended then
         again = 2 -- ended: unknown, its estimate charged
       elseif prev then
         again, charged = 1, tonumber(prev)
@@ -520,7 +525,7 @@ while i + 6 <= #ARGV do
         again = 3 -- a counter keeps as many settlements as it may
       else
         call('HSET', marks, rsv_mark, format('%d', charged))
-        if kept[settles] == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at))) end
+        if kept[settles] == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at) + 60000000)) end
         if stale then
           -- The limit changed since: its state is another's.
         elseif actual < 0 or actual <= estimate then

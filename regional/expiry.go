@@ -1,0 +1,202 @@
+package regional
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Reservations whose rule refunds them when they end unsettled
+// (on_expiry: refund): the store keeps their ids by when they end, in
+// one index for the region, and each replica's maintenance takes the ids
+// whose end has passed — each id once, whoever asks — and settles them as
+// a release made past their end (settleExpired): once, and nothing after
+// a commit or a release. An id taken by a replica that then fails stays
+// charged; one found too late (its settlements no longer kept) stays
+// charged too.
+
+// expiryIndex is a store that keeps the reservations to refund when they
+// end.
+type expiryIndex interface {
+	// addExpiry keeps id until its end, until (µs, the store's time).
+	addExpiry(ctx context.Context, id string, until int64) error
+	// dueExpiries takes, and forgets, up to n ids whose end has passed
+	// by the store's time.
+	dueExpiries(ctx context.Context, n int) ([]string, error)
+}
+
+// maxExpiries bounds the reservations one maintenance round refunds.
+const maxExpiries = 1000
+
+// expiryLate is how long after its end a reservation is still refunded:
+// its settlements are kept a minute past the minute it ends in, and an
+// expiry must see them to be made once.
+const expiryLate = time.Minute
+
+// expiryKey is the region's index in its Redis.
+const expiryKey = "gq:expiries"
+
+// dueLua takes the ids whose end has passed. ARGV[1]: now (µs, tests
+// only) or ”; ARGV[2]: how many at most.
+const dueLua = `
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.17g', now), 'LIMIT', 0, tonumber(ARGV[2]))
+if #ids > 0 then redis.call('ZREM', KEYS[1], unpack(ids)) end
+return ids
+`
+
+var dueScript = redis.NewScript(dueLua)
+
+func (s *RedisStore) addExpiry(ctx context.Context, id string, until int64) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	if err := s.client.ZAdd(ctx, expiryKey, redis.Z{Score: float64(until), Member: id}).Err(); err != nil {
+		return fmt.Errorf("regional: redis: expiries: %w", err)
+	}
+	return nil
+}
+
+func (s *RedisStore) dueExpiries(ctx context.Context, n int) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 4*s.opts.Timeout)
+	defer cancel()
+	now := ""
+	if s.testNow != nil {
+		now = strconv.FormatInt(s.testNow(), 10)
+	}
+	ids, err := dueScript.Run(ctx, s.client, []string{expiryKey}, now, n).StringSlice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("regional: redis: expiries: %w", err)
+	}
+	return ids, nil
+}
+
+// memExpiries is the memory store's index.
+type memExpiries struct {
+	mu  sync.Mutex
+	ids []memExpiry
+}
+
+type memExpiry struct {
+	id    string
+	until int64
+}
+
+func (m *MemoryStore) addExpiry(_ context.Context, id string, until int64) error {
+	m.expiries.mu.Lock()
+	defer m.expiries.mu.Unlock()
+	m.expiries.ids = append(m.expiries.ids, memExpiry{id: id, until: until})
+	return nil
+}
+
+func (m *MemoryStore) dueExpiries(_ context.Context, n int) ([]string, error) {
+	now := m.now()
+	m.expiries.mu.Lock()
+	defer m.expiries.mu.Unlock()
+	x := m.expiries.ids
+	slices.SortStableFunc(x, func(a, b memExpiry) int { return int(min(max(a.until-b.until, -1), 1)) })
+	var out []string
+	for len(out) < n && len(x) > 0 && x[0].until <= now {
+		out, x = append(out, x[0].id), x[1:]
+	}
+	m.expiries.ids = slices.Clone(x)
+	return out, nil
+}
+
+// refundExpired settles, as releases made past their end, the reservations
+// whose rule refunds them and whose end has passed: their limits that
+// refund get their estimates back (regional.go's Settle, one at a time).
+// It returns how many it refunded.
+func (e *Engine) refundExpired(ctx context.Context) (int, error) {
+	ix, ok := e.settleStore().(expiryIndex)
+	if !ok || !e.rules.Load().refunds {
+		return 0, nil // no rule refunds: none is kept (one kept before stays charged)
+	}
+	ids, err := ix.dueExpiries(ctx, maxExpiries)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, id := range ids {
+		refunded, err := e.refundOne(ctx, id)
+		switch {
+		case refunded:
+			n++
+		case err != nil && !errors.Is(err, ErrReservationNotFound):
+			errs = append(errs, err)
+		}
+	}
+	e.stats.ReservationsRefunded.Add(int64(n))
+	return n, errors.Join(errs...)
+}
+
+// refundOne refunds one reservation that ended: its limits whose rule
+// (in force now) refunds are released, the others left charged. It
+// reports whether it gave anything back: not for one settled before.
+func (e *Engine) refundOne(ctx context.Context, id string) (bool, error) {
+	r, err := openReservation(id)
+	if err != nil || r.region != e.cfg.Region {
+		return false, ErrReservationNotFound
+	}
+	if ok, err := e.rsv.verify(ctx, e, r); err != nil || !ok {
+		return false, orErr(err, ErrReservationNotFound)
+	}
+	now := e.now()
+	if now.UnixMicro() > r.until+expiryLate.Microseconds() {
+		e.stats.ReservationsExpiredLate.Add(1)
+		return false, ErrReservationNotFound // too late to be made once: it stays charged
+	}
+	rs := e.rules.Load()
+	refunds := false
+	for i := range r.ops {
+		op := &r.ops[i]
+		id, _, _, _ := parseKey(string(op.Key))
+		rule := rs.Rule(id)
+		switch {
+		case rule == nil || !rule.RefundOnExpiry || op.Params.Algorithm == Concurrency:
+			op.Stale = true // left as it is
+		case op.Global:
+			e.settleGlobal(rs, op, now)
+		default:
+			op.Stale = !rs.limitOf(op.Key, op.Params)
+		}
+		refunds = refunds || !op.Stale
+	}
+	if !refunds {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	out := make([]Settlement, len(r.ops))
+	if _, err := e.settleStore().Settle(ctx, r.ops, hex.EncodeToString(r.mark), r.until, settleExpired, out); err != nil {
+		return false, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	e.observeSettled(r.ops, out)
+	for i := range out {
+		if !r.ops[i].Stale && !out[i].Again && !out[i].Full {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// orErr returns err, or def if err is nil.
+func orErr(err, def error) error {
+	if err != nil {
+		return err
+	}
+	return def
+}
