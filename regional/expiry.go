@@ -121,43 +121,72 @@ func (m *MemoryStore) dueExpiries(_ context.Context, n int) ([]string, error) {
 // It returns how many it refunded.
 func (e *Engine) refundExpired(ctx context.Context) (int, error) {
 	ix, ok := e.settleStore().(expiryIndex)
-	if !ok || !e.rules.Load().refunds {
-		return 0, nil // no rule refunds: none is kept (one kept before stays charged)
+	if !ok {
+		return 0, nil
 	}
+	// Taken even when no rule refunds now: what was kept before is
+	// dropped (charged), not kept for ever.
 	ids, err := ix.dueExpiries(ctx, maxExpiries)
 	if err != nil {
 		return 0, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, expiryRound)
+	defer cancel()
 	n := 0
 	var errs []error
-	for _, id := range ids {
-		refunded, err := e.refundOne(ctx, id)
-		switch {
-		case refunded:
+	for i, id := range ids {
+		refunded, again, err := e.refundOne(ctx, id)
+		if refunded {
 			n++
-		case err != nil && !errors.Is(err, ErrReservationNotFound):
-			errs = append(errs, err)
+		}
+		if err != nil && !errors.Is(err, ErrReservationNotFound) {
+			// The store does not answer: this one and those after it are
+			// kept for the next round.
+			errs = append(errs, err, e.keepAgain(ix, ids[i:]))
+			break
+		}
+		if again {
+			errs = append(errs, e.keepAgain(ix, ids[i:i+1]))
 		}
 	}
 	e.stats.ReservationsRefunded.Add(int64(n))
 	return n, errors.Join(errs...)
 }
 
+// expiryRound bounds a maintenance round's refunds.
+const expiryRound = 2 * time.Second
+
+// keepAgain puts ids back in the index, each at its end, on a deadline of
+// its own.
+func (e *Engine) keepAgain(ix expiryIndex, ids []string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	var errs []error
+	for _, id := range ids {
+		if r, err := openReservation(id); err == nil {
+			errs = append(errs, ix.addExpiry(ctx, id, r.until))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // refundOne refunds one reservation that ended: its limits whose rule
 // (in force now) refunds are released, the others left charged. It
-// reports whether it gave anything back: not for one settled before.
-func (e *Engine) refundOne(ctx context.Context, id string) (bool, error) {
+// reports whether it gave anything back (not for one settled before),
+// and whether to try again later: a counter's store, whose clock is
+// behind the index's, has not seen it end.
+func (e *Engine) refundOne(ctx context.Context, id string) (refunded, again bool, err error) {
 	r, err := openReservation(id)
 	if err != nil || r.region != e.cfg.Region {
-		return false, ErrReservationNotFound
+		return false, false, ErrReservationNotFound
 	}
 	if ok, err := e.rsv.verify(ctx, e, r); err != nil || !ok {
-		return false, orErr(err, ErrReservationNotFound)
+		return false, false, orErr(err, ErrReservationNotFound)
 	}
 	now := e.now()
 	if now.UnixMicro() > r.until+expiryLate.Microseconds() {
 		e.stats.ReservationsExpiredLate.Add(1)
-		return false, ErrReservationNotFound // too late to be made once: it stays charged
+		return false, false, ErrReservationNotFound // too late to be made once: it stays charged
 	}
 	rs := e.rules.Load()
 	refunds := false
@@ -176,21 +205,25 @@ func (e *Engine) refundOne(ctx context.Context, id string) (bool, error) {
 		refunds = refunds || !op.Stale
 	}
 	if !refunds {
-		return false, nil
+		return false, false, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
 	out := make([]Settlement, len(r.ops))
 	if _, err := e.settleStore().Settle(ctx, r.ops, hex.EncodeToString(r.mark), r.until, settleExpired, out); err != nil {
-		return false, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+		return false, false, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	e.observeSettled(r.ops, out)
 	for i := range out {
-		if !r.ops[i].Stale && !out[i].Again && !out[i].Full {
-			return true, nil
+		switch {
+		case r.ops[i].Stale || out[i].Again || out[i].Full:
+		case out[i].Ended: // not yet, by that counter's store
+			again = true
+		default:
+			refunded = true
 		}
 	}
-	return false, nil
+	return refunded, again && !refunded, nil
 }
 
 // orErr returns err, or def if err is nil.

@@ -344,13 +344,16 @@ func TestLeaseOverAdmissionBound(t *testing.T) {
 	srv := harness.NewRedis(t, harness.RedisOptions{})
 	rules := mustParse(t, `
 rules:
-  - { id: w, by: [api_key], algorithm: fixed_window, limit: 200, window: 1h, lease: 10 }
+  - { id: w, by: [api_key], algorithm: fixed_window, limit: 200, window: 1h, lease: 10, fallback: fail_closed }
 `)
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for r := range 2 {
-		s := openTestRedisStore(t, srv.URL(), RedisOptions{})
-		e := New(Config{Store: s}, rules)
+		// A generous timeout, and no admission without the store: on a
+		// loaded machine (-race, two cores) a call that times out would
+		// otherwise fail open, which is not what this test is about.
+		s := openTestRedisStore(t, srv.URL(), RedisOptions{Timeout: slowOK})
+		e := New(Config{Store: s, Timeout: slowOK}, rules)
 		for range 10 {
 			wg.Add(1)
 			go func() {

@@ -464,7 +464,8 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	now := m.now()
 	// An expiry is made until the counters' settlements of its minute are
 	// no longer kept (settledMarks.until), as in limits.lua.
-	ended := now >= until && (actual != settleExpired || now >= settledBucket(until)*60e6+60e6)
+	// An expiry before the end by this clock does nothing yet (ended).
+	ended := now >= until && (actual != settleExpired || now >= settledBucket(until)*60e6+60e6) || actual == settleExpired && now < until
 	// Each counter's settlements of that minute, read first: refused whole
 	// if one keeps as many as it may (and has not this one), nothing is
 	// written.

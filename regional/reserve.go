@@ -121,11 +121,17 @@ func (e *Engine) Reserve(ctx context.Context, req *Request, ttl time.Duration, d
 			len(rq.ops), len(id), maxReservationIDLen, back)}
 	}
 	if err := e.keepExpiry(ctx, rq.ops, id, until); err != nil {
+		// Not kept to refund: given back now, whatever the caller does.
+		back := "its estimate was given back"
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.Timeout)
+		defer cancel()
 		out := make([]Settlement, len(rq.ops))
-		if _, rerr := e.settleStore().Settle(ctx, rq.ops, hex.EncodeToString(mark[:]), until, -1, out); rerr != nil {
-			err = errors.Join(err, rerr)
+		if _, rerr := e.settleStore().Settle(rctx, rq.ops, hex.EncodeToString(mark[:]), until, -1, out); rerr != nil {
+			back = "its estimate could not be given back and stays taken"
+		} else {
+			e.observeSettled(rq.ops, out)
 		}
-		return Reserved{}, fmt.Errorf("%w: keeping a reservation to refund when it ends (its estimate was given back): %w", ErrStoreUnavailable, err)
+		return Reserved{}, fmt.Errorf("%w: keeping a reservation to refund when it ends (%s): %w", ErrStoreUnavailable, back, err)
 	}
 	return Reserved{ID: id, Expires: d.Time.Add(ttl)}, nil
 }
@@ -185,6 +191,7 @@ type SettledLimit struct {
 // reservation; one this region did not make, or that has ended, is
 // ErrReservationNotFound.
 func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, error) {
+	actual = max(actual, -1) // any release is one: an expiry is maintenance's (expiry.go)
 	if actual > maxLimit {
 		return Settled{}, &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is more than a commit may charge (%d)", actual, int64(maxLimit))}
 	}

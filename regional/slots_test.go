@@ -329,6 +329,14 @@ rules:
 		if r, c := left(); r != 870 || c != 870 {
 			t.Fatalf("100 held, 30 committed: %d and %d left, want 870", r, c)
 		}
+		// An expiry a store sees before the end (its clock behind the
+		// index's) does nothing yet, and is kept for later.
+		if refunded, again, err := e.refundOne(ctx, abandoned); refunded || !again || err != nil {
+			t.Fatalf("an expiry before the end: refunded %v, again %v (%v)", refunded, again, err)
+		}
+		if r, _ := left(); r != 870 {
+			t.Fatalf("after an expiry before the end: %d left, want 870", r)
+		}
 		clock.AdvanceBy(time.Minute + time.Second)
 		maintain()
 		maintain() // once
@@ -344,6 +352,18 @@ rules:
 		maintain()
 		if r, _ := left(); r != 870 || e.Stats().ReservationsRefunded.Load() != 1 || e.Stats().ReservationsExpiredLate.Load() != 1 {
 			t.Fatalf("a reservation found too late: %d left, want 870 (refunded %d, late %d)", r, e.Stats().ReservationsRefunded.Load(), e.Stats().ReservationsExpiredLate.Load())
+		}
+		// The rules stop refunding: what the index kept is dropped all the
+		// same, not kept for ever.
+		reserve(100)
+		e.SetRules(mustParse(t, `
+rules:
+  - { id: refunded, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
+`))
+		clock.AdvanceBy(2 * time.Minute)
+		maintain()
+		if ids, err := e.settleStore().(expiryIndex).dueExpiries(ctx, 10); err != nil || len(ids) != 0 {
+			t.Fatalf("the index once no rule refunds: %d ids (%v)", len(ids), err)
 		}
 	})
 }

@@ -158,7 +158,7 @@ func (s *Server) settle(w http.ResponseWriter, r *http.Request, commit bool) {
 		return
 	case errors.Is(err, regional.ErrReservationNotFound):
 		s.opts.Metrics.reservation("not_found")
-		writeError(w, http.StatusNotFound, "RESERVATION_NOT_FOUND", "no such reservation: not made here, or ended (unsettled, it was charged its estimate)",
+		writeError(w, http.StatusNotFound, "RESERVATION_NOT_FOUND", "no such reservation: not made here, or ended (unsettled, it was charged its estimate, or refunded where its rule says on_expiry: refund)",
 			map[string]any{"field": "reservation"})
 		return
 	case err != nil:

@@ -376,8 +376,10 @@ local refused, prevs, kept = false, {}, {}
 -- An expiry (ARGV[4] = -2: a release of a reservation that ended
 -- unsettled, whose rule refunds it) is made past its end, once, as any
 -- settlement.
+-- An expiry before the end by this server's clock (another's, a Cluster's
+-- index node, saw it end) does nothing yet: it is answered as ended.
 local expiry = mode == 'settle' and give_n == -2
-local ended = mode == 'settle' and now >= give_at and (not expiry or now >= settled_until(give_at) + 60000000)
+local ended = mode == 'settle' and ((now >= give_at and (not expiry or now >= settled_until(give_at) + 60000000)) or (expiry and now < give_at))
 if mode == 'settle' and not ended then
   local kk, ii, n = 1, 8, 1
   while ii + 6 <= #ARGV do
