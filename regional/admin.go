@@ -321,9 +321,6 @@ func (e *Engine) Maintain(ctx context.Context) error {
 	us := now.UnixMicro()
 	e.expireGlobal(now)
 	var errs []error
-	if _, err := e.refundExpired(ctx); err != nil {
-		e.storeError(err, us) // logged at most once a second, as a check's failure
-	}
 	if gs, ok := e.store.(GlobalStore); ok && e.shared {
 		// What fails here fails while the store does: logged as a
 		// check's failure is, at most once a second.
@@ -332,6 +329,10 @@ func (e *Engine) Maintain(ctx context.Context) error {
 		} else if err := e.heartbeat(ctx, gs); err != nil {
 			e.storeError(err, us)
 		}
+	}
+	// After the heartbeat, which the region's degraded allowances wait on.
+	if _, err := e.refundExpired(ctx); err != nil {
+		e.storeError(err, us) // logged at most once a second, as a check's failure
 	}
 	e.batches.sweep(func(key string, l *batch) bool {
 		if l.expires > us {

@@ -65,11 +65,14 @@ func DefaultConfig() Config {
 // the region's store. It is safe for concurrent use. It starts no
 // goroutines: call Maintain now and then, or Run.
 type Engine struct {
-	cfg     Config
-	now     func() time.Time
-	log     *slog.Logger
-	rules   atomic.Pointer[RuleSet]
-	store   Store
+	cfg   Config
+	now   func() time.Time
+	log   *slog.Logger
+	rules atomic.Pointer[RuleSet]
+	store Store
+	// drained is when the reservations' expiry index was last read while
+	// no rule refunds (expiry.go), µs.
+	drained atomic.Int64
 	shared  bool         // the store is outside this process: timeout, breaker
 	local   *MemoryStore // this replica's memory: local_only fallback
 	breaker *breaker

@@ -124,8 +124,14 @@ func (e *Engine) refundExpired(ctx context.Context) (int, error) {
 	if !ok {
 		return 0, nil
 	}
-	// Taken even when no rule refunds now: what was kept before is
-	// dropped (charged), not kept for ever.
+	// Taken when no rule refunds now too, once in a while (drainEvery):
+	// what was kept before is dropped (charged), not kept for ever.
+	now := e.now().UnixMicro()
+	if !e.rules.Load().refunds {
+		if last := e.drained.Load(); now-last < drainEvery.Microseconds() || !e.drained.CompareAndSwap(last, now) {
+			return 0, nil
+		}
+	}
 	ids, err := ix.dueExpiries(ctx, maxExpiries)
 	if err != nil {
 		return 0, err
@@ -152,6 +158,9 @@ func (e *Engine) refundExpired(ctx context.Context) (int, error) {
 	e.stats.ReservationsRefunded.Add(int64(n))
 	return n, errors.Join(errs...)
 }
+
+// drainEvery is how often the index is read when no rule refunds.
+const drainEvery = 10 * time.Second
 
 // expiryRound bounds a maintenance round's refunds.
 const expiryRound = 2 * time.Second
