@@ -117,7 +117,7 @@ func (m *MemoryStore) dueExpiries(_ context.Context, n int) ([]string, error) {
 
 // refundExpired settles, as releases made past their end, the reservations
 // whose rule refunds them and whose end has passed: their limits that
-// refund get their estimates back (regional.go's Settle, one at a time).
+// refund get their estimates back (a settlement each, one at a time).
 // It returns how many it refunded.
 func (e *Engine) refundExpired(ctx context.Context) (int, error) {
 	ix, ok := e.settleStore().(expiryIndex)
