@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -43,17 +44,11 @@ const expiryLate = time.Minute
 // expiryKey is the region's index in its Redis.
 const expiryKey = "gq:expiries"
 
-// dueLua takes the ids whose end has passed. ARGV[1]: now (µs, tests
-// only) or ”; ARGV[2]: how many at most.
-const dueLua = `
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.17g', now), 'LIMIT', 0, tonumber(ARGV[2]))
+// dueLua takes the ids whose end has passed: head.lua's clock (ARGV[1]:
+// now in µs, tests only, or ”; ARGV[2] unused), then ARGV[3]: how many
+// at most.
+var dueLua = headLua + `
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.17g', now), 'LIMIT', 0, tonumber(ARGV[3]))
 if #ids > 0 then redis.call('ZREM', KEYS[1], unpack(ids)) end
 return ids
 `
@@ -76,7 +71,7 @@ func (s *RedisStore) dueExpiries(ctx context.Context, n int) ([]string, error) {
 	if s.testNow != nil {
 		now = strconv.FormatInt(s.testNow(), 10)
 	}
-	ids, err := dueScript.Run(ctx, s.client, []string{expiryKey}, now, n).StringSlice()
+	ids, err := dueScript.Run(ctx, s.client, []string{expiryKey}, now, "", n).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("regional: redis: expiries: %w", err)
 	}
@@ -106,7 +101,7 @@ func (m *MemoryStore) dueExpiries(_ context.Context, n int) ([]string, error) {
 	m.expiries.mu.Lock()
 	defer m.expiries.mu.Unlock()
 	x := m.expiries.ids
-	slices.SortStableFunc(x, func(a, b memExpiry) int { return int(min(max(a.until-b.until, -1), 1)) })
+	slices.SortStableFunc(x, func(a, b memExpiry) int { return cmp.Compare(a.until, b.until) })
 	var out []string
 	for len(out) < n && len(x) > 0 && x[0].until <= now {
 		out, x = append(out, x[0].id), x[1:]

@@ -463,8 +463,8 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	defer m.unlock(idx)
 	now := m.now()
 	// An expiry is made until the counters' settlements of its minute are
-	// no longer kept (settledMarks.until), as in limits.lua.
-	// An expiry before the end by this clock does nothing yet (ended).
+	// no longer kept (settledMarks.until), as in limits.lua; one before
+	// the end by this clock does nothing yet (ended).
 	ended := now >= until && (actual != settleExpired || now >= settledBucket(until)*60e6+60e6) || actual == settleExpired && now < until
 	// Each counter's settlements of that minute, read first: refused whole
 	// if one keeps as many as it may (and has not this one), nothing is
@@ -487,39 +487,43 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			refused = refused || !settled && len(mk.charged) >= settledCap(ops[i].Params)
 		}
 	}
+	// made decides counter i's part from its settlements: ended, made
+	// before (again, with what it charged then), refused (full), or made
+	// now, its mark kept; it reports the last.
+	made := func(i int, charged int64, out *Settlement) bool {
+		var prev int64
+		settled := false
+		if mks[i] != nil {
+			prev, settled = mks[i].charged[mark]
+		}
+		switch {
+		case ended:
+			out.Ended = true
+		case settled:
+			out.Again, out.Charged = true, prev
+		case refused:
+			out.Full = true
+		default:
+			if mks[i] == nil {
+				mks[i] = &settledMarks{charged: map[string]int64{}, until: settledBucket(until)*60e6 + 60e6}
+				m.shards[shards[i]].settled[keys[i]] = mks[i]
+			}
+			mks[i].charged[mark] = charged
+			return true
+		}
+		return false
+	}
 	for i := range ops {
-		op, sh, k, mk := &ops[i], &m.shards[shards[i]], keys[i], mks[i]
+		op, sh := &ops[i], &m.shards[shards[i]]
 		if op.Global {
-			var prev int64
-			settled := false
-			if mk != nil {
-				prev, settled = mk.charged[mark]
-			}
 			out[i] = Settlement{Charged: max(0, actual)}
-			switch {
-			case ended:
-				out[i].Ended = true
-			case settled:
-				out[i].Again, out[i].Charged = true, prev
-			case refused:
-				out[i].Full = true
-			default:
-				if mk == nil {
-					mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until)*60e6 + 60e6}
-					sh.settled[k] = mk
-				}
-				mk.charged[mark] = max(0, actual)
-			}
-			m.settleGlobal(sh, op, now, actual, !out[i].Ended && !out[i].Again && !out[i].Full && !op.Stale, &out[i].Result)
+			apply := made(i, out[i].Charged, &out[i])
+			m.settleGlobal(sh, op, now, actual, apply && !op.Stale, &out[i].Result)
 			continue
 		}
 		e, cur := m.get(sh, op.Key, op.Params.Algorithm, now)
-		charged := max(0, actual)
 		if op.Params.Algorithm == Concurrency {
-			charged = 0 // a slot is freed (settle)
-		}
-		out[i] = Settlement{Charged: charged, Result: inspect(op.Params, cur, now)}
-		if op.Params.Algorithm == Concurrency {
+			out[i] = Settlement{Result: inspect(op.Params, cur, now)} // a slot charges nothing
 			switch {
 			case ended:
 				out[i].Ended = true
@@ -531,27 +535,8 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			}
 			continue
 		}
-		var prev int64
-		settled := false
-		if mk != nil {
-			prev, settled = mk.charged[mark]
-		}
-		switch {
-		case ended:
-			out[i].Ended = true
-			continue
-		case settled:
-			out[i].Again, out[i].Charged = true, prev
-			continue
-		case refused:
-			out[i].Full = true
-			continue
-		case mk == nil:
-			mk = &settledMarks{charged: map[string]int64{}, until: settledBucket(until)*60e6 + 60e6}
-			sh.settled[k] = mk
-		}
-		mk.charged[mark] = charged
-		if !op.Stale && settle(op, &cur, now, actual, &out[i]) {
+		out[i] = Settlement{Charged: max(0, actual), Result: inspect(op.Params, cur, now)}
+		if made(i, out[i].Charged, &out[i]) && !op.Stale && settle(op, &cur, now, actual, &out[i]) {
 			m.put(sh, e, op.Key, &op.Params, &cur, now)
 		}
 	}
