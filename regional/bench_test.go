@@ -165,6 +165,29 @@ func redisCPU(b *testing.B, store *RedisStore) float64 {
 	return total
 }
 
+// scriptRuns is how many scripts a Redis server has run (EVALSHA), and
+// the µs it spent inside them, from INFO commandstats.
+func scriptRuns(b *testing.B, store *RedisStore) (runs, usec float64) {
+	info, err := store.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+			for _, f := range strings.Split(rest, ",") {
+				k, v, _ := strings.Cut(f, "=")
+				switch k {
+				case "calls":
+					runs, _ = strconv.ParseFloat(v, 64)
+				case "usec":
+					usec, _ = strconv.ParseFloat(v, 64)
+				}
+			}
+		}
+	}
+	return runs, usec
+}
+
 // engineLoad runs callers goroutines checking for d, and returns checks/s.
 func engineLoad(e *Engine, keys []string, callers int, d time.Duration) (float64, error) {
 	return load(e, keys, callers, d, func(key string) Request { return Request{APIKey: key} },
@@ -275,9 +298,15 @@ rules:
 	cpu := func() float64 { return redisCPU(b, store) }
 	// round runs call from 50 goroutines for 2 s, or until each has no
 	// more to call (call returns false): calls a second, and Redis's CPU a
-	// call in µs.
+	// call in µs; it logs how many calls a script run took, and Redis's
+	// µs a call inside scripts.
 	round := func(call func(g, i int) (bool, error)) (rate, usPerCall float64) {
 		c0 := cpu()
+		r0, u0 := scriptRuns(b, store)
+		defer func() {
+			r1, u1 := scriptRuns(b, store)
+			b.Logf("  %.1f calls a script run, %.1f µs a call in scripts", rate*2/(r1-r0), (u1-u0)/(rate*2))
+		}()
 		var n, bad atomic.Int64
 		start := time.Now()
 		stop := start.Add(2 * time.Second)

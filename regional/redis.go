@@ -64,17 +64,32 @@ var (
 // one script call: Redis spends more on a call than on a check
 // (docs/benchmarks.md).
 var (
+	//go:embed lua/plain.lua
+	plainLua string
 	//go:embed lua/checks.lua
 	checksBody string
-	checksLua  = headLua + waitLua + checksBody
+	checksLua  = headLua + waitLua + plainLua + checksBody
 	checksSHA  = redis.NewScript(checksLua).Hash()
 	// checksSHAArg is checksSHA boxed once, for every call.
 	checksSHAArg any = checksSHA
 )
 
+// settles.lua settles reservations of one limit of the same common kind
+// (see plainSettle), every such settlement of a pipeline in one script
+// call, as checks.lua checks: a settlement costs Redis no more than a
+// check (docs/benchmarks.md#reservations).
+var (
+	//go:embed lua/settles.lua
+	settlesBody string
+	settlesLua  = headLua + waitLua + plainLua + settlesBody
+	settlesSHA  = redis.NewScript(settlesLua).Hash()
+	// settlesSHAArg is settlesSHA boxed once, for every call.
+	settlesSHAArg any = settlesSHA
+)
+
 // scripts are every script the store runs, loaded on every connection
 // and again on NOSCRIPT.
-var scripts = []string{limitsLua, checksLua, mergeLua, addLua, replicasLua, keysLua}
+var scripts = []string{limitsLua, checksLua, settlesLua, mergeLua, addLua, replicasLua, keysLua}
 
 // ErrStoreClosed is returned by a store used after Close.
 var ErrStoreClosed = errors.New("regional: store closed")
@@ -320,15 +335,18 @@ type redisLimit struct {
 
 // redisGroup is the limits of one call that share a Cluster slot, and the
 // script run that decides them: limits.lua of its own, or, for a common
-// check (see plainCheck), its part of the pipeline's checks.lua.
+// check (see plainCheck), its part of the pipeline's checks.lua, or for a
+// common settlement (plainSettle), of its settles.lua.
 type redisGroup struct {
-	slot   uint16
-	plain  bool    // checks.lua's: key and args are its part of the call
-	key    *string // checks.lua's key: the limit's (no copy to box)
-	limits []int   // indexes into the call's limits
-	keys   []string
-	args   []any
-	cmd    *redis.Cmd // limits.lua's
+	slot    uint16
+	plain   bool    // checks.lua's or settles.lua's: key and args are its part of the call
+	settles bool    // settles.lua's: the counter's settlements' key (mark) follows key
+	key     *string // the plain script's key: the limit's (no copy to box)
+	mark    *string // settles.lua's second key: the limit's mark
+	limits  []int   // indexes into the call's limits
+	keys    []string
+	args    []any
+	cmd     *redis.Cmd // limits.lua's
 	// The reply: the script's time, the limits' numbers, or its error.
 	now  int64
 	vals []int64
@@ -364,7 +382,7 @@ func (s *RedisStore) newCall(ops []Op, mode string, n, at int64) *redisCall {
 			// A pooled call keeps its groups' buffers: reuse them.
 			c.groups = slices.Grow(c.groups, 1)[:g+1]
 			grp := &c.groups[g]
-			grp.slot, grp.plain, grp.limits, grp.keys, grp.cmd, grp.vals = slot, plain, grp.limits[:0], grp.keys[:0], nil, nil
+			grp.slot, grp.plain, grp.settles, grp.limits, grp.keys, grp.cmd, grp.vals = slot, plain, false, grp.limits[:0], grp.keys[:0], nil, nil
 			grp.args = grp.args[:0]
 			if !plain {
 				grp.args = s.appendArgsHead(grp.args, mode, n, at)
@@ -427,6 +445,16 @@ func (s *RedisStore) checkArgsOf(p Params) *[3]any {
 	m[p] = a
 	s.checkArgs.Store(&m)
 	return a
+}
+
+// plainSettle is whether settles.lua settles a reservation: of one limit,
+// not global, a token bucket or a fixed window, unchanged since.
+func plainSettle(ops []SettleOp) bool {
+	if len(ops) != 1 || ops[0].Global || ops[0].Stale {
+		return false
+	}
+	a := ops[0].Params.Algorithm
+	return a == TokenBucket || a == FixedWindow
 }
 
 // maxCheckArgs bounds the limits whose arguments a store keeps encoded.
@@ -645,6 +673,12 @@ func (s *RedisStore) Refund(ctx context.Context, key []byte, p Params, n, at int
 // Settle implements Store: one script run in the pipeline, or one per
 // slot in a Cluster, bounded by the store's timeout.
 func (s *RedisStore) Settle(ctx context.Context, ops []SettleOp, mark string, until, actual int64, out []Settlement) (int64, error) {
+	return s.doSettle(ctx, s.settleCall(ops, mark, until, actual), make([]Result, len(ops)), out, time.Time{})
+}
+
+// settleCall is the call that settles a reservation's ops: its part of
+// the pipeline's settles.lua (plainSettle), or limits.lua's 'settle'.
+func (s *RedisStore) settleCall(ops []SettleOp, mark string, until, actual int64) *redisCall {
 	// The estimate in the cost's place, when it was taken in the batch's,
 	// a stale limit flagged as shadow (lua/limits.lua), the mark in the
 	// head, and the hash that keeps the settlement after the counter's key.
@@ -658,6 +692,15 @@ func (s *RedisStore) Settle(ctx context.Context, ops []SettleOp, mark string, un
 	}
 	c := s.newCall(converted, "settle", actual, until)
 	c.settled = slices.Grow(c.settled[:0], len(ops))[:len(ops)]
+	if plainSettle(ops) {
+		// settles.lua's part: the limit's key and its settlements', and
+		// 9 arguments (lua/settles.lua).
+		g, l := &c.groups[0], &c.limits[0]
+		l.settle, l.mark = true, settledKey(l.key, until)
+		g.plain, g.settles, g.key, g.mark = true, true, &l.key, &l.mark
+		g.args = append(append(g.args[:0], s.checkArgsOf(l.params)[:]...), l.cost, ops[0].At, actual, until, mark, settledCap(l.params))
+		return c
+	}
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		g.keys, g.args = g.keys[:0], s.appendArgsHead(g.args[:0], "settle", actual, until)
@@ -670,8 +713,7 @@ func (s *RedisStore) Settle(ctx context.Context, ops []SettleOp, mark string, un
 			g.keys, g.args = l.appendArgs(g.keys, g.args)
 		}
 	}
-	results := make([]Result, len(ops))
-	return s.doSettle(ctx, c, results, out, time.Time{})
+	return c
 }
 
 // reservationKey implements keyStore: the key in the region's Redis,
@@ -734,12 +776,14 @@ func (s *RedisStore) admitKey(ctx context.Context, rule string, key []byte, maxK
 	return n == 1, nil
 }
 
-// checksCall is one checks.lua call of a pipeline: the plain checks of
-// one key in a Cluster, of all keys on a single server.
+// checksCall is one checks.lua (or settles.lua) call of a pipeline: the
+// plain checks (settlements) of one key in a Cluster, of all keys on a
+// single server.
 type checksCall struct {
-	groups []*redisGroup
-	args   []any
-	cmd    *redis.IntSliceCmd
+	settles bool
+	groups  []*redisGroup
+	args    []any
+	cmd     *redis.IntSliceCmd
 }
 
 func (s *RedisStore) worker() {
@@ -876,21 +920,29 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 				continue
 			}
 			i := 0
-			for i < len(cs) && s.cluster && *cs[i].groups[0].key != *g.key {
+			for i < len(cs) && (cs[i].settles != g.settles || s.cluster && *cs[i].groups[0].key != *g.key) {
 				i++
 			}
 			if i == len(cs) {
 				cs = slices.Grow(cs, 1)[:i+1]
-				cs[i].groups = cs[i].groups[:0]
+				cs[i].groups, cs[i].settles = cs[i].groups[:0], g.settles
 			}
 			cs[i].groups = append(cs[i].groups, g)
 		}
 	}
 	for i := range cs {
 		cc := &cs[i]
-		args := append(cc.args[:0], "evalsha", checksSHAArg, len(cc.groups))
-		for _, g := range cc.groups {
-			args = append(args, g.key)
+		var args []any
+		if cc.settles {
+			args = append(cc.args[:0], "evalsha", settlesSHAArg, 2*len(cc.groups))
+			for _, g := range cc.groups {
+				args = append(args, g.key, g.mark)
+			}
+		} else {
+			args = append(cc.args[:0], "evalsha", checksSHAArg, len(cc.groups))
+			for _, g := range cc.groups {
+				args = append(args, g.key)
+			}
 		}
 		args = s.appendTestArgs(args)
 		for _, g := range cc.groups {
@@ -928,14 +980,18 @@ func (s *RedisStore) exec(ctx context.Context, batch []*redisCall, checks *[]che
 	for i := range cs {
 		cc := &cs[i]
 		vals, cerr := cc.cmd.Result()
-		if cerr == nil && len(vals) != 1+5*len(cc.groups) {
-			cerr = fmt.Errorf("unexpected checks.lua reply of %d numbers for %d checks", len(vals), len(cc.groups))
+		n := 5 // numbers a check, 7 a settlement
+		if cc.settles {
+			n = 7
+		}
+		if cerr == nil && len(vals) != 1+n*len(cc.groups) {
+			cerr = fmt.Errorf("unexpected plain script reply of %d numbers for %d calls", len(vals), len(cc.groups))
 		}
 		noScript = noScript || cerr != nil && isNoScript(cerr)
 		for k, g := range cc.groups {
 			g.now, g.vals, g.err = 0, nil, cerr
 			if cerr == nil {
-				g.now, g.vals = vals[0], vals[1+5*k:1+5*(k+1)]
+				g.now, g.vals = vals[0], vals[1+n*k:1+n*(k+1)]
 			}
 		}
 		clear(cc.args) // nothing of the batch's calls kept past it

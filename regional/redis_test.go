@@ -193,13 +193,7 @@ func TestPlainChecksRun(t *testing.T) {
 		rs.newCall([]Op{tb, fw}, "check", 0, -1), rs.newCall([]Op{tb}, "check", 0, -1),
 	}
 	runBatch(t, rs, batch)
-	admin.Echo(ctx, "plain-marker")
-	var run []string
-	for _, c := range mon.until(t, "plain-marker") {
-		if f := strings.Fields(c); len(f) > 5 && f[3] == `"evalsha"` {
-			run = append(run, strings.Trim(f[4], `"`)+" "+strings.Trim(f[5], `"`))
-		}
-	}
+	run := mon.scripts(t, admin, "plain-marker")
 	want := []string{checksSHA + " 1", checksSHA + " 1", limitsSHA + " 2", limitsSHA + " 2",
 		limitsSHA + " 2", limitsSHA + " 2", checksSHA + " 3"} // a log has two keys
 	if !slices.Equal(run, want) {
@@ -300,6 +294,20 @@ func startMonitor(t *testing.T, addr string) *monitor {
 		t.Fatalf("MONITOR: %q, %v", line, err)
 	}
 	return m
+}
+
+// scripts returns the scripts clients ran, as "sha keys", until admin
+// echoes marker.
+func (m *monitor) scripts(t *testing.T, admin *redis.Client, marker string) []string {
+	t.Helper()
+	admin.Echo(t.Context(), marker)
+	var run []string
+	for _, c := range m.until(t, marker) {
+		if f := strings.Fields(c); len(f) > 5 && f[3] == `"evalsha"` {
+			run = append(run, strings.Trim(f[4], `"`)+" "+strings.Trim(f[5], `"`))
+		}
+	}
+	return run
 }
 
 // until returns the commands clients sent (not those scripts ran) until one
@@ -534,6 +542,19 @@ func TestPlainChecksInACluster(t *testing.T) {
 	for i, want := range []int64{6, 8, 5, 8, 4} { // the second round: a three times, b and other once
 		if r := batch[i].results[0]; !r.Allowed || r.Remaining != want {
 			t.Errorf("check %d (%s): %+v, want allowed with %d left", i, keys[i], r, want)
+		}
+	}
+	// Releases of one counter each run settles.lua, a call a key: the
+	// counter's settlements are kept beside it, in its slot.
+	at := batch[0].now
+	var settles []*redisCall
+	for i, key := range []string{"gq:{same}a", "gq:{other}a", "gq:{same}b"} {
+		settles = append(settles, rs.settleCall([]SettleOp{{Key: []byte(key), Params: p, Estimate: 1, At: at}}, fmt.Sprint("m", i), at+60e6, -1))
+	}
+	runBatch(t, rs, settles)
+	for i, want := range []int64{5, 9, 9} {
+		if st := settles[i].settled[0]; st.Again || st.Ended || st.Full || st.Result.Remaining != want {
+			t.Errorf("release %d: %+v, want %d left", i, st, want)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/geoquota/geoquota/crdt"
+	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
 
@@ -503,5 +504,94 @@ rules:
 	start := e.now().UnixMicro() / 3600e6 * 3600e3
 	if slots, err := store.ReadGlobal(ctx, []byte("gq:{g:t}"), start); err != nil || len(slots) != 1 || slots[0].P != 50 || slots[0].N != 30 {
 		t.Fatalf("the global limit's slot: %v (%v)", slots, err)
+	}
+}
+
+// TestPlainSettlementsShareAScript: settlements of one token bucket or
+// one fixed window, unchanged since, run in one settles.lua call a
+// pipeline (two keys each: the counter and its settlements), beside the
+// pipeline's checks.lua; a settlement of another algorithm, of a changed
+// limit, or of several limits runs limits.lua. Each decides as the
+// in-memory store settling them one after another, the same counter and
+// the same reservation repeated among them.
+func TestPlainSettlementsShareAScript(t *testing.T) {
+	ctx := t.Context()
+	rs, srv := newTestRedisStore(t, RedisOptions{})
+	clock := newVirtualClock()
+	rs.testNow, rs.testMinTTL = clock.micros, int64(time.Hour/time.Millisecond)
+	mem := NewMemoryStore(clock.Now)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
+	defer admin.Close()
+	admin.Ping(ctx)
+	tb := Params{Algorithm: TokenBucket, Limit: 100, Rate: 10}
+	fw := Params{Algorithm: FixedWindow, Limit: 100, Window: 60e6}
+	gcra := Params{Algorithm: GCRA, Limit: 100, Rate: 10}
+	tbKey, fwKey, gKey := []byte("gq:{ps:tb}"), []byte("gq:{ps:fw}"), []byte("gq:{ps:g}")
+	// Reservations of 30 each, in both stores.
+	reserve := func(key []byte, p Params) SettleOp {
+		t.Helper()
+		ops := []Op{{Key: key, Params: p, Cost: 30}}
+		for _, st := range []Store{mem, rs} {
+			if _, err := st.Apply(ctx, ops, make([]Result, 1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return SettleOp{Key: key, Params: p, Estimate: 30, At: clock.micros()}
+	}
+	a, b, c, d := reserve(tbKey, tb), reserve(tbKey, tb), reserve(fwKey, fw), reserve(gKey, gcra)
+	stale := reserve(fwKey, fw)
+	stale.Stale = true
+	until := clock.micros() + 30e6
+	type settle struct {
+		ops    []SettleOp
+		mark   string
+		actual int64
+	}
+	settles := []settle{
+		{[]SettleOp{a}, "a", 10},    // 20 back
+		{[]SettleOp{b}, "b", 45},    // 15 more, as debt if need be
+		{[]SettleOp{a}, "a", 10},    // again: answered alike, nothing back
+		{[]SettleOp{c}, "c", -1},    // released: 30 back
+		{[]SettleOp{d}, "d", 5},     // GCRA: limits.lua
+		{[]SettleOp{stale}, "s", 5}, // changed since: limits.lua
+		{[]SettleOp{a, c}, "x", 0},  // two limits: limits.lua
+	}
+	mon := startMonitor(t, srv.Addr())
+	var batch []*redisCall
+	for _, s := range settles {
+		batch = append(batch, rs.settleCall(s.ops, s.mark, until, s.actual))
+	}
+	batch = append(batch, rs.newCall([]Op{{Key: tbKey, Params: tb, Cost: 1}}, "check", 0, -1))
+	runBatch(t, rs, batch)
+	run := mon.scripts(t, admin, "settle-marker")
+	want := []string{limitsSHA + " 2", limitsSHA + " 2", limitsSHA + " 4", settlesSHA + " 8", checksSHA + " 1"}
+	if !slices.Equal(run, want) {
+		t.Fatalf("scripts run (sha, keys) %q, want %q", run, want)
+	}
+	// In the pipeline's order: limits.lua's calls, then settles.lua's,
+	// then checks.lua's.
+	order := []int{4, 5, 6, 0, 1, 2, 3}
+	for _, i := range order {
+		s := settles[i]
+		out := make([]Settlement, len(s.ops))
+		if _, err := mem.Settle(ctx, s.ops, s.mark, until, s.actual, out); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(out, batch[i].settled) {
+			t.Fatalf("settlement %d (%s, %d): memory %+v, redis %+v", i, s.mark, s.actual, out, batch[i].settled)
+		}
+	}
+	var want1 [1]Result
+	if _, err := mem.Apply(ctx, []Op{{Key: tbKey, Params: tb, Cost: 1}}, want1[:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := batch[len(settles)].results[0]; got != want1[0] {
+		t.Fatalf("the check after: memory %+v, redis %+v", want1[0], got)
+	}
+	if got := batch[0].settled[0]; got.Charged != 10 || got.Again {
+		t.Fatalf("commit of 10 of 30: %+v", got)
+	}
+	if got := batch[2].settled[0]; !got.Again || got.Charged != 10 {
+		t.Fatalf("the same commit again: %+v", got)
 	}
 }

@@ -4,8 +4,8 @@
 -- run, and one script call for them all (a call costs Redis more than a
 -- check: docs/benchmarks.md). The checks run in turn, as separate calls
 -- would. It reads and writes the state limits.lua does (head.lua), and
--- decides a token bucket with the same tb_decide (wait.lua);
--- TestStoresDecideAlike holds both to the in-memory store.
+-- decides a token bucket with the same tb_decide (wait.lua, through
+-- plain.lua); TestStoresDecideAlike holds both to the in-memory store.
 --
 -- KEYS: per check, its counter key.
 -- ARGV: now in µs (tests only) or '', minimum TTL in ms (tests only) or '',
@@ -17,9 +17,8 @@
 -- Returns {now, then per check: allowed (0/1), remaining, reset_at,
 -- retry_after, taken}.
 
--- now, read_state and write_state: head.lua; floor, max, min, tb_decide
--- and tb_until: wait.lua; the store puts both first.
-local TOKEN_BUCKET, FIXED = 1, 4
+-- now and read_state: head.lua; plain, TOKEN_BUCKET and FIXED:
+-- plain.lua; the store puts them first, with wait.lua.
 -- Every check's algorithm is known before any is decided: an error after
 -- the first would leave what it took counted.
 if #ARGV ~= 2 + 5 * #KEYS then
@@ -33,47 +32,9 @@ for j = 3, #ARGV, 5 do
 end
 local out, o, j = {now}, 1, 3
 for k = 1, #KEYS do
-  local key = KEYS[k]
-  local alg, limit, cost, batch = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
-  local allowed, remaining, reset, retry, taken = 0, 0, 0, 0, 0
-  if alg == TOKEN_BUCKET then
-    local rate = tonumber(ARGV[j + 2])
-    local ex, a, b = read_state(key, TOKEN_BUCKET)
-    local ok, got, tokens, wait, at, na, nb = tb_decide(limit, rate, ex, a, b, cost, batch > 0, batch)
-    if ok then
-      allowed, taken = 1, got
-    elseif batch < 0 and cost > 0 then
-      -- Debt: the bucket below zero, refilling from there (chargeDebt).
-      tokens = max(tokens - cost, -debt_cap(rate))
-      na, nb, got, taken = tokens, now, cost, cost
-      wait = exactWait(now, -tokens * 1e6 / rate, tb_has, limit, rate, true, tokens, now, 0)
-      at = now + exactWait(now, (limit - tokens) * 1e6 / rate, tb_has, limit, rate, true, tokens, now, limit)
-    end
-    -- A check of cost 0 (counting nothing) writes nothing.
-    if taken > 0 then write_state(key, TOKEN_BUCKET, na, nb, 0, tb_until(limit, rate, na)) end
-    remaining, reset, retry = floor(tokens), at, wait
-  else -- FIXED
-    local window = tonumber(ARGV[j + 2])
-    local ex, a, b = read_state(key, FIXED)
-    local start = floor(now / window) * window
-    local n = 0
-    if ex and a == start then n = b end
-    if batch > 0 then cost = max(cost, min(batch, limit - n)) end
-    if n + cost <= limit or (batch < 0 and cost > 0) then
-      -- Allowed, or debt: the window past its limit (chargeDebt).
-      if n + cost <= limit then allowed = 1 else retry = start + window - now end
-      taken = cost
-      n = min(n + cost, limit + debt_cap(0))
-      if cost > 0 then write_state(key, FIXED, start, n, 0, start + window) end
-    else
-      -- The count is this window's, over the limit: the next window takes
-      -- the cost (exactWait in limits.lua finds the same, the cost being
-      -- at most the limit).
-      retry = max(1, start + window - now)
-    end
-    remaining, reset = limit - n, start + window
-  end
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = allowed, remaining, reset, retry, taken
+  local key, alg = KEYS[k], tonumber(ARGV[j])
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
+    plain(key, alg, tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), read_state(key, alg))
   o = o + 5
   j = j + 5
 end
