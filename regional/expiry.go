@@ -1,12 +1,11 @@
 package regional
 
 import (
-	"cmp"
+	"container/heap"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -78,10 +77,10 @@ func (s *RedisStore) dueExpiries(ctx context.Context, n int) ([]string, error) {
 	return ids, nil
 }
 
-// memExpiries is the memory store's index.
+// memExpiries is the memory store's index: a min-heap by end.
 type memExpiries struct {
 	mu  sync.Mutex
-	ids []memExpiry
+	ids memExpiryHeap
 }
 
 type memExpiry struct {
@@ -89,10 +88,23 @@ type memExpiry struct {
 	until int64
 }
 
+type memExpiryHeap []memExpiry
+
+func (h memExpiryHeap) Len() int           { return len(h) }
+func (h memExpiryHeap) Less(i, j int) bool { return h[i].until < h[j].until }
+func (h memExpiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *memExpiryHeap) Push(x any)        { *h = append(*h, x.(memExpiry)) }
+func (h *memExpiryHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
 func (m *MemoryStore) addExpiry(_ context.Context, id string, until int64) error {
 	m.expiries.mu.Lock()
 	defer m.expiries.mu.Unlock()
-	m.expiries.ids = append(m.expiries.ids, memExpiry{id: id, until: until})
+	heap.Push(&m.expiries.ids, memExpiry{id: id, until: until})
 	return nil
 }
 
@@ -100,13 +112,10 @@ func (m *MemoryStore) dueExpiries(_ context.Context, n int) ([]string, error) {
 	now := m.now()
 	m.expiries.mu.Lock()
 	defer m.expiries.mu.Unlock()
-	x := m.expiries.ids
-	slices.SortStableFunc(x, func(a, b memExpiry) int { return cmp.Compare(a.until, b.until) })
 	var out []string
-	for len(out) < n && len(x) > 0 && x[0].until <= now {
-		out, x = append(out, x[0].id), x[1:]
+	for len(out) < n && len(m.expiries.ids) > 0 && m.expiries.ids[0].until <= now {
+		out = append(out, heap.Pop(&m.expiries.ids).(memExpiry).id)
 	}
-	m.expiries.ids = slices.Clone(x)
 	return out, nil
 }
 
@@ -192,35 +201,40 @@ func (e *Engine) refundOne(ctx context.Context, id string) (refunded, again bool
 		e.stats.ReservationsExpiredLate.Add(1)
 		return false, false, ErrReservationNotFound // too late to be made once: it stays charged
 	}
+	// Only the limits that refund are settled: the others keep no
+	// settlement of it (which would count toward their cap, and a full
+	// counter would refuse the refund of the rest).
 	rs := e.rules.Load()
-	refunds := false
+	ops := r.ops[:0]
 	for i := range r.ops {
-		op := &r.ops[i]
+		op := r.ops[i]
 		id, _, _, _ := parseKey(string(op.Key))
 		rule := rs.Rule(id)
 		switch {
 		case rule == nil || !rule.RefundOnExpiry || op.Params.Algorithm == Concurrency:
-			op.Stale = true // left as it is
+			continue // left as it is
 		case op.Global:
-			e.settleGlobal(rs, op, now)
+			e.settleGlobal(rs, &op, now)
 		default:
 			op.Stale = !rs.limitOf(op.Key, op.Params)
 		}
-		refunds = refunds || !op.Stale
+		if !op.Stale {
+			ops = append(ops, op)
+		}
 	}
-	if !refunds {
+	if len(ops) == 0 {
 		return false, false, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	out := make([]Settlement, len(r.ops))
-	if _, err := e.settleStore().Settle(ctx, r.ops, hex.EncodeToString(r.mark), r.until, settleExpired, out); err != nil {
+	out := make([]Settlement, len(ops))
+	if _, err := e.settleStore().Settle(ctx, ops, hex.EncodeToString(r.mark), r.until, settleExpired, out); err != nil {
 		return false, false, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
-	e.observeSettled(r.ops, out)
+	e.observeSettled(ops, out)
 	for i := range out {
 		switch {
-		case r.ops[i].Stale || out[i].Again || out[i].Full:
+		case out[i].Again || out[i].Full:
 		case out[i].Ended: // not yet, by that counter's store
 			again = true
 		default:

@@ -142,6 +142,39 @@ func eachStore(t *testing.T, yaml string, test func(t *testing.T, e *Engine, clo
 	}
 }
 
+// settlementsKept is how many settlements each counter of a reservation
+// keeps of reservations that end in its minute, by rule.
+func settlementsKept(t *testing.T, e *Engine, id string) map[string]int {
+	t.Helper()
+	r, err := openReservation(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := map[string]int{}
+	for _, op := range r.ops {
+		rule, _, _, _ := parseKey(string(op.Key))
+		k := settledKey(string(op.Key), r.until)
+		switch st := e.settleStore().(type) {
+		case *RedisStore:
+			n, err := st.Client().HLen(t.Context(), k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			kept[rule] = int(n)
+		case *MemoryStore:
+			sh := &st.shards[st.shard(op.Key)]
+			sh.mu.Lock()
+			if mk := sh.settled[k]; mk != nil {
+				kept[rule] = len(mk.charged)
+			}
+			sh.mu.Unlock()
+		default:
+			t.Fatalf("store %T", st)
+		}
+	}
+	return kept
+}
+
 // Slots taken in the same microsecond are each their own: a release frees
 // its own, once, however often it is sent.
 func TestSlotsOfOneMicrosecond(t *testing.T) {
@@ -342,6 +375,11 @@ rules:
 		maintain() // once
 		if r, c := left(); r != 970 || c != 870 {
 			t.Fatalf("after the end, refunded %d left (want 970), charged %d (want 870)", r, c)
+		}
+		// Of the refund, only the limit that refunds keeps a settlement
+		// (beside the commit's, on both).
+		if kept := settlementsKept(t, e, abandoned); kept["refunded"] != 2 || kept["charged"] != 1 {
+			t.Fatalf("settlements kept after the commit and the refund: %v, want refunded 2, charged 1", kept)
 		}
 		if _, err := e.Settle(ctx, abandoned, -1); !errors.Is(err, ErrReservationNotFound) {
 			t.Fatalf("a release after the end: %v, want not found", err)
