@@ -84,6 +84,11 @@ type ruleState struct {
 	share   map[string]float64 // the share of the last lease, for hysteresis
 	grants  map[string][]grant // leases that may still be in force, oldest first
 	hw      map[int64]map[string]float64
+	// own is, of a sliding window's live windows, the marks that bound
+	// what each region may count in the window itself, without what its
+	// estimate carries from the window before: what the next window
+	// carries (open). hw is at least own.
+	own     map[int64]map[string]float64
 	past    map[int64]map[string]float64 // marks of windows no longer live, for Granted
 	debt    map[string]float64           // still to charge
 	held    map[string]float64           // charged in heldEpoch
@@ -99,7 +104,8 @@ type ruleState struct {
 func newRuleState() *ruleState {
 	return &ruleState{
 		demand: map[string]float64{}, sample: map[string]float64{}, heard: map[string]time.Time{}, acked: map[string]uint64{}, used: map[string]Report{},
-		share: map[string]float64{}, grants: map[string][]grant{}, hw: map[int64]map[string]float64{}, past: map[int64]map[string]float64{},
+		share: map[string]float64{}, grants: map[string][]grant{}, hw: map[int64]map[string]float64{}, own: map[int64]map[string]float64{},
+		past: map[int64]map[string]float64{},
 		debt: map[string]float64{}, held: map[string]float64{}, floors: map[string]float64{},
 	}
 }
@@ -192,7 +198,8 @@ func (a *Allocator) Rebalance(now time.Time, rule Rule, regions []string) ([]Lea
 		}
 	}
 	s := a.state(rule.ID)
-	s.window, s.sliding = rule.Window.Microseconds(), rule.Sliding
+	s.window = rule.Window.Microseconds()
+	s.setSliding(rule.Sliding)
 	floor := a.cfg.Floor(len(regions))
 	// A region may use its floor at any time: the floor counts as a grant
 	// that never lapses. A region keeps the largest floor it was told (the
@@ -325,19 +332,26 @@ func (s *ruleState) open(first, last int64, regions []string, floorOf func(strin
 				}
 			}
 		}
-		if prev := s.latestBefore(e); s.sliding && prev != nil {
-			// The estimate starts the window at what the windows
-			// before counted.
+		s.hw[e] = hw
+		if !s.sliding {
+			continue
+		}
+		s.own[e] = maps.Clone(hw)
+		if prev := s.ownBefore(e); prev != nil {
+			// The estimate starts the window at what the window before
+			// counted: what its own marks bound, not what it carried
+			// from the one before it (a region silent since would
+			// keep its share for ever).
 			for r, f := range prev {
 				hw[r] = max(hw[r], f)
 			}
 		}
-		s.hw[e] = hw
 	}
 	for e, hw := range s.hw {
 		if e < first {
 			s.past[e] = hw
 			delete(s.hw, e)
+			delete(s.own, e)
 		}
 	}
 	for e := range s.past {
@@ -461,7 +475,36 @@ func higherLimits(rule Rule, floor float64) map[string]float64 {
 func (s *ruleState) issue(r string, g grant, first, last int64) {
 	s.grants[r] = append(s.grants[r], g)
 	for e := first; e <= last; e++ {
-		s.hw[e][r] = max(s.hw[e][r], g.fraction)
+		s.raise(e, r, g.fraction)
+	}
+}
+
+// setSliding says whether the rule is a sliding window. Marks taken in
+// before (a snapshot, restored before the first rebalance) count as their
+// windows' own.
+func (s *ruleState) setSliding(sliding bool) {
+	if sliding && !s.sliding {
+		for e, hw := range s.hw {
+			s.own[e] = maps.Clone(hw)
+		}
+	} else if !sliding {
+		clear(s.own)
+	}
+	s.sliding = sliding
+}
+
+// raise raises region r's mark in window e to f, if lower: what it may
+// count in the window itself (own, for a sliding window), and so in all.
+func (s *ruleState) raise(e int64, r string, f float64) {
+	if s.hw[e] == nil {
+		s.hw[e] = map[string]float64{}
+	}
+	s.hw[e][r] = max(s.hw[e][r], f)
+	if s.sliding {
+		if s.own[e] == nil {
+			s.own[e] = map[string]float64{}
+		}
+		s.own[e][r] = max(s.own[e][r], f)
 	}
 }
 
@@ -507,11 +550,11 @@ func (s *ruleState) mark(e int64, r string) (float64, bool) {
 	return 0, false
 }
 
-// latestBefore is the high-water marks of the latest window before e that
-// has them, or nil.
-func (s *ruleState) latestBefore(e int64) map[string]float64 {
+// ownBefore is the own marks (what each region may count in the window
+// itself) of the latest window before e that has them, or nil.
+func (s *ruleState) ownBefore(e int64) map[string]float64 {
 	best, found := int64(0), false
-	for k := range s.hw {
+	for k := range s.own {
 		if k < e && (!found || k > best) {
 			best, found = k, true
 		}
@@ -519,7 +562,7 @@ func (s *ruleState) latestBefore(e int64) map[string]float64 {
 	if !found {
 		return nil
 	}
-	return s.hw[best]
+	return s.own[best]
 }
 
 // lower brings down the high-water marks of regions that acknowledged a
@@ -556,6 +599,15 @@ func (s *ruleState) lower(first, last int64, floorOf func(string) float64) {
 				m = max(m, prev)
 			}
 			hw[r] = min(hw[r], m)
+			if own := s.own[e]; own != nil {
+				// What it may count in the window itself: its count,
+				// in the window it reported, and what it still holds.
+				m := holds
+				if e == rep.UsedEpoch {
+					m = max(m, rep.Used)
+				}
+				own[r] = min(own[r], m)
+			}
 		}
 	}
 	clear(s.used)
@@ -678,16 +730,7 @@ func (a *Allocator) Snapshot(rule string) Snapshot {
 // the leases (Restore), before the rule's first Rebalance.
 func (a *Allocator) RestoreSnapshot(rule string, snap Snapshot) {
 	s := a.state(rule)
-	for e, hw := range snap.Marks {
-		if s.hw[e] == nil {
-			s.hw[e] = map[string]float64{}
-		}
-		for r, f := range hw {
-			if f >= 0 && f <= 1+eps {
-				s.hw[e][r] = max(s.hw[e][r], f)
-			}
-		}
-	}
+	s.restoreMarks(snap.Marks)
 	for r, seq := range snap.Acked {
 		s.acked[r] = max(s.acked[r], seq)
 	}
@@ -710,6 +753,19 @@ func (a *Allocator) RestoreSnapshot(rule string, snap Snapshot) {
 	for k, cs := range snap.Counters {
 		// Every one, whatever the cap: regions may hold their leases.
 		s.restoreCounter(k, cs)
+	}
+}
+
+// restoreMarks takes in another allocator's marks, each the higher of its
+// and ours. A snapshot keeps no own marks: each counts as its window's own
+// (what the next window carries), which carries it one window more.
+func (s *ruleState) restoreMarks(marks map[int64]map[string]float64) {
+	for e, hw := range marks {
+		for r, f := range hw {
+			if f >= 0 && f <= 1+eps {
+				s.raise(e, r, f)
+			}
+		}
 	}
 }
 

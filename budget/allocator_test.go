@@ -2,6 +2,7 @@ package budget
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -386,6 +387,102 @@ func TestCutOffRegionKeepsItsLease(t *testing.T) {
 	}
 	if got, want := ls[0].Allowance()+ls[1].Allowance(), 1-cfg.Floor(3); math.Abs(got-want) > 1e-6 {
 		t.Fatalf("after us's lease lapsed the others hold %v, want %v (all but us's floor)", got, want)
+	}
+}
+
+// TestCutOffRegionsShareComesBack: us holds most of a rule's limit and is
+// cut off; the others, asking for all of it, get all but us's floor once
+// the last lease above its floor that us may have received has lapsed and
+// every window us may have counted under it has left their estimates (a
+// fixed window's next, a sliding window's the one after), and the skew
+// allowance after. (A sliding
+// window's marks once carried each window's into the next for ever, and
+// us's share never came back.)
+func TestCutOffRegionsShareComesBack(t *testing.T) {
+	for _, sliding := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sliding=%v", sliding), func(t *testing.T) {
+			cfg := DefaultConfig()
+			a, _ := NewAllocator(cfg)
+			rule := Rule{ID: "g", Window: 10 * time.Second, Sliding: sliding}
+			names := []string{"ap", "eu", "us"}
+			floor := cfg.Floor(3)
+			held := map[string]*Lease{}
+			demand := map[string]float64{"ap": 0.01, "eu": 0.01, "us": 3}
+			var toUS []Lease // every lease us may have received
+			at := t0
+			// usMay is the most us may use at t, of the leases it may
+			// hold.
+			usMay := func(t time.Time) float64 {
+				most := floor
+				for _, l := range toUS {
+					if t.Before(l.Expires.Add(cfg.Skew)) {
+						most = max(most, l.Allowance())
+					}
+				}
+				return most
+			}
+			rebalance := func(reporting []string) []Lease {
+				t.Helper()
+				for _, r := range reporting {
+					rep := Report{Region: r, Demand: demand[r]}
+					if l := held[r]; l != nil {
+						rep.Acked = l.Seq
+					}
+					a.Report(rule.ID, rep)
+				}
+				ls, err := a.Rebalance(at, rule, names)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range ls {
+					if slices.Contains(reporting, ls[i].Region) {
+						held[ls[i].Region] = &ls[i]
+					}
+				}
+				toUS = append(toUS, ls[2])
+				at = at.Add(time.Second)
+				return ls
+			}
+			for range 5 {
+				rebalance(names)
+			}
+			if got := held["us"].Allowance(); got < 0.8 {
+				t.Fatalf("us asking for all: %v", got)
+			}
+			// Cut off: us reports nothing; the others ask for all.
+			demand["ap"], demand["eu"] = 3, 3
+			var lapsed time.Time
+			others := map[time.Time]float64{}
+			for at.Before(t0.Add(time.Minute)) {
+				now := at
+				ls := rebalance(names[:2])
+				others[now] = ls[0].Allowance() + ls[1].Allowance()
+				if others[now]+usMay(now) > 1+1e-9 {
+					t.Fatalf("at %v the others hold %v while us may use %v", now.Sub(t0), others[now], usMay(now))
+				}
+				if ls[2].Allowance() > floor+1e-9 {
+					lapsed = ls[2].Expires.Add(cfg.Skew)
+				}
+			}
+			if lapsed.IsZero() {
+				t.Fatal("us got nothing above its floor while cut off")
+			}
+			// back is when the window after us's last lapsed lease
+			// begins (a sliding window: the one after that), and the
+			// skew allowance after it the others' windows.
+			back := time.UnixMicro((lapsed.UnixMicro()/rule.Window.Microseconds() + 1) * rule.Window.Microseconds())
+			if sliding {
+				back = back.Add(rule.Window)
+			}
+			for now, got := range others {
+				if want := 1 - floor; !now.Before(back.Add(cfg.Skew)) && math.Abs(got-want) > 1e-6 {
+					t.Errorf("at %v, us's leases lapsed at %v: the others hold %v, want %v (all but us's floor)", now.Sub(t0), lapsed.Sub(t0), got, want)
+				}
+			}
+			if n := len(others); !at.After(back.Add(10 * time.Second)) {
+				t.Fatalf("%d rebalances, until %v: none well after %v", n, at.Sub(t0), back.Sub(t0))
+			}
+		})
 	}
 }
 

@@ -469,7 +469,8 @@ func (a *Allocator) rebalanceCounters(out []Lease, now time.Time, rule Rule, p *
 // may still use a lease of its own: it goes back to the rule, and no
 // lease is appended.
 func (a *Allocator) rebalanceCounter(out []Lease, now time.Time, rule Rule, key string, c, p *ruleState, regions []string, first, last int64, rb ruleBefore) ([]Lease, bool) {
-	c.window, c.sliding = p.window, p.sliding
+	c.window = p.window
+	c.setSliding(p.sliding)
 	cs := c.counter
 	// (A region that has not heard that the limit was lowered uses more
 	// of it than its fractions say: room counts them in the rule's limit,
@@ -494,14 +495,14 @@ func (a *Allocator) rebalanceCounter(out []Lease, now time.Time, rule Rule, key 
 		cs.seeded = true
 		for e, hw := range rb.seed {
 			for r, f := range hw {
-				c.hw[e][r] = max(c.hw[e][r], f)
+				c.raise(e, r, f)
 			}
 		}
 	}
 	for e := first; e <= last; e++ {
 		for _, r := range slices.Sorted(maps.Keys(c.hwRegions(e, e, regions))) {
 			if c.mayUseRule(r) {
-				c.hw[e][r] = max(c.hw[e][r], rb.most(r, cs.since, e, p.window, p.sliding))
+				c.raise(e, r, rb.most(r, cs.since, e, p.window, p.sliding))
 			}
 		}
 	}
@@ -645,16 +646,7 @@ func (p *ruleState) restoreCounter(key string, snap CounterSnapshot) {
 	c.counter.seeded = true // the snapshot's marks hold the seed
 	c.counter.lastDemand = later(c.counter.lastDemand, snap.LastDemand)
 	c.counter.released = later(c.counter.released, snap.Released)
-	for e, hw := range snap.Marks {
-		if c.hw[e] == nil {
-			c.hw[e] = map[string]float64{}
-		}
-		for r, f := range hw {
-			if f >= 0 && f <= 1+eps {
-				c.hw[e][r] = max(c.hw[e][r], f)
-			}
-		}
-	}
+	c.restoreMarks(snap.Marks)
 	for r, seq := range snap.Acked {
 		if seq > c.acked[r] {
 			c.acked[r] = seq
