@@ -61,9 +61,14 @@ func decideGlobal(p *Params, cur, prev *globalView, now, cost, allowance, ceilin
 	window := float64(p.Window)
 	start, _ := globalWindows(p, now)
 	own, total := cur.p-cur.n, cur.total
-	if p.Algorithm == SlidingWindowCounter {
+	switch p.Algorithm {
+	case SlidingWindowCounter:
 		own = swcEstimate(window, start, own, prev.p-prev.n, now)
 		total = swcEstimate(window, start, total, prev.total, now)
+	case Concurrency:
+		// Slots taken in the window before are in flight still.
+		own += prev.p - prev.n
+		total += prev.total
 	}
 	allowed := own+cost <= allowance
 	rem := allowance - own
@@ -95,8 +100,18 @@ func globalTTL(p *Params, start, now float64) int64 {
 func globalUntil(p *Params, start float64) float64 {
 	window := float64(p.Window)
 	until := start + window + fmax(window, globalGrace)
-	if p.Algorithm == SlidingWindowCounter {
+	if p.carriesPrev() {
 		until += window
 	}
 	return until
+}
+
+// carriesPrev says whether a global limit's count carries the window
+// before: a sliding window counter's estimate weighs it, and a
+// concurrency limit's slots taken in it are in flight still. A global
+// concurrency limit counts a slot in the window (its ttl long) it was
+// taken in and the next, less what was released: a slot never released
+// frees itself between one ttl and two after it was taken.
+func (p *Params) carriesPrev() bool {
+	return p.Algorithm == SlidingWindowCounter || p.Algorithm == Concurrency
 }

@@ -28,7 +28,7 @@ func TestGlobalStoresDecideAlike(t *testing.T) {
 		mem := NewMemoryStore(clock.Now)
 		mem.SetRegion("eu")
 		p := Params{
-			Algorithm: rapid.SampledFrom([]Algorithm{FixedWindow, SlidingWindowCounter}).Draw(t, "algorithm"),
+			Algorithm: rapid.SampledFrom([]Algorithm{FixedWindow, SlidingWindowCounter, Concurrency}).Draw(t, "algorithm"),
 			Limit:     rapid.Int64Range(1, 100).Draw(t, "limit"),
 			Window:    rapid.SampledFrom([]int64{1e6, 7e6, 60e6}).Draw(t, "window"),
 		}
@@ -711,7 +711,7 @@ func TestGlobalStoresSettleAlike(t *testing.T) {
 		mem := NewMemoryStore(clock.Now)
 		mem.SetRegion("eu")
 		p := Params{
-			Algorithm: rapid.SampledFrom([]Algorithm{FixedWindow, SlidingWindowCounter}).Draw(t, "algorithm"),
+			Algorithm: rapid.SampledFrom([]Algorithm{FixedWindow, SlidingWindowCounter, Concurrency}).Draw(t, "algorithm"),
 			Limit:     rapid.Int64Range(1, 100).Draw(t, "limit"),
 			Window:    rapid.SampledFrom([]int64{1e6, 7e6, 60e6}).Draw(t, "window"),
 		}

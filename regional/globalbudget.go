@@ -682,7 +682,15 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 		// more than the rule's lease; it goes back at a window's start).
 		return
 	}
-	own := int64(float64(int64(r.OwnP)-int64(r.OwnN)) * 1e6 / float64(max(1, it.params.Limit)))
+	n := int64(r.OwnP) - int64(r.OwnN)
+	if it.params.Algorithm == Concurrency {
+		// In flight: what it took in this window and the one before,
+		// less what was released (global.go).
+		var prev crdt.Tally
+		e.global.usage.with(func(c *crdt.Counters) { prev = c.Tally(it.key, (start-window)/1000) })
+		n += int64(prev.P) - int64(prev.N)
+	}
+	own := int64(float64(n) * 1e6 / float64(max(1, it.params.Limit)))
 	for {
 		cur := d.used.Load()
 		if own <= cur || d.used.CompareAndSwap(cur, own) {

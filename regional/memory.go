@@ -245,7 +245,7 @@ func (m *MemoryStore) decideGlobal(sh *memShard, op *Op, now int64, r *Result) *
 	}
 	cur := g.view()
 	var prev globalView
-	if op.Params.Algorithm == SlidingWindowCounter {
+	if op.Params.carriesPrev() {
 		pg, _ := m.globalWindow(sh, op.Key, prevStart, now, buf[:])
 		prev = pg.view()
 	}
@@ -276,7 +276,7 @@ func decideInCopy(c *crdt.Counters, op *Op, now int64, r *Result) {
 	start, prevStart := globalWindows(&op.Params, float64(now))
 	cur := tallyView(c.Tally(op.Key, int64(start)/1000))
 	var prev globalView
-	if op.Params.Algorithm == SlidingWindowCounter {
+	if op.Params.carriesPrev() {
 		prev = tallyView(c.Tally(op.Key, int64(prevStart)/1000))
 	}
 	decideGlobalOp(op, &cur, &prev, now, r)
@@ -306,10 +306,10 @@ func (m *MemoryStore) raiseGlobal(sh *memShard, g *memGlobal, k []byte, op *Op, 
 }
 
 // addGlobal counts n in this region's P (or N, if neg) of the window g
-// (nil: the window holding now, made if need be); the caller holds the
+// (nil: the window holding at, made if need be); the caller holds the
 // shard's lock. It returns the region's P and N after.
-func (m *MemoryStore) addGlobal(sh *memShard, g *memGlobal, key []byte, p *Params, now int64, neg bool, n uint64) (uint64, uint64) {
-	start, _ := globalWindows(p, float64(now))
+func (m *MemoryStore) addGlobal(sh *memShard, g *memGlobal, key []byte, p *Params, now, at int64, neg bool, n uint64) (uint64, uint64) {
+	start, _ := globalWindows(p, float64(at))
 	if g == nil {
 		var buf [160]byte
 		var k []byte
@@ -406,7 +406,7 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 		case inCopy:
 			r.OwnP, r.OwnN = countInCopy(m.copy.c, op, now)
 		default:
-			r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], globals[i], op.Key, &op.Params, now, false, uint64(op.Cost))
+			r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], globals[i], op.Key, &op.Params, now, now, false, uint64(op.Cost))
 		}
 	}
 	for _, s := range idx {
@@ -479,7 +479,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			delete(sh.settled, keys[i])
 			mk = nil
 		}
-		if ops[i].Params.Algorithm == Concurrency {
+		if ops[i].Params.Algorithm == Concurrency && !ops[i].Global {
 			continue // a slot keeps no settlement: it is freed once
 		}
 		if mks[i] = mk; !ended && mk != nil {
@@ -517,6 +517,9 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 		op, sh := &ops[i], &m.shards[shards[i]]
 		if op.Global {
 			out[i] = Settlement{Charged: max(0, actual)}
+			if op.Params.Algorithm == Concurrency {
+				out[i].Charged = 0 // a slot charges nothing
+			}
 			apply := made(i, out[i].Charged, &out[i])
 			m.settleGlobal(sh, op, now, actual, apply && !op.Stale, &out[i].Result)
 			continue
@@ -551,11 +554,17 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 // r is the limit as a check of cost 0 sees it after. The caller holds the
 // shard's lock.
 func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64, apply bool, r *Result) {
-	start, _ := globalWindows(&op.Params, float64(now))
+	start, prevStart := globalWindows(&op.Params, float64(now))
 	taken, _ := globalWindows(&op.Params, float64(op.At))
 	var back, extra uint64
 	switch {
 	case !apply:
+	case op.Params.Algorithm == Concurrency:
+		// A slot, released or committed: freed, into the window it was
+		// taken in while it counts (that window or the one after).
+		if taken == start || taken == prevStart {
+			back = uint64(op.Estimate)
+		}
 	case actual < 0 || actual <= op.Estimate:
 		if actual < 0 {
 			actual = 0
@@ -570,19 +579,36 @@ func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64
 	if m.copy != nil {
 		m.copy.mu.Lock()
 		defer m.copy.mu.Unlock()
-		id := crdt.ID{Key: string(op.Key), Epoch: int64(start) / 1000}
-		m.copy.c.Dec(id, back)
-		m.copy.c.Inc(id, extra)
+		m.copy.c.Dec(crdt.ID{Key: string(op.Key), Epoch: int64(taken) / 1000}, back)
+		m.copy.c.Inc(crdt.ID{Key: string(op.Key), Epoch: int64(start) / 1000}, extra)
 		decideInCopy(m.copy.c, &gop, now, r)
+		if op.Params.Algorithm == Concurrency {
+			r.OwnP, r.OwnN = 0, 0
+			if taken == start || taken == prevStart {
+				t := m.copy.c.Tally(op.Key, int64(taken)/1000)
+				r.OwnP, r.OwnN = t.P, t.N
+			}
+		}
 		return
 	}
 	if back > 0 {
-		m.addGlobal(sh, nil, op.Key, &op.Params, now, true, back)
+		m.addGlobal(sh, nil, op.Key, &op.Params, now, op.At, true, back)
 	}
 	if extra > 0 {
-		m.addGlobal(sh, nil, op.Key, &op.Params, now, false, extra)
+		m.addGlobal(sh, nil, op.Key, &op.Params, now, now, false, extra)
 	}
 	m.decideGlobal(sh, &gop, now, r)
+	if op.Params.Algorithm == Concurrency {
+		// The region's slot of the window the slot was taken in, which a
+		// release changes (limits.lua alike).
+		var v globalView
+		if taken == start || taken == prevStart {
+			var buf [160]byte
+			g, _ := m.globalWindow(sh, op.Key, taken, now, buf[:])
+			v = g.view()
+		}
+		r.OwnP, r.OwnN = uint64(v.p), uint64(v.n)
+	}
 }
 
 // settledKey is where a counter keeps its settlements of reservations that

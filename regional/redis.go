@@ -534,7 +534,7 @@ func (s *RedisStore) refundArgs(l redisLimit, n, at int64) ([]string, []any) {
 
 func (l *redisLimit) appendArgs(keys []string, args []any) ([]string, []any) {
 	keys = append(keys, l.key)
-	if l.params.Algorithm.logged() {
+	if l.params.Algorithm.logged() && !l.global { // a global limit's windows are hashes of their own
 		keys = append(keys, logKey(l.key, l.params.Algorithm))
 	}
 	flags := 0 // lua/limits.lua's: 1 shadow, 2 debt
@@ -707,7 +707,7 @@ func (s *RedisStore) settleCall(ops []SettleOp, mark string, until, actual int64
 		g.args[notAfterArg] = mark
 		for _, i := range g.limits {
 			l := &c.limits[i]
-			if l.settle = true; l.params.Algorithm != Concurrency { // a slot is freed once without one
+			if l.settle = true; l.params.Algorithm != Concurrency || l.global { // a regional slot is freed once without one
 				l.mark = settledKey(l.key, until)
 			}
 			g.keys, g.args = l.appendArgs(g.keys, g.args)

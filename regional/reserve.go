@@ -213,10 +213,10 @@ func (e *Engine) Settle(ctx context.Context, id string, actual int64) (Settled, 
 	now := e.now()
 	for i := range r.ops {
 		switch op := &r.ops[i]; {
-		case op.Params.Algorithm == Concurrency:
-			op.Params, op.Stale = rs.slotParams(op.Key, op.Params)
 		case op.Global:
 			e.settleGlobal(rs, op, now)
+		case op.Params.Algorithm == Concurrency:
+			op.Params, op.Stale = rs.slotParams(op.Key, op.Params)
 		default:
 			op.Stale = !rs.limitOf(op.Key, op.Params)
 		}
@@ -273,6 +273,9 @@ func (e *Engine) observeSettled(ops []SettleOp, out []Settlement) {
 	for i := range out {
 		if op, r := &ops[i], &out[i].Result; op.Global && e.shared && !out[i].Ended && (r.OwnP != 0 || r.OwnN != 0) {
 			start := r.ResetAt - op.Params.Window
+			if op.Params.Algorithm == Concurrency { // the window the slot was taken in
+				start = op.At / op.Params.Window * op.Params.Window
+			}
 			e.global.usage.with(func(c *crdt.Counters) { c.ObserveKey(op.Key, start/1000, r.OwnP, r.OwnN) })
 		}
 	}

@@ -127,6 +127,12 @@ const (
 	// maxSlotTTL bounds a concurrency limit's ttl: how long a request may
 	// hold its slot unreleased.
 	maxSlotTTL = 24 * time.Hour
+	// minGlobalSlotTTL and maxGlobalSlotTTL bound a global concurrency
+	// limit's ttl, the length of the windows its slots are counted in:
+	// shares move between regions at their pace, and no faster than
+	// gossip and budgets do (seconds).
+	minGlobalSlotTTL = time.Second
+	maxGlobalSlotTTL = 10 * time.Minute
 )
 
 // DefaultSlotTTL is a concurrency limit's ttl when its rule gives none:
@@ -364,8 +370,6 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 			return nil, fail("cost", "a concurrency limit counts requests in flight, one slot each: it takes no cost")
 		case s.CountOverLimit:
 			return nil, fail("count_over_limit", "a concurrency limit counts requests in flight: a request denied is not in flight")
-		case s.Scope == "global":
-			return nil, fail("scope", "concurrency limits are regional: a global one is not supported yet")
 		case s.Penalty != nil:
 			return nil, fail("penalty", "a concurrency limit's denials are not held (a slot may be freed any moment), so no cooldown follows them")
 		}
@@ -402,20 +406,41 @@ func compileRule(s ruleSpec) (*Rule, *RuleError) {
 		default:
 			return nil, fail("mode", "%q: want strict or elastic", s.Mode)
 		}
-		if r.Base.Algorithm != FixedWindow && r.Base.Algorithm != SlidingWindowCounter {
-			return nil, fail("algorithm", "a global rule counts per window: use fixed_window or sliding_window_counter")
+		if r.Base.Algorithm != FixedWindow && r.Base.Algorithm != SlidingWindowCounter && r.Base.Algorithm != Concurrency {
+			return nil, fail("algorithm", "a global rule counts per window: use fixed_window, sliding_window_counter or concurrency")
+		}
+		if r.Base.Algorithm == Concurrency {
+			// Its slots are counted in windows of its ttl (global.go):
+			// shares move between regions at the pace of its windows.
+			switch ttl := time.Duration(r.Base.Window) * time.Microsecond; {
+			case r.Mode != ModeStrict:
+				return nil, fail("mode", "a global concurrency limit is strict: never more in flight worldwide than its limit")
+			case s.CarryDebt:
+				return nil, fail("carry_debt", "a global concurrency limit keeps no debt: a slot is never taken past its limit")
+			case ttl < minGlobalSlotTTL || ttl > maxGlobalSlotTTL:
+				return nil, fail("ttl", "%v: a global concurrency limit's ttl must be between %v and %v", ttl, minGlobalSlotTTL, maxGlobalSlotTTL)
+			}
 		}
 	default:
 		return nil, fail("scope", "%q: want regional or global", s.Scope)
+	}
+	globalSlots := r.Scope == ScopeGlobal && r.Base.Algorithm == Concurrency
+	if globalSlots && s.Fallback != "" && s.Fallback != "fail_closed" {
+		return nil, fail("fallback", "a global concurrency limit's slots are released through the store: leave fallback out, or say fail_closed")
 	}
 	switch s.Fallback {
 	case "":
 		// A global rule admits, while its store cannot answer, what its
 		// region may admit without it (Engine: degraded global limits):
 		// failing open would break the limit for every region at once.
+		// A global concurrency limit's slots must be released through
+		// the store: it admits nothing without it.
 		r.Fallback = FailOpen
 		if r.Scope == ScopeGlobal {
 			r.Fallback = LocalOnly
+		}
+		if globalSlots {
+			r.Fallback = FailClosed
 		}
 	case "fail_open":
 		if r.Scope == ScopeGlobal && r.Mode == ModeStrict {

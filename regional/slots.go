@@ -73,9 +73,16 @@ func (e *Engine) sealSlots(key []byte, items []item) Reserved {
 			continue
 		}
 		at := slotAt(it.params, &it.result)
-		ops = append(ops, SettleOp{Key: append([]byte(nil), it.key...), Params: it.params, Estimate: it.result.Taken, At: at})
-		if u := at + it.params.Window; u > until {
-			until, ttl = u, it.params.Window
+		op := SettleOp{Key: append([]byte(nil), it.key...), Params: it.params, Estimate: it.result.Taken, At: at}
+		u := at + it.params.Window
+		if it.rule.Scope == ScopeGlobal {
+			// Taken in the window that starts at at, and counted in the
+			// next as well (global.go).
+			op.Global, u = true, at+2*it.params.Window
+		}
+		ops = append(ops, op)
+		if u > until {
+			until, ttl = u, u-it.storeNow
 		}
 	}
 	if len(ops) == 0 {

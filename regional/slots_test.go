@@ -2,9 +2,12 @@ package regional
 
 import (
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/deploy/local/harness"
 )
 
@@ -107,20 +110,28 @@ rules:
 	if p := rs.Rule("t").Base; p.Window != 250e3 {
 		t.Fatalf("ttl 250ms: %+v", p)
 	}
+	// A global one is strict, and admits nothing without its store.
+	g := mustParse(t, "rules:\n  - { id: g, algorithm: concurrency, limit: 5, scope: global, ttl: 30s }\n").Rule("g")
+	if g.Scope != ScopeGlobal || g.Mode != ModeStrict || g.Fallback != FailClosed || g.Base.Window != 30e6 {
+		t.Fatalf("a global concurrency limit: %+v", g)
+	}
 	for field, rule := range map[string]string{
 		"ttl":              "{ id: x, algorithm: concurrency, limit: 5, ttl: 25h }",
 		"limit":            "{ id: x, algorithm: concurrency, limit: 100001 }",
 		"window":           "{ id: x, algorithm: concurrency, limit: 5, window: 1m }",
 		"cost":             "{ id: x, algorithm: concurrency, limit: 5, cost: 2 }",
 		"count_over_limit": "{ id: x, algorithm: concurrency, limit: 5, count_over_limit: true }",
-		"scope":            "{ id: x, algorithm: concurrency, limit: 5, scope: global }",
+		"mode":             "{ id: x, algorithm: concurrency, limit: 5, scope: global, mode: elastic }",
+		"carry_debt":       "{ id: x, algorithm: concurrency, limit: 5, scope: global, carry_debt: true }",
+		"fallback":         "{ id: x, algorithm: concurrency, limit: 5, scope: global, fallback: local_only }",
+		"ttl ":             "{ id: x, algorithm: concurrency, limit: 5, scope: global, ttl: 500ms }",
 		"batch":            "{ id: x, by: [api_key], algorithm: concurrency, limit: 5, batch: 2 }",
 		"penalty":          "{ id: x, algorithm: concurrency, limit: 5, penalty: { base: 1s, max: 1m } }",
 		"on_expiry":        "{ id: x, algorithm: concurrency, limit: 5, on_expiry: refund }",
 	} {
 		_, err := Parse("", []byte("rules:\n  - "+rule+"\n"))
 		var re *RuleError
-		if !errors.As(err, &re) || re.Field != field {
+		if !errors.As(err, &re) || re.Field != strings.TrimSpace(field) {
 			t.Errorf("%s: %v, want an error naming %s", rule, err, field)
 		}
 	}
@@ -404,4 +415,104 @@ rules:
 			t.Fatalf("the index once no rule refunds: %d ids (%v)", len(ids), err)
 		}
 	})
+}
+
+// TestGlobalConcurrency: a global concurrency limit, on a region's share
+// of it (its floor: no budget yet), in memory and on a redis-server. Its
+// slots are counted in windows of its ttl: a slot counts in the window it
+// was taken in and the next, so it frees itself between one ttl and two
+// after it was taken; a release frees it at once while it counts, once,
+// into the window it was taken in (the region's slot of which the gossip
+// carries), and after that is not found.
+func TestGlobalConcurrency(t *testing.T) {
+	const rules = `
+rules:
+  - { id: g, by: [api_key], scope: global, algorithm: concurrency, limit: 90, ttl: 10s }
+`
+	rs, clock := newVirtualRedisStore(t, RedisOptions{Region: "us"})
+	global := GlobalConfig{Regions: []string{"us", "eu", "ap"}}
+	for _, s := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"memory", Config{Region: "us", Replica: "us-1", Clock: clock.Now, Global: global}},
+		{"redis", Config{Region: "us", Replica: "us-1", Store: rs, Clock: clock.Now, Timeout: slowOK, Global: global}},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			ctx := t.Context()
+			e := New(s.cfg, mustParse(t, rules))
+			frac, _ := e.GlobalAllowance("g")
+			n := int(math.Floor(frac*90 + 1e-9))
+			if n < 2 {
+				t.Fatalf("the region's share: %v of 90", frac)
+			}
+			take := func() Decision {
+				t.Helper()
+				var d Decision
+				if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed != (d.Held.ID != "") {
+					t.Fatalf("allowed %v with reservation %q", d.Allowed, d.Held.ID)
+				}
+				return d
+			}
+			fill := func(what string, want int) []string {
+				t.Helper()
+				var ids []string
+				for range want {
+					d := take()
+					if !d.Allowed {
+						t.Fatalf("%s: %d in flight, want %d", what, len(ids), want)
+					}
+					ids = append(ids, d.Held.ID)
+				}
+				if d := take(); d.Allowed {
+					t.Fatalf("%s: %d in flight and one more, past the share of %d", what, want, want)
+				}
+				return ids
+			}
+			release := func(id string) Settled {
+				t.Helper()
+				st, err := e.Settle(ctx, id, -1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st
+			}
+			// Window 1: the share, then one released (once) and taken again.
+			w1 := fill("window 1", n)
+			if st := release(w1[0]); st.Again || st.Charged != 0 {
+				t.Fatalf("a release: %+v", st)
+			}
+			if st := release(w1[0]); !st.Again {
+				t.Fatalf("the same release again: %+v", st)
+			}
+			w1[0] = fill("after a release", 1)[0]
+			// Window 2: window 1's slots are in flight still; one
+			// released goes back into window 1.
+			clock.AdvanceBy(10 * time.Second)
+			fill("window 2, window 1's held", 0)
+			release(w1[1])
+			if s.name == "redis" {
+				r, _ := openReservation(w1[1])
+				start := r.ops[0].At / 10e6 * 10e6
+				var tl crdt.Tally
+				e.global.usage.with(func(c *crdt.Counters) { tl = c.Tally(r.ops[0].Key, start/1000) })
+				if tl.P != uint64(n)+1 || tl.N != 2 {
+					t.Fatalf("window 1 after a release in window 2: %+v, want %d taken and both releases in the region's N", tl, n+1)
+				}
+			}
+			w2 := fill("window 2, one released", 1)
+			// Window 3: window 1's slots have freed themselves; a release
+			// of one is not found (it has ended). Window 2's counts.
+			clock.AdvanceBy(10 * time.Second)
+			if _, err := e.Settle(ctx, w1[2], -1); !errors.Is(err, ErrReservationNotFound) {
+				t.Fatalf("a release of a slot freed by itself: %v, want not found", err)
+			}
+			fill("window 3", n-1)
+			release(w2[0])
+			fill("window 3, window 2's released", 1)
+		})
+	}
 }

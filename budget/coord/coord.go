@@ -204,7 +204,7 @@ func (c *Coordinator) Heartbeat(now time.Time, hb gossip.Heartbeat) {
 		if id == "" || window <= 0 || window > maxWindow {
 			continue
 		}
-		c.rules[id] = budget.Rule{ID: id, Window: window, Sliding: rep.Algorithm == regional.SlidingWindowCounter.String()}
+		c.rules[id] = budget.Rule{ID: id, Window: window, Sliding: rep.Algorithm == regional.SlidingWindowCounter.String() || rep.Algorithm == regional.Concurrency.String()}
 		t := r.rules[id]
 		if t == nil {
 			t = &demandTrack{}

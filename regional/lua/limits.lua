@@ -289,14 +289,14 @@ end
 
 local function gttl(alg, window, start)
   local until_us = start + window + max(window, 60e6)
-  if alg == COUNTER then until_us = until_us + window end
+  if alg == COUNTER or alg == SLOTS then until_us = until_us + window end
   return ttl_px(until_us)
 end
 
--- gadd counts n in field f of the window that holds now; returns the
--- region's P and N after.
-local function gadd(key, alg, window, f, n)
-  local start = floor(now / window) * window
+-- gadd counts n in field f of the window that holds at (now if nil);
+-- returns the region's P and N after.
+local function gadd(key, alg, window, f, n, at)
+  local start = floor((at or now) / window) * window
   local h = gkey(key, start)
   call('HINCRBY', h, f, n)
   call('PEXPIRE', h, gttl(alg, window, start))
@@ -327,6 +327,11 @@ local function gdecide(key, alg, limit, window, cost, allowance, ceiling)
     local pp, pn, ptotal = gview(gkey(key, start - window))
     own = swc_estimate(window, start, own, pp - pn, now)
     total = swc_estimate(window, start, total, ptotal, now)
+  elseif alg == SLOTS then
+    -- Slots taken in the window before are in flight still.
+    local pp, pn, ptotal = gview(gkey(key, start - window))
+    own = own + pp - pn
+    total = total + ptotal
   end
   local allowed = own + cost <= allowance
   local rem = allowance - own
@@ -430,6 +435,7 @@ while i + 6 <= #ARGV do
       k = k + 1
       settles = settles + 1
       local prev, again, charged = prevs[settles], 0, max(0, actual)
+      if alg == SLOTS then charged = 0 end -- a slot charges nothing
       if ended then
         again = 2
       elseif prev then
@@ -441,6 +447,13 @@ while i + 6 <= #ARGV do
         if kept[settles] == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at) + 60000000)) end
         if flags % 2 == 1 then
           -- The limit changed since: its window is another's.
+        elseif alg == SLOTS then
+          -- A slot, released or committed: freed, into the window it
+          -- was taken in while it counts (that window or the one after).
+          local taken, cur = floor(taken_at / window) * window, floor(now / window) * window
+          if taken == cur or taken == cur - window then
+            gadd(key, alg, window, '-' .. region, estimate, taken_at)
+          end
         elseif actual < 0 or actual <= estimate then
           local back = estimate
           if actual >= 0 then back = estimate - actual end
@@ -452,6 +465,13 @@ while i + 6 <= #ARGV do
         end
       end
       local allowed, rem, reset, retry, p, n = gdecide(key, alg, limit, window, 0, rate, batch)
+      if alg == SLOTS then
+        -- The region's slot of the window the slot was taken in, which
+        -- a release changes, while it counts (none after).
+        local taken = floor(taken_at / window) * window
+        p, n = 0, 0
+        if taken == reset - window or taken == reset - 2 * window then p, n = gview(gkey(key, taken)) end
+      end
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = allowed and 1 or 0, rem, reset, retry, 0
       out[o + 6], out[o + 7], out[o + 8], out[o + 9] = p, n, again, charged
