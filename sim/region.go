@@ -194,9 +194,19 @@ type source struct {
 	pos   int
 	after time.Duration
 	// tokens, if set, draws each request's answer (TrafficSpec.Tokens)
-	// from trng, apart from the arrivals' rng.
-	tokens *TokensSpec
-	trng   *rand.Rand
+	// from trng, apart from the arrivals' rng; streams, each request's
+	// stream (TrafficSpec.Streams), from it alike.
+	tokens  *TokensSpec
+	streams *StreamsSpec
+	trng    *rand.Rand
+}
+
+// stream draws how long a request's stream lasts, and whether its holder
+// crashes (it never releases its slot).
+func (src *source) stream() (time.Duration, bool) {
+	k := src.streams
+	d := time.Duration(float64(k.Median) * math.Exp(k.Sigma*src.trng.NormFloat64()))
+	return min(max(d, time.Millisecond), k.Max), src.trng.Float64() < k.Abandon
 }
 
 // answer draws a request's answer: its tokens, and how long it lasts.
@@ -216,6 +226,10 @@ type pendingAnswer struct {
 	// rsv is its reservation, if reserved: the id, the estimate, and the
 	// window (epoch) it was taken in.
 	rsv *reservedAnswer
+	// slot is a stream's slot, released at its end unless its holder
+	// crashed (abandoned).
+	slot      string
+	abandoned bool
 }
 
 type reservedAnswer struct {
@@ -366,6 +380,9 @@ func trafficSources(t TrafficSpec, regions []string, end time.Duration, rng func
 		if t.Tokens != nil {
 			src.tokens, src.trng = t.Tokens, rand.New(rand.NewPCG(r.Uint64(), r.Uint64()))
 		}
+		if t.Streams != nil {
+			src.streams, src.trng = t.Streams, rand.New(rand.NewPCG(r.Uint64(), r.Uint64()))
+		}
 		return src
 	}
 	source := func(region string, peak float64, rate func(time.Duration) float64) {
@@ -478,6 +495,10 @@ func (r *region) requests(end time.Duration) {
 				r.commit(a)
 				continue
 			}
+			if a.slot != "" {
+				r.release(a)
+				continue
+			}
 			r.req.APIKey, r.req.Cost, r.req.CountNothing = r.s.keys[a.key], int64(a.cost), false
 			r.check()
 			tr.recordCost(r.idx, r.dec.Time.UnixMicro()/r.s.window, int(a.key), true, int64(a.cost))
@@ -490,6 +511,10 @@ func (r *region) requests(end time.Duration) {
 		k := src.take()
 		if src.tokens != nil && src.tokens.Reserve > 0 {
 			r.reserve(src, k)
+			continue
+		}
+		if src.streams != nil {
+			r.startStream(src, k)
 			continue
 		}
 		r.req.APIKey, r.req.Cost, r.req.CountNothing = r.s.keys[k], 0, src.tokens != nil
@@ -550,6 +575,36 @@ func (r *region) commit(a pendingAnswer) {
 	default:
 		tr.recordCost(r.idx, a.rsv.epoch, k, true, est)
 		tr.recordCost(r.idx, now, k, true, cost-est)
+	}
+}
+
+// startStream takes a slot for a stream of key k; it holds it while it
+// lasts. The truth counts it in flight from now until it ends.
+func (r *region) startStream(src *source, k int) {
+	r.req.APIKey, r.req.Cost, r.req.CountNothing = r.s.keys[k], 0, false
+	r.check()
+	r.s.truth.record(r.idx, r.dec.Time.UnixMicro()/r.s.window, k, r.dec.Allowed)
+	if !r.dec.Allowed {
+		return
+	}
+	lasts, abandoned := src.stream()
+	// In flight until it ends, or the run does.
+	r.s.truth.recordStream(r.idx, k, r.now, min(r.now+lasts, r.s.duration-time.Microsecond))
+	if r.dec.Held.ID != "" {
+		r.answers.push(pendingAnswer{end: r.now + lasts, key: int32(k), slot: r.dec.Held.ID, abandoned: abandoned})
+	}
+}
+
+// release frees a stream's slot at its end, unless its holder crashed:
+// that slot frees itself. A slot that has freed itself already (a stream
+// that outlived it) is not found; a store down cannot release it.
+func (r *region) release(a pendingAnswer) {
+	if a.abandoned {
+		return
+	}
+	_, err := r.engine.Settle(background, a.slot, -1)
+	if err != nil && !errors.Is(err, regional.ErrReservationNotFound) && !errors.Is(err, regional.ErrStoreUnavailable) {
+		panic(err) // made here
 	}
 }
 

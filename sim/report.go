@@ -225,6 +225,11 @@ func (s *sim) report() *Report {
 			rep.Unit = "tokens"
 		}
 	}
+	if sc.Rule.Algorithm == "concurrency" {
+		// What a counter admitted of a window is the most streams it had
+		// in flight at once in it; the requests, the streams asked for.
+		s.truth.streamsInFlight(s.window)
+	}
 	epochs := map[int64]bool{}
 	for e := range s.truth.global {
 		epochs[e] = true

@@ -94,7 +94,9 @@ type BudgetSpec struct {
 type RuleSpec struct {
 	Limit  int64         `yaml:"limit"`
 	Window time.Duration `yaml:"window"`
-	// Algorithm is fixed_window (the default) or sliding_window_counter.
+	// Algorithm is fixed_window (the default), sliding_window_counter, or
+	// concurrency: requests in flight (traffic of streams), the window
+	// the slots' ttl, in strict mode only.
 	Algorithm string `yaml:"algorithm"`
 	CarryDebt bool   `yaml:"carry_debt"`
 	// Fallback is what a region does while its store is down: a global
@@ -145,6 +147,21 @@ type TrafficSpec struct {
 	// nothing before it ("is the tenant already over?"), and the answer's
 	// tokens reported when it ends. The rule must count_over_limit.
 	Tokens *TokensSpec `yaml:"tokens"`
+	// Streams, if set, makes each request a stream that holds a slot of
+	// the rule (algorithm concurrency) while it lasts; the rule's window
+	// is the slots' ttl.
+	Streams *StreamsSpec `yaml:"streams"`
+}
+
+// StreamsSpec draws how long a stream lasts: log-normal, heavy-tailed,
+// at most Max. Its gateway releases its slot when it ends, but for a
+// fraction Abandon of them, whose holders crash: those slots free
+// themselves.
+type StreamsSpec struct {
+	Median  time.Duration `yaml:"median"`
+	Sigma   float64       `yaml:"sigma"`
+	Max     time.Duration `yaml:"max"`
+	Abandon float64       `yaml:"abandon"`
 }
 
 // TokensSpec draws an answer's tokens: log-normal, heavy-tailed (most
@@ -296,6 +313,9 @@ func (s *Scenario) check(src string) error {
 	}
 	if len(s.Modes) == 0 {
 		s.Modes = []string{"strict", "elastic"}
+		if s.Rule.Algorithm == "concurrency" {
+			s.Modes = []string{"strict"} // a global concurrency limit is strict
+		}
 	}
 	if s.GlobalSync.Region == "" && len(s.Regions) > 0 {
 		s.GlobalSync.Region = s.Regions[0]
@@ -345,8 +365,10 @@ func (s *Scenario) check(src string) error {
 		return invalid(src, "rule.limit", "%d: want more than 0", s.Rule.Limit)
 	case s.Rule.Window < time.Second || s.Rule.Window%time.Millisecond != 0:
 		return invalid(src, "rule.window", "%v: want whole milliseconds, at least 1s", s.Rule.Window)
-	case s.Rule.Algorithm != "fixed_window" && s.Rule.Algorithm != "sliding_window_counter":
-		return invalid(src, "rule.algorithm", "%q: want fixed_window or sliding_window_counter", s.Rule.Algorithm)
+	case !slices.Contains([]string{"fixed_window", "sliding_window_counter", "concurrency"}, s.Rule.Algorithm):
+		return invalid(src, "rule.algorithm", "%q: want fixed_window, sliding_window_counter or concurrency", s.Rule.Algorithm)
+	case s.Rule.Algorithm == "concurrency" && (s.Rule.Window > 10*time.Minute || s.Rule.CarryDebt || s.Rule.CountOverLimit || s.Rule.Fallback != "" && s.Rule.Fallback != "fail_closed"):
+		return invalid(src, "rule", "a concurrency rule's window is its slots' ttl, at most 10m; it takes no carry_debt, count_over_limit, or fallback but fail_closed")
 	case !slices.Contains([]string{"", "fail_open", "fail_closed", "local_only"}, s.Rule.Fallback):
 		return invalid(src, "rule.fallback", "%q: want fail_open, fail_closed or local_only", s.Rule.Fallback)
 	case !(*s.Budget.Reserve >= 0 && *s.Budget.Reserve <= 1):
@@ -390,6 +412,9 @@ func (s *Scenario) check(src string) error {
 		if s.Traffic[i].Tokens != nil && !s.Rule.CountOverLimit {
 			return invalid(src, fmt.Sprintf("traffic[%d].tokens", i), "tokens are reported after the answer: the rule must say count_over_limit")
 		}
+		if streams := s.Traffic[i].Streams != nil; streams != (s.Rule.Algorithm == "concurrency") {
+			return invalid(src, fmt.Sprintf("traffic[%d].streams", i), "streams hold slots of a concurrency rule, and a concurrency rule's traffic is streams")
+		}
 	}
 	for i := range s.Faults {
 		if err := s.Faults[i].check(src, fmt.Sprintf("faults[%d]", i), region, s.Duration); err != nil {
@@ -424,6 +449,16 @@ func (t *TrafficSpec) check(src, field string, region func(string, string) error
 		return invalid(src, field+".zipf", "%v: want 0 (uniform) or more than 1, at most 10", t.Zipf)
 	case !(t.Hot >= 0 && t.Hot <= 1):
 		return invalid(src, field+".hot", "%v: want 0 to 1", t.Hot)
+	}
+	if k := t.Streams; k != nil {
+		switch {
+		case t.Tokens != nil:
+			return invalid(src, field+".streams", "a source sends streams or answers of tokens, not both")
+		case k.Median <= 0 || k.Max < k.Median || k.Max > time.Hour || !(k.Sigma >= 0 && k.Sigma <= 5):
+			return invalid(src, field+".streams", "median %v, max %v, sigma %v: want 0 < median <= max <= 1h and a sigma of 0 to 5", k.Median, k.Max, k.Sigma)
+		case !(k.Abandon >= 0 && k.Abandon <= 1):
+			return invalid(src, field+".streams.abandon", "%v: want 0 to 1", k.Abandon)
+		}
 	}
 	if k := t.Tokens; k != nil {
 		switch {

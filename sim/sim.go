@@ -107,7 +107,7 @@ func newSim(sc *Scenario, mode string, seed uint64, opt Options) (*sim, error) {
 	}
 	s.rules = rs
 	s.window = sc.Rule.Window.Microseconds()
-	s.rule = budget.Rule{ID: ruleID, Window: sc.Rule.Window, Sliding: sc.Rule.Algorithm == "sliding_window_counter"}
+	s.rule = budget.Rule{ID: ruleID, Window: sc.Rule.Window, Sliding: sc.Rule.Algorithm == "sliding_window_counter" || sc.Rule.Algorithm == "concurrency"}
 	bcfg := s.budgetConfig()
 	if err := bcfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %s: budget: %v", ErrInvalidScenario, sc.Name, err)
@@ -172,6 +172,17 @@ func (s *sim) budgetConfig() budget.Config {
 
 // ruleYAML is the rules file every region enforces.
 func ruleYAML(sc *Scenario, mode string) []byte {
+	if sc.Rule.Algorithm == "concurrency" {
+		return fmt.Appendf(nil, `rules:
+  - id: %s
+    by: [api_key]
+    scope: global
+    mode: %s
+    algorithm: concurrency
+    limit: %d
+    ttl: %dms
+`, ruleID, mode, sc.Rule.Limit, sc.Rule.Window.Milliseconds())
+	}
 	return fmt.Appendf(nil, `rules:
   - id: %s
     by: [api_key]

@@ -1,8 +1,12 @@
 package sim
 
 import (
+	"cmp"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // truth is what really happened: every request, by the window its region
@@ -33,6 +37,9 @@ type counterCounts struct {
 
 type regionTruth struct {
 	windows map[int64]*windowCounts
+	// streams are the streams the region admitted (traffic of streams):
+	// what is in flight, when.
+	streams []stream
 	// pend is the requests not yet folded, each its key and whether it
 	// was admitted (pendKey), in runs of one window each: the window is
 	// kept once a run, not once a request.
@@ -115,6 +122,62 @@ func (t *truth) recordCost(region int, epoch int64, key int, counted bool, cost 
 		w.admitted += cost - 1
 	} else {
 		w.denied += cost - 1
+	}
+}
+
+// stream is a request in flight from start to end (virtual time).
+type stream struct {
+	key        int32
+	start, end time.Duration
+}
+
+// recordStream notes a stream a region admitted; it writes only the
+// region's own records.
+func (t *truth) recordStream(region, key int, start, end time.Duration) {
+	rt := t.regions[region]
+	rt.streams = append(rt.streams, stream{key: int32(key), start: start, end: end})
+}
+
+// streamsInFlight makes each counter's admitted count of a window the
+// most streams it had in flight at once in it, every region's together
+// (a concurrency limit's measure: TrafficSpec.Streams). window is the
+// windows' length in µs, from the Unix epoch as the regions' are.
+func (t *truth) streamsInFlight(window int64) {
+	byKey := map[int32][]stream{}
+	for _, rt := range t.regions {
+		for _, s := range rt.streams {
+			byKey[s.key] = append(byKey[s.key], s)
+		}
+	}
+	epochOf := func(d time.Duration) int64 { return epoch0.Add(d).UnixMicro() / window }
+	type change struct {
+		at time.Duration
+		n  int32
+	}
+	for key, ss := range byKey {
+		changes := make([]change, 0, 2*len(ss))
+		for _, s := range ss {
+			changes = append(changes, change{s.start, 1}, change{s.end, -1})
+		}
+		// At the same moment an end comes before a start: a slot freed
+		// as another is taken.
+		slices.SortFunc(changes, func(a, b change) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.n, b.n)) })
+		most := map[int64]int32{}
+		level, last := int32(0), int64(math.MinInt64)
+		for _, c := range changes {
+			e := epochOf(c.at)
+			if level > 0 && last != math.MinInt64 {
+				for w := last + 1; w <= e; w++ { // in flight across window starts
+					most[w] = max(most[w], level)
+				}
+			}
+			level += c.n
+			most[e] = max(most[e], level)
+			last = e
+		}
+		for e, n := range most {
+			t.window(e).admitted[key] = n
+		}
 	}
 }
 
