@@ -435,12 +435,20 @@ func (e *Engine) globalUsage(ctx context.Context, r *Rule, key counterKey, p Par
 		if slots, err = gs.ReadGlobal(ctx, key.store, start/1000); err != nil {
 			return Usage{}, err
 		}
+		if p.Algorithm == Concurrency {
+			// In flight: the slots of the window before count still.
+			prev, err := gs.ReadGlobal(ctx, key.store, (start-p.Window)/1000)
+			if err != nil {
+				return Usage{}, err
+			}
+			slots = append(slots, prev...)
+		}
 	}
 	u := Usage{Algorithm: p.Algorithm, Key: string(key.values), WindowStart: time.UnixMicro(start), Global: true}
 	used := map[string]int64{}
 	for _, s := range slots {
 		n := int64(s.P) - int64(s.N)
-		used[s.Region] = n
+		used[s.Region] += n
 		u.GlobalUsed += n
 	}
 	for _, name := range e.global.regions {

@@ -504,6 +504,10 @@ rules:
 				}
 			}
 			w2 := fill("window 2, one released", 1)
+			// Usage says what is in flight: window 1's and window 2's.
+			if u, err := e.Usage(ctx, "g", &Request{APIKey: "k"}); err != nil || u.GlobalUsed != int64(n) || u.Regions[2].Region != "us" || u.Regions[2].Used != int64(n) {
+				t.Fatalf("usage with %d in flight: %+v (%v)", n, u, err)
+			}
 			// Window 3: window 1's slots have freed themselves; a release
 			// of one is not found (it has ended). Window 2's counts.
 			clock.AdvanceBy(10 * time.Second)
