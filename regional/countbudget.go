@@ -478,7 +478,7 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 			rep.Acked = c.held.recent.ackable(now, e.cfg.Timeout)
 		}
 		key := c.d.key
-		if _, limit, ok := rs.GlobalLimitOf(key); ok && limit > 0 {
+		if gr, limit, ok := rs.GlobalLimitOf(key); ok && limit > 0 {
 			start := ep * window / 1000
 			var p, n, pp, pn uint64
 			g.usage.with(func(cs *crdt.Counters) {
@@ -493,6 +493,10 @@ func (e *Engine) counterReports(r *Rule, now time.Time) []CounterReport {
 				pp, pn = b, 0
 			}
 			rep.Used = math.Max(0, float64(int64(p)-int64(n))) / float64(limit)
+			if gr.Base.Algorithm == Concurrency {
+				// In flight: the window before's slots count still.
+				rep.Used += math.Max(0, float64(int64(pp)-int64(pn))) / float64(limit)
+			}
 			if g.startedUs <= (ep-1)*window {
 				// This copy has counted since before the window before
 				// began: it knows what the region counted in it.

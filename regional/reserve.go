@@ -40,6 +40,10 @@ var ErrStoreUnavailable = errors.New("regional: store unavailable")
 // Check sets what the counters that took them need to settle them.
 type reserveReq struct {
 	ops []SettleOp
+	// now is the store's time of the check (µs): the reservation's ttl
+	// runs from it (a slot's At is its own, a global one's its window's
+	// start).
+	now int64
 }
 
 // noteHeld notes, if the request goes ahead, the counters that took its
@@ -58,6 +62,7 @@ func (rq *reserveReq) noteHeld(items []item) {
 			}
 			rq.ops = append(rq.ops, SettleOp{Key: slices.Clone(it.key), Params: it.params, Estimate: it.result.Taken, At: at,
 				Global: it.rule.Scope == ScopeGlobal})
+			rq.now = max(rq.now, it.storeNow)
 		}
 	}
 }
@@ -102,7 +107,7 @@ func (e *Engine) Reserve(ctx context.Context, req *Request, ttl time.Duration, d
 	}
 	var mark [markLen]byte
 	rand.Read(mark[:])
-	until := rq.ops[0].At + ttl.Microseconds()
+	until := rq.now + ttl.Microseconds()
 	id := sealReservation(key, e.cfg.Region, mark[:], until, rq.ops)
 	if len(id) > maxReservationIDLen {
 		// Too many limits, or keys too long, for an id a settlement would

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/geoquota/geoquota/budget"
 	"github.com/geoquota/geoquota/crdt"
 	"github.com/geoquota/geoquota/deploy/local/harness"
 )
@@ -519,4 +520,75 @@ rules:
 			fill("window 3, window 2's released", 1)
 		})
 	}
+}
+
+// A reservation that takes a global slot runs its ttl from when it was
+// made, not from the start of the window its slot counts in.
+func TestGlobalSlotReservations(t *testing.T) {
+	const rules = `
+rules:
+  - { id: g, by: [api_key], scope: global, algorithm: concurrency, limit: 90, ttl: 10m }
+  - { id: tokens, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
+`
+	rs, clock := newVirtualRedisStore(t, RedisOptions{Region: "us"})
+	global := GlobalConfig{Regions: []string{"us", "eu", "ap"}}
+	for _, s := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"memory", Config{Region: "us", Replica: "us-1", Clock: clock.Now, Global: global}},
+		{"redis", Config{Region: "us", Replica: "us-1", Store: rs, Clock: clock.Now, Timeout: slowOK, Global: global}},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			ctx := t.Context()
+			e := New(s.cfg, mustParse(t, rules))
+			// Eight minutes into a window of the slots.
+			clock.Advance((10*60e6 - clock.micros()%(10*60e6)) + 8*60e6)
+			var d Decision
+			res, err := e.Reserve(ctx, &Request{APIKey: "k", Cost: 100}, 5*time.Minute, &d)
+			if err != nil || res.ID == "" {
+				t.Fatalf("reserve: %+v %+v (%v)", res, d, err)
+			}
+			clock.AdvanceBy(3 * time.Minute) // past the window's start + 5 min, within the ttl
+			st, err := e.Settle(ctx, res.ID, 10)
+			if err != nil || st.Charged != 10 {
+				t.Fatalf("a commit within the reservation's ttl: %+v (%v)", st, err)
+			}
+		})
+	}
+}
+
+// A region reports what it has in flight of a global concurrency limit,
+// for the rule and for a counter reported on its own: the window before's
+// slots as well as this one's, not this window's alone.
+func TestGlobalSlotsReportInFlight(t *testing.T) {
+	clock := newVirtualClock()
+	eu := New(Config{Region: "eu", Clock: clock.Now, Global: GlobalConfig{Regions: []string{"eu", "us"}}}, mustParse(t, `
+rules:
+  - { id: g-slots, match: { endpoint: /x }, by: [api_key], scope: global, algorithm: concurrency, limit: 1000, ttl: 10s }
+`))
+	if !eu.SetBudget(budget.Document{Rule: "g-slots", Seq: 1, Issued: clock.Now(),
+		Leases: map[string]budget.LeaseDoc{"eu": {Floor: 0.05, Share: 0.15, Expires: clock.Now().Add(time.Minute)}}}) {
+		t.Fatal("the document was not taken")
+	}
+	if got := countAllowed(t, eu, "s_acme", 250); got != 200 {
+		t.Fatalf("s_acme took %d slots, want its region's 200", got)
+	}
+	clock.AdvanceBy(10 * time.Second) // the next window: the 200 are in flight still
+	if got := countAllowed(t, eu, "s_acme", 10); got != 0 {
+		t.Fatalf("s_acme took %d more slots with 200 in flight", got)
+	}
+	for _, r := range eu.GlobalReport() {
+		if r.Rule != "g-slots" {
+			continue
+		}
+		if math.Abs(r.Used-0.2) > 1e-9 {
+			t.Errorf("the rule's report says %v used, want 0.2 in flight", r.Used)
+		}
+		if len(r.Counters) != 1 || r.Counters[0].Key != "s_acme" || math.Abs(r.Counters[0].Used-0.2) > 1e-9 {
+			t.Errorf("counters reported: %+v, want s_acme with 0.2 in flight", r.Counters)
+		}
+		return
+	}
+	t.Fatal("no report of g-slots")
 }

@@ -415,6 +415,9 @@ func (s *Scenario) check(src string) error {
 		if streams := s.Traffic[i].Streams != nil; streams != (s.Rule.Algorithm == "concurrency") {
 			return invalid(src, fmt.Sprintf("traffic[%d].streams", i), "streams hold slots of a concurrency rule, and a concurrency rule's traffic is streams")
 		}
+		if k := s.Traffic[i].Streams; k != nil && k.Max > s.Rule.Window {
+			return invalid(src, fmt.Sprintf("traffic[%d].streams.max", i), "%v: a stream longer than the rule's ttl (%v) may outlive its slot, and is no longer counted", k.Max, s.Rule.Window)
+		}
 	}
 	for i := range s.Faults {
 		if err := s.Faults[i].check(src, fmt.Sprintf("faults[%d]", i), region, s.Duration); err != nil {
