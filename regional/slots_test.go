@@ -418,6 +418,23 @@ rules:
 	})
 }
 
+// eachGlobalEngine runs a test of an engine of region us (of us, eu and
+// ap) under rules, on a store in memory and on a redis-server, both at
+// one virtual clock.
+func eachGlobalEngine(t *testing.T, rules string, test func(t *testing.T, name string, e *Engine, clock *virtualClock)) {
+	rs, clock := newVirtualRedisStore(t, RedisOptions{Region: "us"})
+	global := GlobalConfig{Regions: []string{"us", "eu", "ap"}}
+	for _, s := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"memory", Config{Region: "us", Replica: "us-1", Clock: clock.Now, Global: global}},
+		{"redis", Config{Region: "us", Replica: "us-1", Store: rs, Clock: clock.Now, Timeout: slowOK, Global: global}},
+	} {
+		t.Run(s.name, func(t *testing.T) { test(t, s.name, New(s.cfg, mustParse(t, rules)), clock) })
+	}
+}
+
 // TestGlobalConcurrency: a global concurrency limit, on a region's share
 // of it (its floor: no budget yet), in memory and on a redis-server. Its
 // slots are counted in windows of its ttl: a slot counts in the window it
@@ -430,96 +447,85 @@ func TestGlobalConcurrency(t *testing.T) {
 rules:
   - { id: g, by: [api_key], scope: global, algorithm: concurrency, limit: 90, ttl: 10s }
 `
-	rs, clock := newVirtualRedisStore(t, RedisOptions{Region: "us"})
-	global := GlobalConfig{Regions: []string{"us", "eu", "ap"}}
-	for _, s := range []struct {
-		name string
-		cfg  Config
-	}{
-		{"memory", Config{Region: "us", Replica: "us-1", Clock: clock.Now, Global: global}},
-		{"redis", Config{Region: "us", Replica: "us-1", Store: rs, Clock: clock.Now, Timeout: slowOK, Global: global}},
-	} {
-		t.Run(s.name, func(t *testing.T) {
-			ctx := t.Context()
-			e := New(s.cfg, mustParse(t, rules))
-			frac, _ := e.GlobalAllowance("g")
-			n := int(math.Floor(frac*90 + 1e-9))
-			if n < 2 {
-				t.Fatalf("the region's share: %v of 90", frac)
+	eachGlobalEngine(t, rules, func(t *testing.T, name string, e *Engine, clock *virtualClock) {
+		ctx := t.Context()
+		frac, _ := e.GlobalAllowance("g")
+		n := int(math.Floor(frac*90 + 1e-9))
+		if n < 2 {
+			t.Fatalf("the region's share: %v of 90", frac)
+		}
+		take := func() Decision {
+			t.Helper()
+			var d Decision
+			if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil {
+				t.Fatal(err)
 			}
-			take := func() Decision {
-				t.Helper()
-				var d Decision
-				if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil {
-					t.Fatal(err)
+			if d.Allowed != (d.Held.ID != "") {
+				t.Fatalf("allowed %v with reservation %q", d.Allowed, d.Held.ID)
+			}
+			return d
+		}
+		fill := func(what string, want int) []string {
+			t.Helper()
+			var ids []string
+			for range want {
+				d := take()
+				if !d.Allowed {
+					t.Fatalf("%s: %d in flight, want %d", what, len(ids), want)
 				}
-				if d.Allowed != (d.Held.ID != "") {
-					t.Fatalf("allowed %v with reservation %q", d.Allowed, d.Held.ID)
-				}
-				return d
+				ids = append(ids, d.Held.ID)
 			}
-			fill := func(what string, want int) []string {
-				t.Helper()
-				var ids []string
-				for range want {
-					d := take()
-					if !d.Allowed {
-						t.Fatalf("%s: %d in flight, want %d", what, len(ids), want)
-					}
-					ids = append(ids, d.Held.ID)
-				}
-				if d := take(); d.Allowed {
-					t.Fatalf("%s: %d in flight and one more, past the share of %d", what, want, want)
-				}
-				return ids
+			if d := take(); d.Allowed {
+				t.Fatalf("%s: %d in flight and one more, past the share of %d", what, want, want)
 			}
-			release := func(id string) Settled {
-				t.Helper()
-				st, err := e.Settle(ctx, id, -1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return st
+			return ids
+		}
+		release := func(id string) Settled {
+			t.Helper()
+			st, err := e.Settle(ctx, id, -1)
+			if err != nil {
+				t.Fatal(err)
 			}
-			// Window 1: the share, then one released (once) and taken again.
-			w1 := fill("window 1", n)
-			if st := release(w1[0]); st.Again || st.Charged != 0 {
-				t.Fatalf("a release: %+v", st)
+			return st
+		}
+		// Window 1: the share, then one released (once) and taken again.
+		w1 := fill("window 1", n)
+		if st := release(w1[0]); st.Again || st.Charged != 0 {
+			t.Fatalf("a release: %+v", st)
+		}
+		if st := release(w1[0]); !st.Again {
+			t.Fatalf("the same release again: %+v", st)
+		}
+		w1[0] = fill("after a release", 1)[0]
+		// Window 2: window 1's slots are in flight still; one
+		// released goes back into window 1.
+		clock.AdvanceBy(10 * time.Second)
+		fill("window 2, window 1's held", 0)
+		release(w1[1])
+		if name == "redis" {
+			r, _ := openReservation(w1[1])
+			start := r.ops[0].At / 10e6 * 10e6
+			var tl crdt.Tally
+			e.global.usage.with(func(c *crdt.Counters) { tl = c.Tally(r.ops[0].Key, start/1000) })
+			if tl.P != uint64(n)+1 || tl.N != 2 {
+				t.Fatalf("window 1 after a release in window 2: %+v, want %d taken and both releases in the region's N", tl, n+1)
 			}
-			if st := release(w1[0]); !st.Again {
-				t.Fatalf("the same release again: %+v", st)
-			}
-			w1[0] = fill("after a release", 1)[0]
-			// Window 2: window 1's slots are in flight still; one
-			// released goes back into window 1.
-			clock.AdvanceBy(10 * time.Second)
-			fill("window 2, window 1's held", 0)
-			release(w1[1])
-			if s.name == "redis" {
-				r, _ := openReservation(w1[1])
-				start := r.ops[0].At / 10e6 * 10e6
-				var tl crdt.Tally
-				e.global.usage.with(func(c *crdt.Counters) { tl = c.Tally(r.ops[0].Key, start/1000) })
-				if tl.P != uint64(n)+1 || tl.N != 2 {
-					t.Fatalf("window 1 after a release in window 2: %+v, want %d taken and both releases in the region's N", tl, n+1)
-				}
-			}
-			w2 := fill("window 2, one released", 1)
-			// Usage says what is in flight: window 1's and window 2's.
-			if u, err := e.Usage(ctx, "g", &Request{APIKey: "k"}); err != nil || u.GlobalUsed != int64(n) || u.Regions[2].Region != "us" || u.Regions[2].Used != int64(n) {
-				t.Fatalf("usage with %d in flight: %+v (%v)", n, u, err)
-			}
-			// Window 3: window 1's slots have freed themselves; a release
-			// of one is not found (it has ended). Window 2's counts.
-			clock.AdvanceBy(10 * time.Second)
-			if _, err := e.Settle(ctx, w1[2], -1); !errors.Is(err, ErrReservationNotFound) {
-				t.Fatalf("a release of a slot freed by itself: %v, want not found", err)
-			}
-			fill("window 3", n-1)
-			release(w2[0])
-			fill("window 3, window 2's released", 1)
-		})
-	}
+		}
+		w2 := fill("window 2, one released", 1)
+		// Usage says what is in flight: window 1's and window 2's.
+		if u, err := e.Usage(ctx, "g", &Request{APIKey: "k"}); err != nil || u.GlobalUsed != int64(n) || u.Regions[2].Region != "us" || u.Regions[2].Used != int64(n) {
+			t.Fatalf("usage with %d in flight: %+v (%v)", n, u, err)
+		}
+		// Window 3: window 1's slots have freed themselves; a release
+		// of one is not found (it has ended). Window 2's counts.
+		clock.AdvanceBy(10 * time.Second)
+		if _, err := e.Settle(ctx, w1[2], -1); !errors.Is(err, ErrReservationNotFound) {
+			t.Fatalf("a release of a slot freed by itself: %v, want not found", err)
+		}
+		fill("window 3", n-1)
+		release(w2[0])
+		fill("window 3, window 2's released", 1)
+	})
 }
 
 // A reservation that takes a global slot runs its ttl from when it was
@@ -530,32 +536,21 @@ rules:
   - { id: g, by: [api_key], scope: global, algorithm: concurrency, limit: 90, ttl: 10m }
   - { id: tokens, by: [api_key], algorithm: fixed_window, limit: 1000, window: 1h }
 `
-	rs, clock := newVirtualRedisStore(t, RedisOptions{Region: "us"})
-	global := GlobalConfig{Regions: []string{"us", "eu", "ap"}}
-	for _, s := range []struct {
-		name string
-		cfg  Config
-	}{
-		{"memory", Config{Region: "us", Replica: "us-1", Clock: clock.Now, Global: global}},
-		{"redis", Config{Region: "us", Replica: "us-1", Store: rs, Clock: clock.Now, Timeout: slowOK, Global: global}},
-	} {
-		t.Run(s.name, func(t *testing.T) {
-			ctx := t.Context()
-			e := New(s.cfg, mustParse(t, rules))
-			// Eight minutes into a window of the slots.
-			clock.Advance((10*60e6 - clock.micros()%(10*60e6)) + 8*60e6)
-			var d Decision
-			res, err := e.Reserve(ctx, &Request{APIKey: "k", Cost: 100}, 5*time.Minute, &d)
-			if err != nil || res.ID == "" {
-				t.Fatalf("reserve: %+v %+v (%v)", res, d, err)
-			}
-			clock.AdvanceBy(3 * time.Minute) // past the window's start + 5 min, within the ttl
-			st, err := e.Settle(ctx, res.ID, 10)
-			if err != nil || st.Charged != 10 {
-				t.Fatalf("a commit within the reservation's ttl: %+v (%v)", st, err)
-			}
-		})
-	}
+	eachGlobalEngine(t, rules, func(t *testing.T, name string, e *Engine, clock *virtualClock) {
+		ctx := t.Context()
+		// Eight minutes into a window of the slots.
+		clock.Advance((10*60e6 - clock.micros()%(10*60e6)) + 8*60e6)
+		var d Decision
+		res, err := e.Reserve(ctx, &Request{APIKey: "k", Cost: 100}, 5*time.Minute, &d)
+		if err != nil || res.ID == "" {
+			t.Fatalf("reserve: %+v %+v (%v)", res, d, err)
+		}
+		clock.AdvanceBy(3 * time.Minute) // past the window's start + 5 min, within the ttl
+		st, err := e.Settle(ctx, res.ID, 10)
+		if err != nil || st.Charged != 10 {
+			t.Fatalf("a commit within the reservation's ttl: %+v (%v)", st, err)
+		}
+	})
 }
 
 // A region reports what it has in flight of a global concurrency limit,
