@@ -46,6 +46,10 @@ type Result struct {
 	// OwnP and OwnN are, for a global limit, this region's slot of the
 	// window after the request: what it counted up and down.
 	OwnP, OwnN uint64
+	// PrevP and PrevN are, for a global concurrency limit decided (not
+	// settled), this region's slot of the window before, whose slots are
+	// in flight still.
+	PrevP, PrevN uint64
 }
 
 // Decide is one limit's decision on a request of the given cost at now

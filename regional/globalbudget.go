@@ -644,6 +644,11 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 	if e.shared && !it.degraded && (r.OwnP != 0 || r.OwnN != 0) {
 		e.global.usage.with(func(c *crdt.Counters) { c.ObserveKey(it.key, start/1000, r.OwnP, r.OwnN) })
 	}
+	if e.shared && !it.degraded && (r.PrevP != 0 || r.PrevN != 0) {
+		// A concurrency limit's window before, as the store has it: its
+		// slots are in flight still (the region's siblings' too).
+		e.global.usage.with(func(c *crdt.Counters) { c.ObserveKey(it.key, (start-window)/1000, r.PrevP, r.PrevN) })
+	}
 	d := e.ruleDemand(it.rule.ID)
 	units := d.asked(it) * 1e6 / max(1, it.params.Limit)
 	admitted, denied := r.Allowed && allowed, !r.Allowed
@@ -682,14 +687,10 @@ func (e *Engine) noteGlobal(it *item, allowed bool, now int64) {
 		// more than the rule's lease; it goes back at a window's start).
 		return
 	}
-	n := int64(r.OwnP) - int64(r.OwnN)
-	if it.params.Algorithm == Concurrency {
-		// In flight: what it took in this window and the one before,
-		// less what was released (global.go).
-		var prev crdt.Tally
-		e.global.usage.with(func(c *crdt.Counters) { prev = c.Tally(it.key, (start-window)/1000) })
-		n += int64(prev.P) - int64(prev.N)
-	}
+	// In flight, for a concurrency limit: what it took in this window and
+	// the one before, less what was released (global.go), as the store
+	// answered.
+	n := int64(r.OwnP) - int64(r.OwnN) + int64(r.PrevP) - int64(r.PrevN)
 	own := int64(float64(n) * 1e6 / float64(max(1, it.params.Limit)))
 	for {
 		cur := d.used.Load()

@@ -259,6 +259,9 @@ func decideGlobalOp(op *Op, cur, prev *globalView, now int64, r *Result) {
 	*r = Result{}
 	decideGlobal(&op.Params, cur, prev, float64(now), float64(op.Cost), float64(op.Allowance), float64(op.Ceiling), r)
 	r.OwnP, r.OwnN = uint64(cur.p), uint64(cur.n)
+	if op.Params.Algorithm == Concurrency {
+		r.PrevP, r.PrevN = uint64(prev.p), uint64(prev.n)
+	}
 	if r.Allowed || op.Debt {
 		r.Taken = op.Cost // counted whatever the decision with Debt: in the region's slot, past its share
 	}
@@ -583,7 +586,7 @@ func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64
 		m.copy.c.Inc(crdt.ID{Key: string(op.Key), Epoch: int64(start) / 1000}, extra)
 		decideInCopy(m.copy.c, &gop, now, r)
 		if op.Params.Algorithm == Concurrency {
-			r.OwnP, r.OwnN = 0, 0
+			r.OwnP, r.OwnN, r.PrevP, r.PrevN = 0, 0, 0, 0
 			if taken == start || taken == prevStart {
 				t := m.copy.c.Tally(op.Key, int64(taken)/1000)
 				r.OwnP, r.OwnN = t.P, t.N
@@ -607,7 +610,7 @@ func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64
 			g, _ := m.globalWindow(sh, op.Key, taken, now, buf[:])
 			v = g.view()
 		}
-		r.OwnP, r.OwnN = uint64(v.p), uint64(v.n)
+		r.OwnP, r.OwnN, r.PrevP, r.PrevN = uint64(v.p), uint64(v.n), 0, 0
 	}
 }
 

@@ -1053,6 +1053,9 @@ func (c *redisCall) read(g *redisGroup) error {
 		case c.limits[i].global && c.limits[i].settle:
 			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
 			c.settled[i] = Settlement{Again: v[7] == 1, Ended: v[7] == 2, Full: v[7] == 3, Charged: v[8], Result: c.results[i]}
+		case c.limits[i].global && c.limits[i].params.Algorithm == Concurrency:
+			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
+			c.results[i].PrevP, c.results[i].PrevN = uint64(v[7]), uint64(v[8])
 		case c.limits[i].global:
 			c.results[i].OwnP, c.results[i].OwnN = uint64(v[5]), uint64(v[6])
 		case c.limits[i].settle:
@@ -1072,6 +1075,8 @@ func (l *redisLimit) replyLen() int {
 	switch {
 	case l.global && l.settle:
 		return 9
+	case l.global && l.params.Algorithm == Concurrency:
+		return 9 // and the window before's P and N
 	case l.global || l.settle:
 		return 7
 	}

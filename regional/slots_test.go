@@ -587,3 +587,27 @@ rules:
 	}
 	t.Fatal("no report of g-slots")
 }
+
+// A replica reports the slots its region has in flight as its store has
+// them, its siblings' of the window before included, which its own copy
+// may not have heard of yet.
+func TestGlobalSlotsInFlightOfSiblings(t *testing.T) {
+	rs, clock := newVirtualRedisStore(t, RedisOptions{Region: "us"})
+	rules := mustParse(t, `
+rules:
+  - { id: g, by: [api_key], scope: global, algorithm: concurrency, limit: 1000, ttl: 10s }
+`)
+	global := GlobalConfig{Regions: []string{"us", "eu"}}
+	us1 := New(Config{Region: "us", Replica: "us-1", Store: rs, Clock: clock.Now, Timeout: slowOK, Global: global}, rules)
+	us2 := New(Config{Region: "us", Replica: "us-2", Store: rs, Clock: clock.Now, Timeout: slowOK, Global: global}, rules)
+	if got := countAllowed(t, us2, "k", 5); got != 5 {
+		t.Fatalf("us-2 took %d slots, want 5", got)
+	}
+	clock.AdvanceBy(10 * time.Second) // the next window: us-2's 5 are in flight still
+	if got := countAllowed(t, us1, "k", 1); got != 1 {
+		t.Fatalf("us-1 took %d slots, want 1", got)
+	}
+	if d := us1.Demand("g"); math.Abs(d.Used-0.006) > 1e-9 {
+		t.Fatalf("us-1 reports %v used, want 0.006: 6 in flight in its region", d.Used)
+	}
+}

@@ -318,18 +318,20 @@ local function graise(key, alg, window, known, p, n)
   if p > cp or n > cn then call('PEXPIRE', h, gttl(alg, window, start)) end
 end
 
--- gdecide mirrors decideGlobal() in global.go.
+-- gdecide mirrors decideGlobal() in global.go; it returns the region's P
+-- and N of the window in course and, for a concurrency limit, of the one
+-- before.
 local function gdecide(key, alg, limit, window, cost, allowance, ceiling)
   local start = floor(now / window) * window
   local p, n, total = gview(gkey(key, start))
-  local own = p - n
+  local own, pp, pn, ptotal = p - n, 0, 0, 0
   if alg == COUNTER then
     local pp, pn, ptotal = gview(gkey(key, start - window))
     own = swc_estimate(window, start, own, pp - pn, now)
     total = swc_estimate(window, start, total, ptotal, now)
   elseif alg == SLOTS then
     -- Slots taken in the window before are in flight still.
-    local pp, pn, ptotal = gview(gkey(key, start - window))
+    pp, pn, ptotal = gview(gkey(key, start - window))
     own = own + pp - pn
     total = total + ptotal
   end
@@ -341,7 +343,7 @@ local function gdecide(key, alg, limit, window, cost, allowance, ceiling)
   end
   local retry = 0
   if allowed then rem = rem - cost else retry = start + window - now end
-  return allowed, floor(max(0, rem)), start + window, retry, p, n
+  return allowed, floor(max(0, rem)), start + window, retry, p, n, pp, pn
 end
 
 -- charge mirrors chargeDebt() in algorithm.go: a denied request's cost
@@ -494,7 +496,7 @@ while i + 6 <= #ARGV do
     else
       if mode == 'inspect' then cost = 0 end
       graise(key, alg, window, tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9]))
-      local allowed, rem, reset, retry, p, n = gdecide(key, alg, limit, window, cost, rate, batch)
+      local allowed, rem, reset, retry, p, n, pp, pn = gdecide(key, alg, limit, window, cost, rate, batch)
       if not allowed and not shadow then commit = false end
       local taken = allowed and cost or 0
       if owes and mode == 'check' and cost > 0 then
@@ -511,6 +513,7 @@ while i + 6 <= #ARGV do
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, rem, reset, retry
       out[o + 5], out[o + 6], out[o + 7] = taken, p, n
+      if alg == SLOTS then out[o + 8], out[o + 9] = pp, pn end
     end
     i = i + 10
   else
