@@ -15,7 +15,10 @@ import (
 // usual — and settling it, committed or released, frees its slots early
 // (settle, limits.lua): the same id, the same settlement, made once. A
 // reservation (Engine.Reserve) takes a slot as well, freed when it is
-// settled.
+// settled. A global concurrency limit (scope: global) counts its slots in
+// a global counter's windows instead, its ttl long (global.go): a slot is
+// counted in the window it was taken in and the next, and a release is
+// a global reservation's settlement, made once through its marks.
 
 // slotAt is when the slot a concurrency limit's allowing result took was
 // logged: the newest entry, whose end is the result's ResetAt. No two
