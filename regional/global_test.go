@@ -742,7 +742,11 @@ func TestGlobalStoresSettleAlike(t *testing.T) {
 					t.Fatal(err)
 				}
 			case action == 1 || len(made) == 0:
-				ops := []Op{{Key: key, Params: p, Cost: rapid.Int64Range(1, 5).Draw(t, "cost"), Global: true, Allowance: allowance, Ceiling: ceiling}}
+				cost := rapid.Int64Range(1, 5).Draw(t, "cost")
+				if p.Algorithm == Concurrency {
+					cost = 1 // a slot
+				}
+				ops := []Op{{Key: key, Params: p, Cost: cost, Global: true, Allowance: allowance, Ceiling: ceiling}}
 				mres, rres := make([]Result, 1), make([]Result, 1)
 				mnow, err1 := mem.Apply(ctx, ops, mres)
 				_, err2 := rs.Apply(ctx, ops, rres)
@@ -752,6 +756,9 @@ func TestGlobalStoresSettleAlike(t *testing.T) {
 				if mres[0].Allowed {
 					made = append(made, held{mark: fmt.Sprintf("g%d-%d", run, step), until: mnow + rapid.SampledFrom([]int64{1e6, 5e6, 60e6}).Draw(t, "ttl"),
 						op: SettleOp{Key: key, Params: p, Estimate: mres[0].Taken, At: mnow, Global: true}})
+					if p.Algorithm == Concurrency { // a slot's number in its window (sealSlots)
+						made[len(made)-1].op.Estimate = int64(mres[0].OwnP)
+					}
 				}
 			default:
 				h := made[rapid.IntRange(0, len(made)-1).Draw(t, "which")]

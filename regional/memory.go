@@ -35,6 +35,66 @@ type MemoryStore struct {
 	replicas   map[string]ReplicaState // Heartbeat's
 	// expiries are the reservations to refund when they end (expiry.go).
 	expiries memExpiries
+	// slotsIn are the global concurrency limits' slots in flight, by
+	// window (memSlots).
+	slotsIn memSlots
+}
+
+// memSlots is, per window of a global concurrency limit (its GlobalKey),
+// this region's slots taken in it and not released, each by its number
+// (the region's P after it was taken): limits.lua's "<window key>:in"
+// sets. A release leaves its set once.
+type memSlots struct {
+	mu   sync.Mutex
+	sets map[string]*memSlotSet
+	adds int
+}
+
+type memSlotSet struct {
+	in      map[uint64]struct{}
+	expires int64 // µs
+}
+
+// taken notes slot seq of the window of p that holds now.
+func (s *memSlots) taken(key []byte, p *Params, now int64, seq uint64) {
+	start, _ := globalWindows(p, float64(now))
+	k := string(GlobalKey(key, int64(start)/1000))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sets == nil {
+		s.sets = map[string]*memSlotSet{}
+	}
+	if s.adds++; s.adds%sweepEvery == 0 {
+		for k, set := range s.sets {
+			if set.expires <= now {
+				delete(s.sets, k)
+			}
+		}
+	}
+	set := s.sets[k]
+	if set == nil || set.expires <= now {
+		set = &memSlotSet{in: map[uint64]struct{}{}}
+		s.sets[k] = set
+	}
+	set.in[seq] = struct{}{}
+	set.expires = now + globalTTL(p, start, float64(now))
+}
+
+// released takes slot seq out of the window that starts at taken (µs),
+// and reports whether it was there.
+func (s *memSlots) released(key []byte, taken float64, now int64, seq uint64) bool {
+	k := string(GlobalKey(key, int64(taken)/1000))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	set := s.sets[k]
+	if set == nil || set.expires <= now {
+		return false
+	}
+	if _, ok := set.in[seq]; !ok {
+		return false
+	}
+	delete(set.in, seq)
+	return true
 }
 
 const (
@@ -364,6 +424,7 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 		decideInCopy(m.copy.c, op, now, r)
 		if writes(op, r, true) {
 			r.OwnP, r.OwnN = countInCopy(m.copy.c, op, now)
+			m.tookSlot(op, r, now)
 		}
 		m.copy.mu.Unlock()
 		return
@@ -408,12 +469,22 @@ func (m *MemoryStore) apply(ops []Op, results []Result, now int64) {
 			m.put(&m.shards[shards[i]], entries[i], op.Key, &op.Params, &next[i], now)
 		case inCopy:
 			r.OwnP, r.OwnN = countInCopy(m.copy.c, op, now)
+			m.tookSlot(op, r, now)
 		default:
 			r.OwnP, r.OwnN = m.addGlobal(&m.shards[shards[i]], globals[i], op.Key, &op.Params, now, now, false, uint64(op.Cost))
+			m.tookSlot(op, r, now)
 		}
 	}
 	for _, s := range idx {
 		m.sweep(&m.shards[s], now)
+	}
+}
+
+// tookSlot notes the slot a global concurrency limit's op took (a cost of
+// 1), numbered by the region's P after it, as limits.lua does.
+func (m *MemoryStore) tookSlot(op *Op, r *Result, now int64) {
+	if op.Params.Algorithm == Concurrency && op.Cost > 0 {
+		m.slotsIn.taken(op.Key, &op.Params, now, r.OwnP)
 	}
 }
 
@@ -482,7 +553,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			delete(sh.settled, keys[i])
 			mk = nil
 		}
-		if ops[i].Params.Algorithm == Concurrency && !ops[i].Global {
+		if ops[i].Params.Algorithm == Concurrency {
 			continue // a slot keeps no settlement: it is freed once
 		}
 		if mks[i] = mk; !ended && mk != nil {
@@ -518,11 +589,27 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 	}
 	for i := range ops {
 		op, sh := &ops[i], &m.shards[shards[i]]
+		if op.Global && op.Params.Algorithm == Concurrency {
+			// A slot leaves its window's set once (its Estimate is its
+			// number there), freed into that window (limits.lua alike).
+			out[i] = Settlement{}
+			start, prevStart := globalWindows(&op.Params, float64(now))
+			taken, _ := globalWindows(&op.Params, float64(op.At))
+			released := false
+			switch {
+			case ended:
+				out[i].Ended = true
+			case op.Stale:
+			case (taken == start || taken == prevStart) && m.slotsIn.released(op.Key, taken, now, uint64(op.Estimate)):
+				released = true
+			default:
+				out[i].Again = true // released before, or freed by itself
+			}
+			m.settleGlobal(sh, op, now, actual, released, &out[i].Result)
+			continue
+		}
 		if op.Global {
 			out[i] = Settlement{Charged: max(0, actual)}
-			if op.Params.Algorithm == Concurrency {
-				out[i].Charged = 0 // a slot charges nothing
-			}
 			apply := made(i, out[i].Charged, &out[i])
 			m.settleGlobal(sh, op, now, actual, apply && !op.Stale, &out[i].Result)
 			continue
@@ -563,11 +650,9 @@ func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64
 	switch {
 	case !apply:
 	case op.Params.Algorithm == Concurrency:
-		// A slot, released or committed: freed, into the window it was
-		// taken in while it counts (that window or the one after).
-		if taken == start || taken == prevStart {
-			back = uint64(op.Estimate)
-		}
+		// A slot released (apply: it was in flight): freed, into the
+		// window it was taken in.
+		back = 1
 	case actual < 0 || actual <= op.Estimate:
 		if actual < 0 {
 			actual = 0

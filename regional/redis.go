@@ -707,7 +707,7 @@ func (s *RedisStore) settleCall(ops []SettleOp, mark string, until, actual int64
 		g.args[notAfterArg] = mark
 		for _, i := range g.limits {
 			l := &c.limits[i]
-			if l.settle = true; l.params.Algorithm != Concurrency || l.global { // a regional slot is freed once without one
+			if l.settle = true; l.params.Algorithm != Concurrency { // a slot is freed once without one
 				l.mark = settledKey(l.key, until)
 			}
 			g.keys, g.args = l.appendArgs(g.keys, g.args)

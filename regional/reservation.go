@@ -62,7 +62,10 @@ func settledBucket(until int64) int64 { return (until-1)/60e6 + 1 }
 type SettleOp struct {
 	Key    []byte
 	Params Params
-	// Estimate is what the reservation took, at At (µs, the store's time).
+	// Estimate is what the reservation took, at At (µs, the store's time);
+	// for a slot of a global concurrency limit, its number in the window
+	// that starts at At (the region's P after it was taken), which its
+	// release takes out of the window's slots in flight.
 	Estimate, At int64
 	// Stale says the counter's limit is no longer Params (the rules
 	// changed): the settlement is kept, the counter is not touched (its

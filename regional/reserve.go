@@ -60,8 +60,11 @@ func (rq *reserveReq) noteHeld(items []item) {
 			if it.params.Algorithm == Concurrency {
 				at = slotAt(it.params, &it.result)
 			}
-			rq.ops = append(rq.ops, SettleOp{Key: slices.Clone(it.key), Params: it.params, Estimate: it.result.Taken, At: at,
-				Global: it.rule.Scope == ScopeGlobal})
+			op := SettleOp{Key: slices.Clone(it.key), Params: it.params, Estimate: it.result.Taken, At: at, Global: it.rule.Scope == ScopeGlobal}
+			if op.Global && it.params.Algorithm == Concurrency {
+				op.Estimate = int64(it.result.OwnP) // its number in its window (sealSlots)
+			}
+			rq.ops = append(rq.ops, op)
 			rq.now = max(rq.now, it.storeNow)
 		}
 	}

@@ -80,8 +80,9 @@ func (e *Engine) sealSlots(key []byte, items []item) Reserved {
 		u := at + it.params.Window
 		if it.rule.Scope == ScopeGlobal {
 			// Taken in the window that starts at at, and counted in the
-			// next as well (global.go).
-			op.Global, u = true, at+2*it.params.Window
+			// next as well (global.go); numbered there by the region's
+			// P after it, which its release names (SettleOp.Estimate).
+			op.Global, op.Estimate, u = true, int64(it.result.OwnP), at+2*it.params.Window
 		}
 		ops = append(ops, op)
 		if u > until {

@@ -611,3 +611,29 @@ rules:
 		t.Fatalf("us-1 reports %v used, want 0.006: 6 in flight in its region", d.Used)
 	}
 }
+
+// A global slot's release keeps no settlement: it takes the slot out of
+// its window's slots in flight, once. So releases are not capped as
+// reservations' settlements are (maxSettled a minute): a counter that
+// takes and releases more than that in one window of its slots keeps
+// releasing them.
+func TestGlobalSlotsReleaseUncapped(t *testing.T) {
+	eachGlobalEngine(t, `
+rules:
+  - { id: g, by: [api_key], scope: global, algorithm: concurrency, limit: 90, ttl: 10m }
+`, func(t *testing.T, _ string, e *Engine, _ *virtualClock) {
+		ctx := t.Context()
+		for i := range maxSettled + 50 {
+			var d Decision
+			if err := e.Check(ctx, &Request{APIKey: "k"}, &d); err != nil || !d.Allowed {
+				t.Fatalf("take %d: %+v (%v)", i, d, err)
+			}
+			if st, err := e.Settle(ctx, d.Held.ID, -1); err != nil || st.Again {
+				t.Fatalf("release %d: %+v (%v)", i, st, err)
+			}
+		}
+		if u, err := e.Usage(ctx, "g", &Request{APIKey: "k"}); err != nil || u.GlobalUsed != 0 {
+			t.Fatalf("after %d takes and releases: %+v (%v), want none in flight", maxSettled+50, u, err)
+		}
+	})
+}

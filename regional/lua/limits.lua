@@ -392,7 +392,11 @@ if mode == 'settle' and not ended then
   while ii + 6 <= #ARGV do
     local a = tonumber(ARGV[ii])
     if a == LOG then kk = kk + 1 end
-    if a > GLOBAL then
+    if a == GLOBAL + SLOTS then
+      kk = kk + 1 -- a global slot keeps no settlement: it leaves its window's set once (below)
+      prevs[n], kept[n] = false, 0
+      ii = ii + 3 -- and the 7 below
+    elseif a > GLOBAL then
       -- A global limit's: its key, then its settlements'.
       local marks = KEYS[kk + 1]
       kk = kk + 2
@@ -427,7 +431,33 @@ while i + 6 <= #ARGV do
   k = k + 1
   if alg > GLOBAL then
     alg = alg - GLOBAL
-    if mode == 'settle' then
+    if mode == 'settle' and alg == SLOTS then
+      -- A global slot, released or committed: it leaves the set of its
+      -- window's slots in flight (its cost is its number there: the
+      -- region's P after it was taken), once, and is freed into that
+      -- window's N, while the window counts (it or the one before).
+      local seq, taken_at = cost, tonumber(ARGV[i + 7])
+      local taken, cur = floor(taken_at / window) * window, floor(now / window) * window
+      settles = settles + 1
+      local again = 0
+      if ended then
+        again = 2
+      elseif flags % 2 == 1 then
+        -- The limit changed since: its window is another's.
+      elseif (taken == cur or taken == cur - window) and call('SREM', gkey(key, taken) .. ':in', format('%d', seq)) == 1 then
+        gadd(key, alg, window, '-' .. region, 1, taken_at)
+      else
+        again = 1 -- released before, or freed by itself
+      end
+      local allowed, rem, reset, retry = gdecide(key, alg, limit, window, 0, rate, batch)
+      -- The region's slot of the window the slot was taken in, while it
+      -- counts (none after).
+      local p, n = 0, 0
+      if taken == cur or taken == cur - window then p, n = gview(gkey(key, taken)) end
+      local o = #out
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = allowed and 1 or 0, rem, reset, retry, 0
+      out[o + 6], out[o + 7], out[o + 8], out[o + 9] = p, n, again, 0
+    elseif mode == 'settle' then
       -- A reservation's part of a global limit: the estimate was counted
       -- in the region's P when reserved. What comes back goes to its N,
       -- in the window it was taken in (while that window holds); what
@@ -437,7 +467,6 @@ while i + 6 <= #ARGV do
       k = k + 1
       settles = settles + 1
       local prev, again, charged = prevs[settles], 0, max(0, actual)
-      if alg == SLOTS then charged = 0 end -- a slot charges nothing
       if ended then
         again = 2
       elseif prev then
@@ -449,13 +478,6 @@ while i + 6 <= #ARGV do
         if kept[settles] == 0 then call('PEXPIRE', marks, ttl_px(settled_until(give_at) + 60000000)) end
         if flags % 2 == 1 then
           -- The limit changed since: its window is another's.
-        elseif alg == SLOTS then
-          -- A slot, released or committed: freed, into the window it
-          -- was taken in while it counts (that window or the one after).
-          local taken, cur = floor(taken_at / window) * window, floor(now / window) * window
-          if taken == cur or taken == cur - window then
-            gadd(key, alg, window, '-' .. region, estimate, taken_at)
-          end
         elseif actual < 0 or actual <= estimate then
           local back = estimate
           if actual >= 0 then back = estimate - actual end
@@ -467,13 +489,6 @@ while i + 6 <= #ARGV do
         end
       end
       local allowed, rem, reset, retry, p, n = gdecide(key, alg, limit, window, 0, rate, batch)
-      if alg == SLOTS then
-        -- The region's slot of the window the slot was taken in, which
-        -- a release changes, while it counts (none after).
-        local taken = floor(taken_at / window) * window
-        p, n = 0, 0
-        if taken == reset - window or taken == reset - 2 * window then p, n = gview(gkey(key, taken)) end
-      end
       local o = #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = allowed and 1 or 0, rem, reset, retry, 0
       out[o + 6], out[o + 7], out[o + 8], out[o + 9] = p, n, again, charged
@@ -697,6 +712,15 @@ if commit then
     if alg > GLOBAL then
       -- a is where the region's P and N go in the reply.
       out[a], out[a + 1] = gadd(key, alg - GLOBAL, window, region, cost)
+      if alg == GLOBAL + SLOTS then
+        -- A slot of a global concurrency limit (cost 1): numbered by the
+        -- region's P after it, in its window's set of slots in flight,
+        -- which a release leaves once.
+        local start = floor(now / window) * window
+        local set = gkey(key, start) .. ':in'
+        call('SADD', set, format('%d', out[a]))
+        call('PEXPIRE', set, gttl(SLOTS, window, start))
+      end
     else
       store(key, alg, limit, rate, window, a, b, c, at)
       if alg == LOG or alg == SLOTS then
