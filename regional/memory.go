@@ -599,6 +599,8 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			switch {
 			case ended:
 				out[i].Ended = true
+			case refused: // another counter keeps as many settlements as it may
+				out[i].Full = true
 			case op.Stale:
 			case (taken == start || taken == prevStart) && m.slotsIn.released(op.Key, taken, now, uint64(op.Estimate)):
 				released = true

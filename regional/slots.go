@@ -17,8 +17,9 @@ import (
 // reservation (Engine.Reserve) takes a slot as well, freed when it is
 // settled. A global concurrency limit (scope: global) counts its slots in
 // a global counter's windows instead, its ttl long (global.go): a slot is
-// counted in the window it was taken in and the next, and a release is
-// a global reservation's settlement, made once through its marks.
+// counted in the window it was taken in and the next, numbered there by
+// the region's P after it, and a release takes that number out of the
+// window's set of slots in flight, once.
 
 // slotAt is when the slot a concurrency limit's allowing result took was
 // logged: the newest entry, whose end is the result's ResetAt. No two

@@ -637,3 +637,39 @@ rules:
 		}
 	})
 }
+
+// A settlement refused whole (another counter of the reservation keeps as
+// many settlements as it may) releases no global slot either: nothing is
+// settled, and the slot stays in flight.
+func TestGlobalSlotsRefusedWhole(t *testing.T) {
+	eachGlobalEngine(t, `
+rules:
+  - { id: g, match: { endpoint: /both }, by: [api_key], scope: global, algorithm: concurrency, limit: 90, ttl: 10m }
+  - { id: tokens, by: [ip], algorithm: fixed_window, limit: 1000, window: 1h }
+`, func(t *testing.T, _ string, e *Engine, _ *virtualClock) {
+		ctx := t.Context()
+		// Fill the tokens counter's settlements of reservations ending in
+		// this minute (reservations that do not meet g).
+		for i := range maxSettled {
+			var d Decision
+			res, err := e.Reserve(ctx, &Request{IP: "10.0.0.1", Endpoint: "/fill", Cost: 1}, time.Minute, &d)
+			if err != nil || res.ID == "" {
+				t.Fatalf("reserve %d: %+v (%v)", i, d, err)
+			}
+			if _, err := e.Settle(ctx, res.ID, -1); err != nil {
+				t.Fatalf("release %d: %v", i, err)
+			}
+		}
+		var d Decision
+		res, err := e.Reserve(ctx, &Request{APIKey: "k", IP: "10.0.0.1", Endpoint: "/both", Cost: 1}, time.Minute, &d)
+		if err != nil || res.ID == "" {
+			t.Fatalf("reserve over both: %+v (%v)", d, err)
+		}
+		if _, err := e.Settle(ctx, res.ID, -1); !errors.Is(err, ErrTooManySettlements) {
+			t.Fatalf("a settlement with the tokens counter full: %v, want too many settlements", err)
+		}
+		if u, err := e.Usage(ctx, "g", &Request{APIKey: "k", Endpoint: "/both"}); err != nil || u.GlobalUsed != 1 {
+			t.Fatalf("after a refused release: %+v (%v), want its slot in flight", u, err)
+		}
+	})
+}

@@ -34,10 +34,15 @@
 --            knows this region's slot of, and that slot's P and N; for
 --            'settle', when the estimate was taken (µs) in that window's
 --            place, and it too has the settlements' key after its own.
+--            A concurrency limit's slot (regional or global) has no
+--            settlements' key: it is freed once without one. A global
+--            one's cost is its number in its window's set of slots in
+--            flight (the region's P after it was taken).
 --
 -- Returns {now, then per limit: allowed (0/1), remaining, reset_at,
--- retry_after, taken, and for a global limit the region's P and N after;
--- for 'settle', then (after P and N for a global limit) 0 (settled now),
+-- retry_after, taken, and for a global limit the region's P and N after
+-- (and for a global concurrency limit decided, its P and N of the window
+-- before); for 'settle', then (after P and N for a global limit) 0 (settled now),
 -- 1 (settled before), 2 (ended) or 3
 -- (refused: the counter keeps settled_cap settlements of that minute),
 -- and what it charged}; for 'refund', {now, then per limit the amount
@@ -442,6 +447,8 @@ while i + 6 <= #ARGV do
       local again = 0
       if ended then
         again = 2
+      elseif refused then
+        again = 3 -- another counter keeps as many settlements as it may: nothing is settled
       elseif flags % 2 == 1 then
         -- The limit changed since: its window is another's.
       elseif (taken == cur or taken == cur - window) and call('SREM', gkey(key, taken) .. ':in', format('%d', seq)) == 1 then
