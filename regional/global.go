@@ -106,6 +106,15 @@ func globalUntil(p *Params, start float64) float64 {
 	return until
 }
 
+// slotWindow is the start of the window a global concurrency limit's slot
+// taken at at (µs) is counted in, and whether it counts at now: that
+// window is now's or the one before.
+func slotWindow(p *Params, at, now int64) (taken float64, counts bool) {
+	start, prev := globalWindows(p, float64(now))
+	taken, _ = globalWindows(p, float64(at))
+	return taken, taken == start || taken == prev
+}
+
 // carriesPrev says whether a global limit's count carries the window
 // before: a sliding window counter's estimate weighs it, and a
 // concurrency limit's slots taken in it are in flight still. A global

@@ -593,8 +593,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			// A slot leaves its window's set once (its Estimate is its
 			// number there), freed into that window (limits.lua alike).
 			out[i] = Settlement{}
-			start, prevStart := globalWindows(&op.Params, float64(now))
-			taken, _ := globalWindows(&op.Params, float64(op.At))
+			taken, counts := slotWindow(&op.Params, op.At, now)
 			released := false
 			switch {
 			case ended:
@@ -602,7 +601,7 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 			case refused: // another counter keeps as many settlements as it may
 				out[i].Full = true
 			case op.Stale:
-			case (taken == start || taken == prevStart) && m.slotsIn.released(op.Key, taken, now, uint64(op.Estimate)):
+			case counts && m.slotsIn.released(op.Key, taken, now, uint64(op.Estimate)):
 				released = true
 			default:
 				out[i].Again = true // released before, or freed by itself
@@ -646,8 +645,8 @@ func (m *MemoryStore) Settle(_ context.Context, ops []SettleOp, mark string, unt
 // r is the limit as a check of cost 0 sees it after. The caller holds the
 // shard's lock.
 func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64, apply bool, r *Result) {
-	start, prevStart := globalWindows(&op.Params, float64(now))
-	taken, _ := globalWindows(&op.Params, float64(op.At))
+	start, _ := globalWindows(&op.Params, float64(now))
+	taken, counts := slotWindow(&op.Params, op.At, now)
 	var back, extra uint64
 	switch {
 	case !apply:
@@ -674,7 +673,7 @@ func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64
 		decideInCopy(m.copy.c, &gop, now, r)
 		if op.Params.Algorithm == Concurrency {
 			r.OwnP, r.OwnN, r.PrevP, r.PrevN = 0, 0, 0, 0
-			if taken == start || taken == prevStart {
+			if counts {
 				t := m.copy.c.Tally(op.Key, int64(taken)/1000)
 				r.OwnP, r.OwnN = t.P, t.N
 			}
@@ -692,7 +691,7 @@ func (m *MemoryStore) settleGlobal(sh *memShard, op *SettleOp, now, actual int64
 		// The region's slot of the window the slot was taken in, which a
 		// release changes (limits.lua alike).
 		var v globalView
-		if taken == start || taken == prevStart {
+		if counts {
 			var buf [160]byte
 			g, _ := m.globalWindow(sh, op.Key, taken, now, buf[:])
 			v = g.view()

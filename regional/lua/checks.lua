@@ -17,19 +17,10 @@
 -- Returns {now, then per check: allowed (0/1), remaining, reset_at,
 -- retry_after, taken}.
 
--- now and read_state: head.lua; plain, TOKEN_BUCKET and FIXED:
--- plain.lua; the store puts them first, with wait.lua.
--- Every check's algorithm is known before any is decided: an error after
--- the first would leave what it took counted.
-if #ARGV ~= 2 + 5 * #KEYS then
-  return redis.error_reply('checks.lua: ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
-end
-for j = 3, #ARGV, 5 do
-  local alg = tonumber(ARGV[j])
-  if alg ~= TOKEN_BUCKET and alg ~= FIXED then
-    return redis.error_reply('checks.lua: algorithm ' .. tostring(ARGV[j]) .. ' at ARGV[' .. j .. ']')
-  end
-end
+-- now and read_state: head.lua; plain and plain_args: plain.lua; the
+-- store puts them first, with wait.lua.
+local bad = plain_args('checks.lua', 1, 5)
+if bad then return bad end
 local out, o, j = {now}, 1, 3
 for k = 1, #KEYS do
   local key, alg = KEYS[k], tonumber(ARGV[j])

@@ -3,6 +3,23 @@
 -- kind, a token bucket or a fixed window, not global.
 local TOKEN_BUCKET, FIXED = 1, 4
 
+-- plain_args checks a plain script's call before anything is decided (an
+-- error after the first decision would leave what it took counted): keys
+-- keys and per entries values each, the first an algorithm of plain's.
+-- It returns an error reply, or nil.
+local function plain_args(script, keys, per)
+  if #KEYS % keys ~= 0 or #ARGV ~= 2 + per * #KEYS / keys then
+    return redis.error_reply(script .. ': ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+  end
+  for j = 3, #ARGV, per do
+    local alg = tonumber(ARGV[j])
+    if alg ~= TOKEN_BUCKET and alg ~= FIXED then
+      return redis.error_reply(script .. ': algorithm ' .. tostring(ARGV[j]) .. ' at ARGV[' .. j .. ']')
+    end
+  end
+  return nil
+end
+
 -- plain decides a check of cost on the counter at key, whose state (read
 -- by the caller, read_state) is ex, a, b: limit, then the refill per
 -- second or the window (µs), and batch (0: none; -1: debt, the cost

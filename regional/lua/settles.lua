@@ -23,17 +23,10 @@
 -- what it charged}.
 
 -- now, ttl_px, read_state and write_state: head.lua; floor, max, min,
--- tb_tokens and tb_until: wait.lua; plain, TOKEN_BUCKET and FIXED:
+-- tb_tokens and tb_until: wait.lua; plain, plain_args and TOKEN_BUCKET:
 -- plain.lua; the store puts them first.
-if #KEYS % 2 ~= 0 or #ARGV ~= 2 + 9 * #KEYS / 2 then
-  return redis.error_reply('settles.lua: ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
-end
-for j = 3, #ARGV, 9 do
-  local alg = tonumber(ARGV[j])
-  if alg ~= TOKEN_BUCKET and alg ~= FIXED then
-    return redis.error_reply('settles.lua: algorithm ' .. tostring(ARGV[j]) .. ' at ARGV[' .. j .. ']')
-  end
-end
+local bad = plain_args('settles.lua', 2, 9)
+if bad then return bad end
 local call = redis.call
 local out, o, j = {now}, 1, 3
 for k = 1, #KEYS, 2 do
